@@ -89,7 +89,11 @@ class Frame:
 
     def to_bytes(self) -> bytes:
         return encode_frame(
-            self.payload, self.source_id, self.current_id, self.hash_code, self.source,
+            self.payload,
+            self.source_id,
+            self.current_id,
+            self.hash_code,
+            self.source,
             partition=self.partition,
         )
 
@@ -130,8 +134,18 @@ def frame_header(
         MAGIC, VERSION, 0, payload_len, hash_code, partition, source, 0, checksum
     )
     return HEADER.pack(
-        MAGIC, VERSION, 0, payload_len, source_id, current_id, hash_code, partition, source, 0,
-        checksum, _header_check(checked),
+        MAGIC,
+        VERSION,
+        0,
+        payload_len,
+        source_id,
+        current_id,
+        hash_code,
+        partition,
+        source,
+        0,
+        checksum,
+        _header_check(checked),
     )
 
 
@@ -174,7 +188,9 @@ def parse_header(buf: bytes | bytearray, pos: int = 0, base: int = 0) -> Header:
         buf, pos
     )
     if magic != MAGIC:
-        raise CorruptFrameError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}", offset=base + pos)
+        raise CorruptFrameError(
+            f"bad magic {bytes(magic)!r}, expected {MAGIC!r}", offset=base + pos
+        )
     raw = bytes(buf[pos : pos + 8]) + bytes(buf[pos + 24 : pos + 44])
     if _header_check(raw) != hcheck:
         raise CorruptFrameError("header check failed (corrupt header)", offset=base + pos)

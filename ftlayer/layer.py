@@ -1,0 +1,191 @@
+"""FTLayer: the fault-tolerance layer of one namespace, over one Redis.
+
+It ties together the acker table, the persistence layer and the timeout layer, makes task
+handlers, fails records, hands replays to sources and reports ``stats()``. All state is in
+Redis: any number of FTLayer objects (executors, sidecars, the CLI) may share a namespace.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+
+from ftlayer.acker import RedisAckerTable, pack_fails
+from ftlayer.config import FTConfig
+from ftlayer.connection import connect
+from ftlayer.embedded import EmbeddedRedis
+from ftlayer.errors import FTLayerError
+from ftlayer.handler import AbstractFTHandler, FTHandler, NonFTHandler
+from ftlayer.ids import RecordId, shard_of
+from ftlayer.keys import Keyspace
+from ftlayer.persistence import ClaimedRecord, RedisPersistenceLayer
+from ftlayer.scripts import Scripts
+from ftlayer.timeouts import ExpireResult, RedisTimeoutLayer, Rotator
+
+__all__ = ["FTLayer", "FTStats", "LATENCY_BOUNDS_MS"]
+
+log = logging.getLogger(__name__)
+
+# must match LATENCY_BOUNDS_MS in lua/_common.lua
+LATENCY_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000)
+
+
+@dataclass
+class FTStats:
+    """Counters of a namespace, summed over its shards.
+
+    ``persisted`` counts every source record, including those completed inside their
+    task (``completed_local``, never stored). ``failed_*`` count failures by reason;
+    ``replayed`` the replays scheduled; ``pending`` the records stored and not yet
+    complete or dead-lettered (``queued_replays`` of them wait for a source task).
+    """
+
+    persisted: int = 0
+    completed: int = 0
+    completed_local: int = 0
+    failed_explicit: int = 0
+    failed_timeout: int = 0
+    replayed: int = 0
+    replays_claimed: int = 0
+    dead_lettered: int = 0
+    orphans: int = 0
+    pending: int = 0
+    queued_replays: int = 0
+    pending_by_source: dict[int, int] = field(default_factory=dict)
+    latency_count: int = 0
+    latency_sum_ms: int = 0
+    latency_buckets: dict[str, int] = field(default_factory=dict)  # cumulative, "le" -> n
+
+    @property
+    def mean_latency_ms(self) -> float | None:
+        return self.latency_sum_ms / self.latency_count if self.latency_count else None
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["mean_latency_ms"] = self.mean_latency_ms
+        return d
+
+
+class FTLayer:
+    """The FT layer of ``config.namespace`` on ``client``.
+
+    ``FTLayer.open(config)`` connects to ``config.redis_url`` or starts an embedded Redis
+    (stopped by ``close()``); ``FTLayer(client, config)`` uses a client you own.
+    """
+
+    def __init__(self, client: redis.Redis, config: FTConfig | None = None) -> None:
+        self.config = config or FTConfig()
+        self.client = client
+        self.keyspace = Keyspace(self.config.namespace, self.config.shards)
+        self.scripts = Scripts(client)
+        self.acker = RedisAckerTable(client, self.keyspace, self.scripts, self.config)
+        self.persistence = RedisPersistenceLayer(client, self.keyspace, self.scripts, self.config)
+        self.timeouts = RedisTimeoutLayer(client, self.keyspace, self.scripts, self.config)
+        self.embedded: EmbeddedRedis | None = None
+
+    @classmethod
+    def open(cls, config: FTConfig | None = None) -> FTLayer:
+        config = config or FTConfig()
+        if config.redis_url:
+            return cls(connect(config.redis_url), config)
+        embedded = EmbeddedRedis().start()
+        log.info("no redis_url given: started embedded redis url=%s", embedded.url)
+        layer = cls(embedded.client(), config)
+        layer.embedded = embedded
+        return layer
+
+    def close(self) -> None:
+        self.client.close()
+        if self.embedded is not None:
+            self.embedded.stop()
+            self.embedded = None
+
+    def __enter__(self) -> FTLayer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- tasks ---------------------------------------------------------------------------
+    def handler(self, partition: int = -1) -> AbstractFTHandler:
+        """A handler for one task attempt (NonFTHandler when FT status is OFF)."""
+        if not self.config.enabled:
+            return NonFTHandler()
+        return FTHandler(self.acker, self.config, partition)
+
+    def claim_replays(self, source: int, limit: int) -> list[ClaimedRecord]:
+        """Replays of ``source`` for a source task to emit (see RedisPersistenceLayer)."""
+        return self.persistence.claim(source, limit)
+
+    # -- failing and timeouts ------------------------------------------------------------
+    def fail(
+        self, record_ids: Iterable[RecordId | int], error: str = "", reason: str = "explicit"
+    ) -> tuple[int, int, int]:
+        """Fail source records now: each is retired and replayed under a new source id in
+        its shard, or dead-lettered past ``max_replays``. Returns (replayed,
+        dead_lettered, orphans) where orphans were not pending."""
+        by_shard: dict[int, list[tuple[int, str, str]]] = {}
+        for rid in record_ids:
+            src = rid if isinstance(rid, int) else rid[0]
+            by_shard.setdefault(shard_of(src, self.config.shards), []).append((src, reason, error))
+        totals = [0, 0, 0]
+        for shard, fails in by_shard.items():
+            reply = self.scripts.fail(
+                keys=self.keyspace[shard].script_keys,
+                args=[self.config.max_replays, pack_fails(fails)],
+            )
+            totals = [a + int(b) for a, b in zip(totals, reply, strict=True)]
+        return totals[0], totals[1], totals[2]
+
+    def expire_due(self) -> ExpireResult:
+        """One rotation: fail what timed out, collect orphans (see RedisTimeoutLayer)."""
+        return self.timeouts.expire_due()
+
+    def reset_timeout(self, record_ids: Iterable[RecordId | int]) -> int:
+        return self.timeouts.reset_timeout([r if isinstance(r, int) else r[0] for r in record_ids])
+
+    def start_rotator(self) -> Rotator:
+        """Rotate in a background thread of this process (the sidecar's job)."""
+        return Rotator(self.timeouts).start()
+
+    # -- reporting -----------------------------------------------------------------------
+    def stats(self) -> FTStats:
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard in self.keyspace.shards:
+                pipe.hgetall(shard.stats)
+                pipe.hlen(shard.rec)
+            replies = pipe.execute()
+        st = FTStats()
+        raw: dict[str, int] = {}
+        for i in range(0, len(replies), 2):
+            for k, v in replies[i].items():
+                name = k.decode()
+                raw[name] = raw.get(name, 0) + int(v)
+            st.pending += int(replies[i + 1])
+        for name, value in raw.items():
+            if name.startswith("pending:"):
+                st.pending_by_source[int(name.split(":", 1)[1])] = value
+            elif hasattr(st, name) and not name.startswith("latency_le_"):
+                setattr(st, name, value)
+        st.completed += st.completed_local
+        running = 0
+        for bound in LATENCY_BOUNDS_MS:
+            running += raw.get(f"latency_le_{bound}", 0)
+            st.latency_buckets[str(bound)] = running
+        st.latency_buckets["+Inf"] = st.latency_count
+        st.queued_replays = sum(self.persistence.queued(s) for s in st.pending_by_source)
+        return st
+
+    def clear(self) -> int:
+        """Delete every key of this namespace (tests, or a deliberate reset). Returns how
+        many keys were deleted."""
+        n = 0
+        for key in self.client.scan_iter(match=self.keyspace.pattern, count=1000):
+            n += int(self.client.delete(key))
+        if n and self.client.exists(*[s.acks for s in self.keyspace.shards]):
+            raise FTLayerError("namespace changed while being cleared")
+        return n

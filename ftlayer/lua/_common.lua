@@ -1,0 +1,157 @@
+-- Prelude shared by every ftlayer script (ftlayer/scripts.py prepends it).
+--
+-- One shard per call: every key lives under the hash tag {ns:k}, so a script touches one
+-- slot and runs unchanged on Redis Cluster. KEYS: acks, rec, hist, stats, tmoidx, dlq;
+-- the per-deadline timeout sets and replay queues are derived from the same prefix.
+--
+-- Ids travel and are stored as 8 raw big-endian bytes. Lua numbers are doubles, so 64-bit
+-- values are handled as two signed 32-bit halves with LuaBitOp (bit.bxor).
+--
+-- Ack entry (acks hash, field = source id), struct '>i4i4ddH':
+--   ack value hi, lo | deadline_ms of its timeout set | inited_ms (0: init not applied
+--   yet) | source index (65535: unknown, an entry created by an XOR before its init)
+-- Invariant 2: an entry completes only when its value is 0 AND inited_ms > 0.
+
+local ACKS, REC, HIST, STATS, TIDX, DLQ = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local PREFIX = string.sub(ACKS, 1, -6) -- strip ':acks'
+local ENTRY = '>i4i4ddH'
+local UNKNOWN_SOURCE = 65535
+local LATENCY_BOUNDS_MS = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000,
+                           60000, 300000}
+
+local clock = redis.call('TIME')
+local NOW = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local NOW_US = clock[1] .. clock[2]
+
+local counts = {}
+local function count(name, n)
+  counts[name] = (counts[name] or 0) + (n or 1)
+end
+
+local function flush_counts()
+  for name, n in pairs(counts) do
+    if n ~= 0 then redis.call('HINCRBY', STATS, name, n) end
+  end
+end
+
+local function observe_latency(ms)
+  count('latency_count')
+  count('latency_sum_ms', ms)
+  for _, bound in ipairs(LATENCY_BOUNDS_MS) do
+    if ms <= bound then
+      count('latency_le_' .. bound)
+      return
+    end
+  end
+end
+
+local function tmo_key(deadline)
+  return PREFIX .. ':tmo:' .. string.format('%d', deadline)
+end
+
+-- Deadline of a record persisted now: the end of the bucket B intervals ahead, so it
+-- fails between (B-1)*I = T and B*I = T*B/(B-1) after it was persisted.
+local function deadline_for(interval_ms, buckets)
+  return (math.floor(NOW / interval_ms) + buckets) * interval_ms
+end
+
+local indexed = {}
+local function add_timeout(src, deadline)
+  redis.call('SADD', tmo_key(deadline), src)
+  if not indexed[deadline] then
+    redis.call('ZADD', TIDX, deadline, string.format('%d', deadline))
+    indexed[deadline] = true
+  end
+end
+
+local function remove_timeout(src, deadline)
+  if deadline > 0 then redis.call('SREM', tmo_key(deadline), src) end
+end
+
+local function source_of(frame)
+  return (struct.unpack('>I2', frame, 33))
+end
+
+-- A new random source id in the same shard: the low 16 bits (which pick the shard, see
+-- ftlayer/ids.py) are kept, the other 48 come from SHA-1 of the old id, the attempt and
+-- the server clock (math.random is seeded identically on every call, so it is unusable).
+local function new_source_id(src, salt)
+  local h = redis.sha1hex(src .. ':' .. salt .. ':' .. NOW_US)
+  local hi = tonumber(string.sub(h, 1, 8), 16)
+  local _, lo_old = struct.unpack('>I4I4', src)
+  local lo = tonumber(string.sub(h, 9, 12), 16) * 65536 + (lo_old % 65536)
+  if hi == 0 and lo == 0 then hi = 1 end
+  return struct.pack('>I4I4', hi, lo)
+end
+
+-- Completion (invariant 4): the ack entry, the persisted record, its history and its
+-- timeout entry go in the same call, and it is counted.
+local function complete(src, deadline, inited_ms, source)
+  redis.call('HDEL', ACKS, src)
+  redis.call('HDEL', REC, src)
+  redis.call('HDEL', HIST, src)
+  remove_timeout(src, deadline)
+  count('completed')
+  count('pending:' .. source, -1)
+  observe_latency(NOW - inited_ms)
+end
+
+-- FTLayer.fail (invariants 5, 6, 8): retire src; either re-persist the record under a new
+-- source id in the same shard and queue it for replay with its hash code and original
+-- partition, or, past max_replays, move it to the dead-letter hash with its history.
+-- Never acks. Returns 1 replayed, 2 dead-lettered, 0 orphan (nothing pending under src).
+local function fail_record(src, reason, err, max_replays)
+  local frame = redis.call('HGET', REC, src)
+  local entry = redis.call('HGET', ACKS, src)
+  if entry then
+    local _, _, deadline = struct.unpack(ENTRY, entry)
+    remove_timeout(src, deadline)
+    redis.call('HDEL', ACKS, src)
+  end
+  if not frame then
+    count('orphans')
+    return 0
+  end
+  local packed_hist = redis.call('HGET', HIST, src)
+  local hist = {}
+  if packed_hist then hist = cmsgpack.unpack(packed_hist) end
+  local attempt = #hist + 1
+  hist[attempt] = {reason, NOW, attempt, err}
+  local source = source_of(frame)
+  count('failed_' .. reason)
+  if attempt > max_replays then
+    redis.call('HSET', DLQ, src, cmsgpack.pack({frame, hist, NOW}))
+    redis.call('HDEL', REC, src)
+    redis.call('HDEL', HIST, src)
+    count('dead_lettered')
+    count('pending:' .. source, -1)
+    return 2
+  end
+  local new = new_source_id(src, attempt)
+  redis.call('HSET', REC, new, string.sub(frame, 1, 8) .. new .. string.sub(frame, 17))
+  redis.call('HSET', HIST, new, cmsgpack.pack(hist))
+  -- queue entry: new id | hash code | original partition (16 bytes)
+  redis.call('RPUSH', PREFIX .. ':replay:' .. source, new .. string.sub(frame, 25, 32))
+  redis.call('HDEL', REC, src)
+  redis.call('HDEL', HIST, src)
+  count('replayed')
+  return 1
+end
+
+-- Fail a packed list of records: repeated [source id 8][reason u8: 1 explicit,
+-- 2 timeout][err_len u16][err]. Returns {replayed, dead_lettered, orphans}.
+local REASONS = {'explicit', 'timeout'}
+local function fail_packed(fails, max_replays)
+  local done = {0, 0, 0}
+  local pos, n = 1, #fails
+  while pos <= n do
+    local src, code, elen
+    src, code, elen, pos = struct.unpack('>c8BI2', fails, pos)
+    local err = string.sub(fails, pos, pos + elen - 1)
+    pos = pos + elen
+    local r = fail_record(src, REASONS[code] or 'explicit', err, max_replays)
+    if r == 0 then r = 3 end
+    done[r] = done[r] + 1
+  end
+  return done
+end

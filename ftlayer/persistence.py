@@ -1,0 +1,133 @@
+"""The persistence layer: source records kept in Redis until they complete.
+
+Each pending record is stored as its frame (serialization.frame) under its current source
+id in the shard's ``rec`` hash, with its failure history (if it ever failed) in ``hist``.
+Failed records wait in per-source replay queues until a source task claims them; records
+that failed more than ``max_replays`` times sit in the dead-letter hash with their history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import redis
+
+from ftlayer.config import FTConfig
+from ftlayer.ids import RecordId, new_ids, shard_of
+from ftlayer.keys import Keyspace
+from ftlayer.scripts import Scripts
+from serialization import Frame, decode_frame
+
+__all__ = ["ClaimedRecord", "DeadLetter", "Failure", "RedisPersistenceLayer"]
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    reason: str  # "explicit" or "timeout"
+    time_ms: int
+    attempt: int
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRecord:
+    """A replayed record handed to a source task: emit it with ``record_id``."""
+
+    record_id: RecordId
+    frame: Frame
+    original_partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    source_id: int
+    frame: Frame
+    history: tuple[Failure, ...]
+    time_ms: int
+
+
+def _failures(raw: list[Any]) -> tuple[Failure, ...]:
+    def text(v: Any) -> str:
+        return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+    return tuple(Failure(text(r), int(t), int(a), text(e)) for r, t, a, e in raw)
+
+
+class RedisPersistenceLayer:
+    def __init__(
+        self, client: redis.Redis, keyspace: Keyspace, scripts: Scripts, config: FTConfig
+    ) -> None:
+        self.client = client
+        self.keyspace = keyspace
+        self.scripts = scripts
+        self.config = config
+
+    def _shard(self, source_id: int) -> Any:
+        return self.keyspace[shard_of(source_id, len(self.keyspace))]
+
+    def get(self, source_id: int) -> Frame | None:
+        """The persisted frame of a pending record, or ``None``."""
+        raw = self.client.hget(self._shard(source_id).rec, source_id.to_bytes(8, "big"))
+        return None if raw is None else decode_frame(raw, max_payload=self.config.max_record_bytes)
+
+    def history(self, source_id: int) -> tuple[Failure, ...]:
+        raw = self.client.hget(self._shard(source_id).hist, source_id.to_bytes(8, "big"))
+        return () if raw is None else _failures(msgpack.unpackb(raw, raw=True))
+
+    def pending(self) -> int:
+        """Records persisted and neither complete nor dead-lettered (queued replays
+        included)."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard in self.keyspace.shards:
+                pipe.hlen(shard.rec)
+            return sum(pipe.execute())
+
+    def pending_ids(self) -> list[int]:
+        out = []
+        for shard in self.keyspace.shards:
+            out.extend(int.from_bytes(k, "big") for k in self.client.hkeys(shard.rec))
+        return out
+
+    def queued(self, source: int) -> int:
+        """Replays of ``source`` waiting to be claimed."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard in self.keyspace.shards:
+                pipe.llen(shard.replay(source))
+            return sum(pipe.execute())
+
+    def claim(self, source: int, limit: int) -> list[ClaimedRecord]:
+        """Take up to ``limit`` queued replays of ``source``, each with a fresh current id
+        that its init already covers, and a fresh timeout (see lua/claim.lua)."""
+        cfg = self.config
+        out: list[ClaimedRecord] = []
+        for shard in self.keyspace.shards:
+            want = limit - len(out)
+            if want <= 0:
+                break
+            curs = new_ids(want).astype(">u8").tobytes()
+            reply = self.scripts.claim(
+                keys=shard.script_keys,
+                args=[source, want, curs, cfg.interval_ms, cfg.buckets],
+            )
+            for i in range(0, len(reply), 2):
+                frame = decode_frame(reply[i], max_payload=cfg.max_record_bytes)
+                rid = RecordId(frame.source_id, frame.current_id)
+                out.append(ClaimedRecord(rid, frame, int(reply[i + 1])))
+        return out
+
+    def dead_letters(self) -> list[DeadLetter]:
+        out = []
+        for shard in self.keyspace.shards:
+            for key, raw in self.client.hgetall(shard.dlq).items():
+                frame_bytes, hist, when = msgpack.unpackb(raw, raw=True)
+                out.append(
+                    DeadLetter(
+                        int.from_bytes(key, "big"),
+                        decode_frame(frame_bytes, max_payload=self.config.max_record_bytes),
+                        _failures(hist),
+                        int(when),
+                    )
+                )
+        return sorted(out, key=lambda d: d.time_ms)
