@@ -1,0 +1,85 @@
+"""RedisAckerTable: completion atomicity, script reload, idempotent retries."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from ftlayer import FlushError, FTConfig, FTLayer
+from ftlayer.acker import ShardBatch
+from ftlayer.ids import shard_of
+
+
+def test_completion_deletes_entry_record_and_timeout_in_one_call(layer: FTLayer) -> None:
+    """Invariant 4: the call that brings the value to 0 removes the ack entry, the
+    persisted record and its timeout entry, and counts the completion."""
+    src_task, sink = layer.handler(), layer.handler()
+    rid = src_task.persist_record({"v": 1}, hash_code=3, source=0)
+    src_task.flush()
+    shard = layer.keyspace[shard_of(rid.source_id, layer.config.shards)]
+    key = rid.source_id.to_bytes(8, "big")
+    entry = layer.acker.entry(rid.source_id)
+    assert entry is not None and entry.inited and entry.value == rid.current_id
+    tmo = shard.tmo(int(entry.deadline_ms))
+    assert layer.client.sismember(tmo, key)
+    assert layer.client.hexists(shard.rec, key)
+
+    sink.ack(rid)
+    batches = sink._batches()
+    assert list(batches) == [shard_of(rid.source_id, layer.config.shards)]
+    result = layer.acker.apply(batches)  # exactly one script call
+    assert result.calls == 1 and result.completed == 1
+    assert not layer.client.hexists(shard.acks, key)
+    assert not layer.client.hexists(shard.rec, key)
+    assert not layer.client.sismember(tmo, key)
+    s = layer.stats()
+    assert (s.completed, s.pending, s.latency_count) == (1, 0, 1)
+
+
+def test_scripts_reload_after_script_flush(layer: FTLayer) -> None:
+    h = layer.handler()
+    rid = h.persist_record("a", source=0)
+    h.flush()
+    layer.client.script_flush()
+    sink = layer.handler()
+    sink.ack(rid)
+    assert sink.flush().completed == 1  # EVALSHA -> NoScriptError -> reloaded
+    layer.client.script_flush()
+    assert layer.expire_due().calls >= 1
+    layer.client.script_flush()
+    assert layer.fail([12345]) == (0, 0, 1)
+
+
+def test_a_retried_flush_is_applied_once(layer: FTLayer) -> None:
+    """The same call sent twice (a retry after a lost reply) changes nothing."""
+    h = layer.handler()
+    rid = h.persist_record("a", source=0)
+    h.flush()
+    sink = layer.handler()
+    child = sink.emit(rid)
+    sink.ack(rid)
+    shard = shard_of(rid.source_id, layer.config.shards)
+    batch = sink._batches()[shard]
+    keys = layer.keyspace[shard].script_keys
+    cfg = layer.config
+    args = ["tok-1", cfg.interval_ms, cfg.buckets, cfg.max_replays, b"", batch.pack_xors(), b"", 0]
+    assert layer.scripts.flush(keys=keys, args=args)[0] == 0
+    assert layer.scripts.flush(keys=keys, args=args)[0] == -1  # seen token: not re-applied
+    entry = layer.acker.entry(rid.source_id)
+    assert entry is not None and entry.value == child.current_id
+
+
+def test_flush_raises_a_clear_error_when_redis_is_unreachable(redis_server) -> None:
+    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    layer = FTLayer.__new__(FTLayer)  # scripts register lazily; no server needed to build
+    FTLayer.__init__(layer, dead, FTConfig(flush_retries=2, flush_backoff_s=0.01))
+    h = layer.handler()
+    h.persist_record("x", source=0)
+    with pytest.raises(FlushError, match="flush: Redis unreachable after 3 attempts"):
+        h.flush()
+    assert h.pending_sources == 1, "the buffered work is kept for a retry"
+
+
+def test_empty_flush_sends_nothing(layer: FTLayer) -> None:
+    assert layer.handler().flush().calls == 0
+    assert ShardBatch().empty

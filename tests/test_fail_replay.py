@@ -1,0 +1,130 @@
+"""fail -> retire, new id in the same shard, replay queue; orphans; dead letters."""
+
+from __future__ import annotations
+
+import msgpack
+
+from ftlayer import FailRecord, FTLayer, RecordId
+from ftlayer.ids import shard_of
+
+
+def test_explicit_fail_replays_under_a_new_id_in_the_same_shard(make_layer) -> None:
+    layer = make_layer(shards=16)
+    src = layer.handler(partition=5)
+    rid = src.persist_record({"user": 7}, hash_code=-42, source=2)
+    src.flush()
+    task = layer.handler()
+    with task.processing(rid):
+        raise FailRecord("rejected by validation")
+    task.flush()
+
+    s = layer.stats()
+    assert (s.failed_explicit, s.replayed, s.pending, s.queued_replays) == (1, 1, 1, 1)
+    assert layer.persistence.get(rid.source_id) is None, "old id retired"
+    assert layer.acker.entry(rid.source_id) is None
+    [claimed] = layer.claim_replays(source=2, limit=10)
+    new = claimed.record_id.source_id
+    assert new != rid.source_id
+    assert shard_of(new, 16) == shard_of(rid.source_id, 16)
+    assert new & 0xFFFF == rid.source_id & 0xFFFF
+    assert claimed.frame.hash_code == -42 and claimed.original_partition == 5
+    assert claimed.frame.decode() == {"user": 7}
+    [failure] = layer.persistence.history(new)
+    assert (failure.reason, failure.attempt, failure.error) == (
+        "explicit", 1, "rejected by validation"
+    )
+    # the replayed record completes like any other
+    sink = layer.handler()
+    sink.ack(claimed.record_id)
+    assert sink.flush().completed == 1
+    assert layer.stats().pending == 0
+
+
+def test_late_xor_for_a_retired_id_is_an_orphan(make_layer) -> None:
+    layer = make_layer(timeout_s=0.4, buckets=2)
+    src = layer.handler()
+    rid = src.persist_record("x", source=0)
+    src.flush()
+    layer.fail([rid], error="boom")
+    [claimed] = layer.claim_replays(0, 10)
+    late = layer.handler()
+    late.ack(rid)  # a straggler's ack for the retired id
+    late.flush()
+    new_entry = layer.acker.entry(claimed.record_id.source_id)
+    assert new_entry is not None and new_entry.value == claimed.record_id.current_id
+    old = layer.acker.entry(rid.source_id)
+    assert old is not None and not old.inited
+    import time
+
+    time.sleep(0.85)
+    layer.expire_due()
+    s = layer.stats()
+    assert s.orphans >= 1 and layer.acker.entry(rid.source_id) is None
+    assert s.replayed == 2 and s.failed_timeout == 1  # only the new id timed out
+
+
+def test_dead_letter_after_max_replays_with_history(make_layer) -> None:
+    layer = make_layer(max_replays=2)
+    src = layer.handler()
+    rid = src.persist_record(b"payload", hash_code=9, source=1)
+    src.flush()
+    current = rid
+    for attempt in range(3):
+        layer.fail([current], error=f"attempt {attempt}")
+        claimed = layer.claim_replays(1, 10)
+        if attempt < 2:
+            assert len(claimed) == 1
+            current = claimed[0].record_id
+        else:
+            assert claimed == []
+    s = layer.stats()
+    assert (s.failed_explicit, s.replayed, s.dead_lettered, s.pending) == (3, 2, 1, 0)
+    assert s.completed == 0, "never acked to make the problem go away"
+    [dl] = layer.persistence.dead_letters()
+    assert dl.frame.decode() == b"payload" and dl.frame.source == 1
+    assert [f.attempt for f in dl.history] == [1, 2, 3]
+    assert [f.error for f in dl.history] == ["attempt 0", "attempt 1", "attempt 2"]
+    assert all(f.reason == "explicit" for f in dl.history)
+
+
+def test_fail_of_a_record_born_in_the_same_task(layer: FTLayer) -> None:
+    """Source and task chained in one task: the record is persisted and failed in the
+    same flush -- never lost, even though it never reached Redis before."""
+    h = layer.handler()
+    rid = h.persist_record({"a": 1}, source=0)
+    with h.processing(rid):
+        h.emit()
+        raise FailRecord("no")
+    h.flush()
+    s = layer.stats()
+    assert (s.persisted, s.failed_explicit, s.replayed, s.pending) == (1, 1, 1, 1)
+    assert len(layer.claim_replays(0, 5)) == 1
+
+
+def test_fail_unknown_id_is_an_orphan_not_an_error(layer: FTLayer) -> None:
+    assert layer.fail([RecordId(99, 1)]) == (0, 0, 1)
+
+
+def test_records_complete_inside_one_task_cost_no_redis_state(layer: FTLayer) -> None:
+    h = layer.handler()
+    for i in range(100):
+        rid = h.persist_record(i, source=0)
+        with h.processing(rid):
+            h.ack(h.emit())
+    result = h.flush()
+    s = layer.stats()
+    assert (s.persisted, s.completed, s.completed_local, s.pending) == (100, 100, 100, 0)
+    assert result.calls == 1 and layer.acker.size() == 0
+
+
+def test_dead_letter_entries_are_msgpack_only(make_layer) -> None:
+    """Invariant 9: what sits in Redis is msgpack (and frames), never pickle."""
+    layer = make_layer(max_replays=0)
+    h = layer.handler()
+    rid = h.persist_record({"k": "v"}, source=0)
+    h.flush()
+    layer.fail([rid], error="x")
+    shard = layer.keyspace[shard_of(rid.source_id, layer.config.shards)]
+    [raw] = layer.client.hvals(shard.dlq)
+    frame, hist, _when = msgpack.unpackb(raw, raw=True)
+    assert frame[:2] == b"FT" and hist[0][0] == b"explicit"

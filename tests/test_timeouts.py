@@ -1,0 +1,100 @@
+"""Timeouts: a record that is not complete fails between T and T*B/(B-1) after it was
+persisted; resetTimeout; orphan collection; several rotators at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ftlayer import FTLayer
+
+T, B = 0.6, 3
+SLACK_MS = 60  # how late our polling loop may notice a due deadline
+
+
+def _poll_until_failed(layer: FTLayer, n: int, limit_s: float = 5.0) -> None:
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        layer.expire_due()
+        s = layer.stats()
+        if s.failed_timeout + s.orphans >= n:
+            return
+        time.sleep(0.01)
+    raise AssertionError("records did not time out")
+
+
+def test_timeout_within_rotating_bound(make_layer) -> None:
+    layer = make_layer(timeout_s=T, buckets=B, max_replays=0)
+    h = layer.handler()
+    rids = []
+    for i in range(12):  # persisted at different phases of the bucket interval
+        rids.append(h.persist_record(i, source=0))
+        h.flush()
+        time.sleep(T / (B - 1) / 6)
+    inited = {r.source_id: layer.acker.entry(r.source_id).inited_ms for r in rids}
+    _poll_until_failed(layer, len(rids))
+    lo, hi = T * 1000, T * B / (B - 1) * 1000
+    for dl in layer.persistence.dead_letters():
+        age = dl.history[-1].time_ms - inited[dl.source_id]
+        assert lo <= age <= hi + SLACK_MS, f"failed {age} ms after persist, not in [{lo}, {hi}]"
+        assert dl.history[-1].reason == "timeout"
+    assert layer.stats().failed_timeout == len(rids)
+
+
+def test_reset_timeout_postpones_expiry(make_layer) -> None:
+    layer = make_layer(timeout_s=T, buckets=B)
+    h = layer.handler()
+    keep, lose = h.persist_record("keep", source=0), h.persist_record("lose", source=0)
+    h.flush()
+    end = time.monotonic() + T * B / (B - 1) + 0.3
+    while time.monotonic() < end:  # long-running work on `keep`
+        assert layer.reset_timeout([keep]) == 1
+        layer.expire_due()
+        time.sleep(0.05)
+    assert layer.stats().failed_timeout == 1
+    assert layer.persistence.get(keep.source_id) is not None
+    assert layer.persistence.get(lose.source_id) is None  # retired: replayed under a new id
+
+
+def test_orphans_are_collected_without_replay(make_layer) -> None:
+    layer = make_layer(timeout_s=T, buckets=B)
+    ghost = layer.handler()
+    from ftlayer import RecordId
+
+    ghost.ack(RecordId(0xDEAD_BEEF, 0x1234))  # an id nobody persisted
+    ghost.flush()
+    assert layer.acker.size() == 1
+    _poll_until_failed(layer, 1)
+    s = layer.stats()
+    assert (s.orphans, s.replayed, s.failed_timeout, s.pending) == (1, 0, 0, 0)
+    assert layer.acker.size() == 0
+
+
+def test_concurrent_rotators_fail_each_record_once(make_layer) -> None:
+    layer = make_layer(timeout_s=T, buckets=B, expire_batch=7)
+    h = layer.handler()
+    for i in range(300):
+        h.persist_record(i, source=0)
+    h.flush()
+    time.sleep(T * B / (B - 1) + 0.05)
+    threads = [threading.Thread(target=layer.expire_due) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    s = layer.stats()
+    assert (s.failed_timeout, s.replayed, s.pending, s.queued_replays) == (300, 300, 300, 300)
+
+
+def test_rotator_thread_fails_on_schedule(make_layer) -> None:
+    layer = make_layer(timeout_s=T, buckets=B)
+    h = layer.handler()
+    h.persist_record("x", source=0)
+    h.flush()
+    rotator = layer.start_rotator()
+    try:
+        time.sleep(T * B / (B - 1) + 0.3)
+    finally:
+        rotator.stop()
+    assert rotator.rotations >= 2 and rotator.errors == 0
+    assert layer.stats().failed_timeout == 1
