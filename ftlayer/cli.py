@@ -66,6 +66,36 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--json", action="store_true", help="one JSON object")
     stats.set_defaults(func=_cmd_stats)
 
+    demo = sub.add_parser(
+        "demo",
+        help="run a generated workload with injected failures through the FT layer",
+        description="Generated records through source, map and sink tasks with explicit "
+        "failures and drops injected; replays, drains and prints a report. Exit 1 if "
+        "any record was lost.",
+    )
+    demo.add_argument(
+        "--redis-url",
+        default=_env("REDIS_URL"),
+        help="default: an embedded redis-server [env: FTLAYER_REDIS_URL]",
+    )
+    demo.add_argument("--records", type=int, default=20_000, help="default: %(default)s")
+    demo.add_argument(
+        "--fail-rate",
+        type=float,
+        default=0.02,
+        help="share of attempts failing with FailRecord (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--drop-rate",
+        type=float,
+        default=0.01,
+        help="share of attempts never acked (default: %(default)s)",
+    )
+    demo.add_argument("--timeout-s", type=float, default=2.0, help="default: %(default)s")
+    demo.add_argument("--seed", type=int, default=7, help="default: %(default)s")
+    demo.add_argument("--json", action="store_true", help="print one JSON object")
+    demo.set_defaults(func=_cmd_demo)
+
     server = sub.add_parser(
         "redis", help="run an embedded redis-server in the foreground and print its URL"
     )
@@ -98,6 +128,37 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from ftlayer.demo import report_table, run_demo
+
+    def progress(done: int, total: int, st: Any) -> None:
+        if not args.json and sys.stderr.isatty():
+            bar = "#" * int(30 * done / max(total, 1))
+            print(
+                f"\r[{bar:<30}] {done}/{total} pending={st.pending} replayed={st.replayed}",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    report = run_demo(
+        records=args.records,
+        fail_rate=args.fail_rate,
+        drop_rate=args.drop_rate,
+        timeout_s=args.timeout_s,
+        redis_url=args.redis_url,
+        seed=args.seed,
+        progress=progress,
+    )
+    if args.json:
+        print(json.dumps(asdict(report)))
+    else:
+        print("\nftlayer demo report\n" + report_table(report))
+    return 1 if report.lost else 0
+
+
 def _cmd_redis(args: argparse.Namespace) -> int:
     from ftlayer.embedded import EmbeddedRedis
 
@@ -105,8 +166,9 @@ def _cmd_redis(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with EmbeddedRedis(port=args.port, data_dir=args.dir, appendonly=args.appendonly) as server:
         print(server.url, flush=True)
-        log.info("embedded redis running url=%s dir=%s (Ctrl-C stops it)", server.url,
-                 server.data_dir)
+        log.info(
+            "embedded redis running url=%s dir=%s (Ctrl-C stops it)", server.url, server.data_dir
+        )
         try:
             while not stop.wait(0.5):
                 if not server.running:

@@ -164,15 +164,19 @@ class EmbeddedRedis:
                 try:
                     if probe.ping():
                         return
-                except redis.BusyLoadingError:
-                    pass
-                except redis.ConnectionError:
+                except (redis.AuthenticationError, redis.AuthenticationWrongNumberOfArgsError):
+                    return  # it answers; a --requirepass in extra_args is the caller's
+                except redis.ResponseError as e:
+                    if "NOAUTH" in str(e):
+                        return
+                except (redis.BusyLoadingError, redis.ConnectionError):
                     pass
                 if time.monotonic() > deadline:
+                    tail = self._log_tail()
                     self.stop()
                     raise EmbeddedRedisError(
                         f"{binary} did not answer on port {self.port} within "
-                        f"{self.startup_timeout_s:g}s {self._log_tail()}"
+                        f"{self.startup_timeout_s:g}s {tail}"
                     )
                 time.sleep(0.02)
         finally:

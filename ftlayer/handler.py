@@ -133,6 +133,8 @@ class FTHandler(AbstractFTHandler):
     ) -> RecordId:
         """Register a new source record and emit it: returns its RecordId. It is stored
         in Redis at flush unless its whole tree completed inside this task."""
+        if partition < 0:
+            partition = self.partition
         if not isinstance(payload, bytes | bytearray):
             raise RecordError(
                 f"payload must be msgpack bytes, not {type(payload).__name__} "
@@ -149,8 +151,6 @@ class FTHandler(AbstractFTHandler):
             raise RecordError(f"hash_code {hash_code} of a source {source} record is not int32")
         src = self._ids.next()
         cur = self._ids.next()
-        if partition < 0:
-            partition = self.partition
         self._born[src] = (bytes(payload), cur, hash_code, source, partition)
         self._deltas[src] = cur
         return RecordId(src, cur)

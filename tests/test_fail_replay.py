@@ -31,7 +31,9 @@ def test_explicit_fail_replays_under_a_new_id_in_the_same_shard(make_layer) -> N
     assert claimed.frame.decode() == {"user": 7}
     [failure] = layer.persistence.history(new)
     assert (failure.reason, failure.attempt, failure.error) == (
-        "explicit", 1, "rejected by validation"
+        "explicit",
+        1,
+        "rejected by validation",
     )
     # the replayed record completes like any other
     sink = layer.handler()

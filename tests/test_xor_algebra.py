@@ -29,9 +29,7 @@ class Node:
 
 def trees(max_depth: int = 3) -> st.SearchStrategy[Node]:
     leaf = st.just(None).map(lambda _: Node([]))
-    return st.recursive(
-        leaf, lambda inner: st.lists(inner, max_size=3).map(Node), max_leaves=8
-    )
+    return st.recursive(leaf, lambda inner: st.lists(inner, max_size=3).map(Node), max_leaves=8)
 
 
 def count_nodes(node: Node) -> int:
