@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import redis
@@ -164,7 +164,7 @@ class RedisAckerTable:
         raw = self.client.hget(shard.acks, source_id.to_bytes(8, "big"))
         if raw is None:
             return None
-        hi, lo, deadline, inited, source = _ENTRY.unpack(raw)
+        hi, lo, deadline, inited, source = _ENTRY.unpack(cast(bytes, raw))
         value = ((hi & 0xFFFFFFFF) << 32) | (lo & 0xFFFFFFFF)
         return AckEntry(value, deadline, inited, source)
 

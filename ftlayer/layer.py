@@ -18,7 +18,6 @@ from ftlayer.acker import RedisAckerTable, pack_fails
 from ftlayer.config import FTConfig
 from ftlayer.connection import connect
 from ftlayer.embedded import EmbeddedRedis
-from ftlayer.errors import FTLayerError
 from ftlayer.handler import AbstractFTHandler, FTHandler, NonFTHandler
 from ftlayer.ids import RecordId, shard_of
 from ftlayer.keys import Keyspace
@@ -186,6 +185,4 @@ class FTLayer:
         n = 0
         for key in self.client.scan_iter(match=self.keyspace.pattern, count=1000):
             n += int(self.client.delete(key))
-        if n and self.client.exists(*[s.acks for s in self.keyspace.shards]):
-            raise FTLayerError("namespace changed while being cleared")
         return n

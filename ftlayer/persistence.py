@@ -9,7 +9,7 @@ that failed more than ``max_replays`` times sit in the dead-letter hash with the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import redis
@@ -70,7 +70,9 @@ class RedisPersistenceLayer:
     def get(self, source_id: int) -> Frame | None:
         """The persisted frame of a pending record, or ``None``."""
         raw = self.client.hget(self._shard(source_id).rec, source_id.to_bytes(8, "big"))
-        return None if raw is None else decode_frame(raw, max_payload=self.config.max_record_bytes)
+        if raw is None:
+            return None
+        return decode_frame(cast(bytes, raw), max_payload=self.config.max_record_bytes)
 
     def history(self, source_id: int) -> tuple[Failure, ...]:
         raw = self.client.hget(self._shard(source_id).hist, source_id.to_bytes(8, "big"))
@@ -85,9 +87,9 @@ class RedisPersistenceLayer:
             return sum(pipe.execute())
 
     def pending_ids(self) -> list[int]:
-        out = []
+        out: list[int] = []
         for shard in self.keyspace.shards:
-            out.extend(int.from_bytes(k, "big") for k in self.client.hkeys(shard.rec))
+            out.extend(int.from_bytes(cast(bytes, k), "big") for k in self.client.hkeys(shard.rec))
         return out
 
     def queued(self, source: int) -> int:
@@ -124,7 +126,7 @@ class RedisPersistenceLayer:
                 frame_bytes, hist, when = msgpack.unpackb(raw, raw=True)
                 out.append(
                     DeadLetter(
-                        int.from_bytes(key, "big"),
+                        int.from_bytes(cast(bytes, key), "big"),
                         decode_frame(frame_bytes, max_payload=self.config.max_record_bytes),
                         _failures(hist),
                         int(when),

@@ -79,11 +79,12 @@ class RedisTimeoutLayer:
 
     def next_deadline_ms(self) -> float | None:
         """The earliest deadline of any pending entry (server clock, ms), or ``None``."""
-        best = None
+        best: float | None = None
         for shard in self.keyspace.shards:
             first = self.client.zrange(shard.tmoidx, 0, 0, withscores=True)
-            if first and (best is None or first[0][1] < best):
-                best = first[0][1]
+            if first:
+                score = float(first[0][1])
+                best = score if best is None else min(best, score)
         return best
 
 

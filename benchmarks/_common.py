@@ -1,0 +1,63 @@
+"""Helpers shared by the benchmarks: a Redis to measure against, server-side timings."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from ftlayer.embedded import EmbeddedRedis
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@contextmanager
+def redis_for_benchmark(url: str | None) -> Iterator[redis.Redis]:
+    """The given server, or an embedded one (stopped afterwards)."""
+    if url:
+        client = redis.Redis.from_url(url)
+        try:
+            yield client
+        finally:
+            client.close()
+        return
+    with EmbeddedRedis() as server:
+        client = server.client()
+        try:
+            yield client
+        finally:
+            client.close()
+
+
+def server_usec(client: redis.Redis, command: str) -> tuple[int, int]:
+    """(calls, usec) that Redis has spent on ``command`` so far (INFO commandstats)."""
+    stats = client.info("commandstats").get(f"cmdstat_{command}")
+    return (int(stats["calls"]), int(stats["usec"])) if stats else (0, 0)
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def machine() -> str:
+    return f"{platform.machine()} {platform.processor() or ''} py{platform.python_version()}"
+
+
+def save(name: str, result: dict[str, Any]) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return path
