@@ -9,7 +9,7 @@ pending is persisted with its delta as its init in the same call.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -55,6 +55,11 @@ class AbstractFTHandler:
         raise NotImplementedError
 
     def flush(self) -> FlushResult:
+        raise NotImplementedError
+
+    def reset_timeout(self, record_id: RecordId) -> bool:
+        """Storm's resetTimeout, for long-running work on ``record_id``: its source record
+        gets a fresh deadline now (one Redis call). False if it is no longer pending."""
         raise NotImplementedError
 
     @contextmanager
@@ -107,6 +112,9 @@ class NonFTHandler(AbstractFTHandler):
     def flush(self) -> FlushResult:
         return FlushResult()
 
+    def reset_timeout(self, record_id: RecordId) -> bool:
+        return True
+
     def _swap_anchor(self, record_id: RecordId | None) -> RecordId | None:
         return None
 
@@ -115,10 +123,17 @@ class FTHandler(AbstractFTHandler):
     """The operating handler of one task attempt."""
 
     __slots__ = ("table", "config", "partition", "_deltas", "_born", "_failed", "_anchor",
-                 "_ids")  # fmt: skip
+                 "_ids", "_reset")  # fmt: skip
 
-    def __init__(self, table: RedisAckerTable, config: FTConfig, partition: int = -1) -> None:
+    def __init__(
+        self,
+        table: RedisAckerTable,
+        config: FTConfig,
+        partition: int = -1,
+        reset: Callable[[list[int]], int] | None = None,
+    ) -> None:
         self.table = table
+        self._reset = reset
         self.config = config
         self.partition = partition
         self._deltas: dict[int, int] = {}
@@ -189,6 +204,13 @@ class FTHandler(AbstractFTHandler):
         if reason not in _REASONS:
             raise FTLayerError(f"reason must be one of {_REASONS}, not {reason!r}")
         self._failed.setdefault(record_id[0], (reason, error))
+
+    def reset_timeout(self, record_id: RecordId) -> bool:
+        if self._reset is None:
+            raise FTLayerError("this handler was built without a timeout layer")
+        if record_id[0] in self._born:
+            return True  # not in Redis yet: its timeout starts at flush
+        return self._reset([record_id[0]]) == 1
 
     @property
     def pending_sources(self) -> int:

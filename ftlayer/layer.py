@@ -8,6 +8,7 @@ Redis: any number of FTLayer objects (executors, sidecars, the CLI) may share a 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -114,7 +115,7 @@ class FTLayer:
         """A handler for one task attempt (NonFTHandler when FT status is OFF)."""
         if not self.config.enabled:
             return NonFTHandler()
-        return FTHandler(self.acker, self.config, partition)
+        return FTHandler(self.acker, self.config, partition, self.timeouts.reset_timeout)
 
     def claim_replays(self, source: int, limit: int) -> list[ClaimedRecord]:
         """Replays of ``source`` for a source task to emit (see RedisPersistenceLayer)."""
@@ -150,6 +151,41 @@ class FTLayer:
     def start_rotator(self) -> Rotator:
         """Rotate in a background thread of this process (the sidecar's job)."""
         return Rotator(self.timeouts).start()
+
+    # -- backpressure --------------------------------------------------------------------
+    def pending_by_source(self) -> dict[int, int]:
+        """Pending records per source index (stored, not complete, not dead-lettered)."""
+        return self.stats().pending_by_source
+
+    def wait_for_capacity(
+        self, source: int, max_pending: int | None = None, timeout_s: float = 30.0
+    ) -> bool:
+        """Block while ``source`` has more than ``max_pending`` (default: config) records
+        pending, up to ``timeout_s``. True when there is room; False on timeout (logged:
+        the caller decides whether to go on)."""
+        limit = max_pending if max_pending is not None else self.config.max_pending
+        if limit is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        delay, logged = 0.05, False
+        while True:
+            pending = self.pending_by_source().get(source, 0)
+            if pending <= limit:
+                return True
+            if not logged:
+                log.info("backpressure source=%d pending=%d max_pending=%d", source, pending, limit)
+                logged = True
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "backpressure timeout source=%d pending=%d max_pending=%d waited_s=%.1f",
+                    source,
+                    pending,
+                    limit,
+                    timeout_s,
+                )
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     # -- reporting -----------------------------------------------------------------------
     def stats(self) -> FTStats:

@@ -98,3 +98,42 @@ def test_rotator_thread_fails_on_schedule(make_layer) -> None:
         rotator.stop()
     assert rotator.rotations >= 2 and rotator.errors == 0
     assert layer.stats().failed_timeout == 1
+
+
+def test_handler_reset_timeout_from_a_task(make_layer) -> None:
+    layer = make_layer(timeout_s=T, buckets=B)
+    src = layer.handler()
+    rid = src.persist_record("long job", source=0)
+    assert src.reset_timeout(rid) is True  # not flushed yet: nothing to reset
+    src.flush()
+    before = layer.acker.entry(rid.source_id).deadline_ms
+    time.sleep(T / (B - 1) + 0.05)
+    task = layer.handler()
+    assert task.reset_timeout(rid) is True
+    assert layer.acker.entry(rid.source_id).deadline_ms > before
+    task.ack(rid)
+    task.flush()
+    assert task.reset_timeout(rid) is False  # complete: nothing left to reset
+
+
+def test_backpressure_waits_for_pending_to_drop(make_layer) -> None:
+    layer = make_layer(max_pending=5)
+    h = layer.handler()
+    rids = [h.persist_record(i, source=3) for i in range(8)]
+    h.flush()
+    assert layer.pending_by_source() == {3: 8}
+    t0 = time.monotonic()
+    assert layer.wait_for_capacity(3, timeout_s=0.3) is False
+    assert time.monotonic() - t0 >= 0.3
+    assert layer.wait_for_capacity(4, timeout_s=0.3) is True  # another source is free
+
+    def drain() -> None:
+        time.sleep(0.2)
+        sink = layer.handler()
+        for r in rids[:4]:
+            sink.ack(r)
+        sink.flush()
+
+    threading.Thread(target=drain).start()
+    assert layer.wait_for_capacity(3, timeout_s=5) is True
+    assert layer.pending_by_source()[3] == 4
