@@ -131,7 +131,7 @@ class RedisAckerTable:
             if batch.empty:
                 continue
             args = [
-                os.urandom(12).hex(), cfg.interval_ms, cfg.buckets, cfg.max_replays,
+                os.urandom(12).hex(), cfg.interval_ms, cfg.buckets, -1,
                 b"".join(batch.persists), batch.pack_xors(), pack_fails(batch.fails),
                 batch.local_completed,
             ]  # fmt: skip

@@ -96,6 +96,72 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print one JSON object")
     demo.set_defaults(func=_cmd_demo)
 
+    serve = sub.add_parser(
+        "serve",
+        help="run the acker sidecar: timeouts, replays, lease, metrics",
+        description="Rotates the timeout buckets every T/(B-1) while holding the namespace's "
+        "lease (several sidecars may run; one rotates), fails what expired, collects "
+        "orphans, and serves Prometheus /metrics and /healthz. All state is in Redis: kill "
+        "it at any moment. SIGTERM stops it cleanly.",
+    )
+    _add_common(serve)
+    serve.add_argument(
+        "--timeout-s",
+        type=float,
+        default=float(_env("TIMEOUT_S", 30.0)),
+        help="record timeout T (default: %(default)s) [env: FTLAYER_TIMEOUT_S]",
+    )
+    serve.add_argument(
+        "--buckets",
+        type=int,
+        default=int(_env("BUCKETS", 3)),
+        help="timeout buckets B (default: %(default)s) [env: FTLAYER_BUCKETS]",
+    )
+    serve.add_argument(
+        "--max-replays",
+        type=int,
+        default=_env("MAX_REPLAYS"),
+        help="override, for timeouts, the replay budget each record carries from its "
+        "pipeline's FTConfig.max_replays (default: no override) [env: FTLAYER_MAX_REPLAYS]",
+    )
+    serve.add_argument(
+        "--lease-s",
+        type=float,
+        default=float(_env("LEASE_S", 10.0)),
+        help="leadership lease; a standby takes over within it "
+        "(default: %(default)s) [env: FTLAYER_LEASE_S]",
+    )
+    serve.add_argument(
+        "--metrics-host",
+        default=_env("METRICS_HOST", "127.0.0.1"),
+        help="default: %(default)s [env: FTLAYER_METRICS_HOST]",
+    )
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(_env("METRICS_PORT", 9464)),
+        help="0 picks a free port, -1 disables (default: %(default)s) [env: FTLAYER_METRICS_PORT]",
+    )
+    serve.set_defaults(func=_cmd_serve)
+
+    dlq = sub.add_parser("dlq", help="list, re-drive or purge dead letters")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
+    dlq_list = dlq_sub.add_parser("list", help="show each dead letter with its history")
+    _add_common(dlq_list)
+    dlq_list.add_argument("--json", action="store_true", help="a JSON list")
+    dlq_list.set_defaults(func=_cmd_dlq_list)
+    dlq_replay = dlq_sub.add_parser(
+        "replay", help="re-drive dead letters (after a fix) under new ids"
+    )
+    _add_common(dlq_replay)
+    dlq_replay.add_argument("ids", nargs="*", help="ids as `dlq list` prints them (hex)")
+    dlq_replay.add_argument("--all", action="store_true", help="every dead letter")
+    dlq_replay.set_defaults(func=_cmd_dlq_replay)
+    dlq_purge = dlq_sub.add_parser("purge", help="delete every dead letter")
+    _add_common(dlq_purge)
+    dlq_purge.add_argument("--yes", action="store_true", help="do not ask")
+    dlq_purge.set_defaults(func=_cmd_dlq_purge)
+
     server = sub.add_parser(
         "redis", help="run an embedded redis-server in the foreground and print its URL"
     )
@@ -106,8 +172,126 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config(args: argparse.Namespace) -> FTConfig:
-    return FTConfig(namespace=args.namespace, shards=args.shards, redis_url=args.redis_url)
+def _config(args: argparse.Namespace, **more: Any) -> FTConfig:
+    return FTConfig(namespace=args.namespace, shards=args.shards, redis_url=args.redis_url, **more)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from ftlayer.embedded import EmbeddedRedis
+    from ftlayer.layer import FTLayer
+    from ftlayer.metrics import MetricsServer
+    from ftlayer.sidecar import Sidecar
+
+    override = None if args.max_replays is None else int(args.max_replays)
+    config = _config(args, timeout_s=args.timeout_s, buckets=args.buckets)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    embedded = None
+    if config.redis_url:
+        from ftlayer.connection import connect
+
+        client = connect(config.redis_url, socket_timeout=30)
+    else:
+        embedded = EmbeddedRedis().start()
+        client = embedded.client(socket_timeout=30)
+        print(f"ftlayer serve: embedded redis at {embedded.url}", flush=True)
+    layer = FTLayer(client, config)
+    sidecar = Sidecar(layer, lease_s=args.lease_s, max_replays=override)
+    server = None
+    try:
+        if args.metrics_port >= 0:
+            server = MetricsServer(sidecar.metrics, sidecar.healthy, args.metrics_host,
+                                   args.metrics_port).start()  # fmt: skip
+            host, port = server.address
+            print(f"ftlayer serve: metrics at http://{host}:{port}/metrics", flush=True)
+        sidecar.run(stop)
+    finally:
+        if server:
+            server.stop()
+        client.close()
+        if embedded:
+            embedded.stop()
+    log.info("sidecar stopped id=%s", sidecar.id)
+    return 0
+
+
+def _dead_letter_dict(d: Any) -> dict[str, Any]:
+    return {
+        "id": f"{d.source_id:016x}",
+        "source": d.frame.source,
+        "payload_bytes": len(d.frame.payload),
+        "hash_code": d.frame.hash_code,
+        "partition": d.frame.partition,
+        "attempts": sum(1 for f in d.history if f.reason != "redrive"),
+        "dead_lettered_ms": d.time_ms,
+        "history": [
+            {"reason": f.reason, "time_ms": f.time_ms, "attempt": f.attempt, "error": f.error}
+            for f in d.history
+        ],
+    }
+
+
+def _cmd_dlq_list(args: argparse.Namespace) -> int:
+    from ftlayer.layer import FTLayer
+
+    with FTLayer.open(_config(args)) as layer:
+        letters = [_dead_letter_dict(d) for d in layer.persistence.dead_letters()]
+    if args.json:
+        print(json.dumps(letters))
+        return 0
+    if not letters:
+        print("no dead letters")
+        return 0
+    print(f"{'id':<16}  {'source':>6}  {'bytes':>7}  {'attempts':>8}  history")
+    for d in letters:
+        hist = "; ".join(
+            f"{h['reason']}#{h['attempt']}" + (f" {h['error']!r}" if h["error"] else "")
+            for h in d["history"]
+        )
+        print(
+            f"{d['id']:<16}  {d['source']:>6}  {d['payload_bytes']:>7}  {d['attempts']:>8}  {hist}"
+        )
+    return 0
+
+
+def _cmd_dlq_replay(args: argparse.Namespace) -> int:
+    from ftlayer.layer import FTLayer
+
+    if bool(args.ids) == args.all:
+        print("ftlayer: error: give dead-letter ids or --all (not both)", file=sys.stderr)
+        return 2
+    try:
+        ids = None if args.all else [int(i, 16) for i in args.ids]
+    except ValueError:
+        print(
+            f"ftlayer: error: ids are hex, as `dlq list` prints them: {args.ids}", file=sys.stderr
+        )
+        return 2
+    with FTLayer.open(_config(args)) as layer:
+        n = layer.dlq_replay(ids)
+    print(f"re-driven: {n}")
+    return 0 if args.all or n == len(ids or []) else 1
+
+
+def _cmd_dlq_purge(args: argparse.Namespace) -> int:
+    from ftlayer.layer import FTLayer
+
+    with FTLayer.open(_config(args)) as layer:
+        n = layer.stats().dead_letters
+        if not n:
+            print("no dead letters")
+            return 0
+        if not args.yes:
+            if not sys.stdin.isatty():
+                print(f"ftlayer: refusing to purge {n} dead letters without --yes", file=sys.stderr)
+                return 2
+            answer = input(f"Delete {n} dead letters for good? [y/N] ")
+            if answer.strip().lower() not in ("y", "yes"):
+                print("nothing purged")
+                return 1
+        print(f"purged: {layer.dlq_purge()}")
+    return 0
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
@@ -121,8 +305,9 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     where = redact_url(args.redis_url) if args.redis_url else "embedded (empty) redis"
     print(f"namespace {args.namespace} on {where}")
     for key in ("persisted", "completed", "completed_local", "failed_explicit",
-                "failed_timeout", "replayed", "replays_claimed", "dead_lettered", "orphans",
-                "pending", "queued_replays", "latency_count", "mean_latency_ms"):  # fmt: skip
+                "failed_timeout", "replayed", "replays_claimed", "dead_lettered",
+                "dead_letters", "redriven", "orphans", "pending", "queued_replays",
+                "oldest_pending_age_s", "latency_count", "mean_latency_ms"):  # fmt: skip
         value = st[key]
         print(f"  {key:<16} {value if value is not None else '-':>12}")
     return 0

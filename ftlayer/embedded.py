@@ -20,7 +20,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 
@@ -71,6 +73,25 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+# PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the process.
+# Servers are therefore spawned from one long-lived thread, so a server started from a
+# short-lived thread (a timer, a worker) lives until the process ends.
+_spawner: ThreadPoolExecutor | None = None
+_spawner_lock = threading.Lock()
+
+
+def _spawn(args: list[str]) -> subprocess.Popen[bytes]:
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None:
+            _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftlayer-spawner")
+        pool = _spawner
+    return pool.submit(
+        subprocess.Popen, args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, preexec_fn=_die_with_parent,
+    ).result()  # fmt: skip
 
 
 class EmbeddedRedis:
@@ -135,10 +156,7 @@ class EmbeddedRedis:
             "--appendfsync", "everysec", "--protected-mode", "yes", "--daemonize", "no",
             "--logfile", "redis.log", *self.extra_args,
         ]  # fmt: skip
-        self._proc = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            preexec_fn=_die_with_parent,
-        )  # fmt: skip
+        self._proc = _spawn(args)
         atexit.register(self.stop)
         self._wait_ready(binary)
         log.info("embedded redis started url=%s pid=%s dir=%s", self.url, self.pid, self._dir)

@@ -233,6 +233,7 @@ class FTHandler(AbstractFTHandler):
     def _batches(self) -> dict[int, ShardBatch]:
         shards = self.config.shards
         max_payload = self.config.max_record_bytes
+        budget = self.config.max_replays
         deltas, failed = dict(self._deltas), self._failed
         batches: dict[int, ShardBatch] = {}
 
@@ -252,7 +253,14 @@ class FTHandler(AbstractFTHandler):
                 local_done += 1
                 continue
             frame = encode_frame(
-                payload, src, cur, hash_code, source, partition=partition, max_payload=max_payload
+                payload,
+                src,
+                cur,
+                hash_code,
+                source,
+                partition=partition,
+                max_replays=budget,
+                max_payload=max_payload,
             )
             batch(src).add_persist(delta, frame)
         if local_done:

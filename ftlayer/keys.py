@@ -65,6 +65,11 @@ class Keyspace:
         return self.shards[k]
 
     @property
+    def lease(self) -> str:
+        """The sidecar lease (one key of its own: only lease scripts touch it)."""
+        return f"ft:{{{self.namespace}}}:lease"
+
+    @property
     def pattern(self) -> str:
-        """A SCAN pattern matching every key of the namespace."""
+        """A SCAN pattern matching every shard key of the namespace."""
         return f"ft:{{{self.namespace}:*"

@@ -55,6 +55,13 @@ class FTStats:
     orphans: int = 0
     pending: int = 0
     queued_replays: int = 0
+    redriven: int = 0
+    dead_letters: int = 0
+    """Dead letters held now (``dead_lettered`` counts every one ever; re-drive and purge
+    remove them from here)."""
+    oldest_pending_age_s: float | None = None
+    """Upper bound on the age of the oldest record with a live timeout, from the earliest
+    deadline (exact to within T/(B-1)); None when nothing has a timeout."""
     pending_by_source: dict[int, int] = field(default_factory=dict)
     latency_count: int = 0
     latency_sum_ms: int = 0
@@ -126,7 +133,8 @@ class FTLayer:
         self, record_ids: Iterable[RecordId | int], error: str = "", reason: str = "explicit"
     ) -> tuple[int, int, int]:
         """Fail source records now: each is retired and replayed under a new source id in
-        its shard, or dead-lettered past ``max_replays``. Returns (replayed,
+        its shard, or dead-lettered past its replay budget (the ``max_replays`` of the
+        pipeline that persisted it). Returns (replayed,
         dead_lettered, orphans) where orphans were not pending."""
         by_shard: dict[int, list[tuple[int, str, str]]] = {}
         for rid in record_ids:
@@ -136,14 +144,15 @@ class FTLayer:
         for shard, fails in by_shard.items():
             reply = self.scripts.fail(
                 keys=self.keyspace[shard].script_keys,
-                args=[self.config.max_replays, pack_fails(fails)],
+                args=[-1, pack_fails(fails)],
             )
             totals = [a + int(b) for a, b in zip(totals, reply, strict=True)]
         return totals[0], totals[1], totals[2]
 
-    def expire_due(self) -> ExpireResult:
-        """One rotation: fail what timed out, collect orphans (see RedisTimeoutLayer)."""
-        return self.timeouts.expire_due()
+    def expire_due(self, max_replays: int | None = None) -> ExpireResult:
+        """One rotation: fail what timed out, collect orphans (see RedisTimeoutLayer).
+        ``max_replays`` overrides the records' own replay budgets."""
+        return self.timeouts.expire_due(max_replays)
 
     def reset_timeout(self, record_ids: Iterable[RecordId | int]) -> int:
         return self.timeouts.reset_timeout([r if isinstance(r, int) else r[0] for r in record_ids])
@@ -193,14 +202,28 @@ class FTLayer:
             for shard in self.keyspace.shards:
                 pipe.hgetall(shard.stats)
                 pipe.hlen(shard.rec)
+                pipe.hlen(shard.dlq)
+                pipe.zrange(shard.tmoidx, 0, 0, withscores=True)
+            pipe.time()
             replies = pipe.execute()
         st = FTStats()
         raw: dict[str, int] = {}
-        for i in range(0, len(replies), 2):
+        earliest = None
+        for i in range(0, len(replies) - 1, 4):
             for k, v in replies[i].items():
                 name = k.decode()
                 raw[name] = raw.get(name, 0) + int(v)
             st.pending += int(replies[i + 1])
+            st.dead_letters += int(replies[i + 2])
+            if replies[i + 3]:
+                d = float(replies[i + 3][0][1])
+                earliest = d if earliest is None else min(earliest, d)
+        if earliest is not None:
+            sec, usec = replies[-1]
+            span_ms = self.config.buckets * self.config.interval_ms
+            st.oldest_pending_age_s = max(
+                0.0, (sec * 1000 + usec / 1000 - earliest + span_ms) / 1000
+            )
         for name, value in raw.items():
             if name.startswith("pending:"):
                 st.pending_by_source[int(name.split(":", 1)[1])] = value
@@ -215,10 +238,42 @@ class FTLayer:
         st.queued_replays = sum(self.persistence.queued(s) for s in st.pending_by_source)
         return st
 
+    # -- dead letters ----------------------------------------------------------------------
+    def dlq_replay(self, source_ids: Iterable[int] | None = None) -> int:
+        """Re-drive dead letters (all of them with ``None``) to their replay queues under
+        new ids; attempts count afresh, the history is kept. Returns how many."""
+        n = 0
+        if source_ids is None:
+            for shard in self.keyspace.shards:
+                n += int(self.scripts.dlq_replay(keys=shard.script_keys, args=[b""]))
+            return n
+        by_shard: dict[int, list[bytes]] = {}
+        for src in source_ids:
+            by_shard.setdefault(shard_of(src, self.config.shards), []).append(
+                src.to_bytes(8, "big")
+            )
+        for k, ids in by_shard.items():
+            keys = self.keyspace[k].script_keys
+            n += int(self.scripts.dlq_replay(keys=keys, args=[b"".join(ids)]))
+        return n
+
+    def dlq_purge(self) -> int:
+        """Delete every dead letter (deliberate loss: the CLI asks first). Returns how
+        many were deleted; they stay counted in ``dead_lettered``."""
+        n = 0
+        for shard in self.keyspace.shards:
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.hlen(shard.dlq)
+                pipe.delete(shard.dlq)
+                n += int(pipe.execute()[0])
+        if n:
+            log.warning("dead letters purged namespace=%s purged=%d", self.config.namespace, n)
+        return n
+
     def clear(self) -> int:
         """Delete every key of this namespace (tests, or a deliberate reset). Returns how
         many keys were deleted."""
-        n = 0
+        n = int(self.client.delete(self.keyspace.lease))
         for key in self.client.scan_iter(match=self.keyspace.pattern, count=1000):
             n += int(self.client.delete(key))
         return n

@@ -9,14 +9,21 @@ from typing import Any
 
 __all__ = ["SCRIPTS", "Scripts", "script_source"]
 
-SCRIPTS = ("flush", "expire", "claim", "fail", "reset_timeout")
+# scripts on one shard's keys: prefixed with the shared prelude lua/_common.lua
+SHARD_SCRIPTS = ("flush", "expire", "claim", "fail", "reset_timeout", "dlq_replay")
+# scripts on one key of their own
+PLAIN_SCRIPTS = ("lease_acquire", "lease_release")
+SCRIPTS = SHARD_SCRIPTS + PLAIN_SCRIPTS
 
 
 @cache
 def script_source(name: str) -> str:
-    """The full text of a script: the shared prelude, then its own body."""
+    """The full text of a script: shard scripts get the shared prelude first."""
     lua = files("ftlayer") / "lua"
-    return (lua / "_common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+    body = (lua / f"{name}.lua").read_text()
+    if name in PLAIN_SCRIPTS:
+        return body
+    return (lua / "_common.lua").read_text() + "\n" + body
 
 
 class Scripts:
@@ -31,3 +38,6 @@ class Scripts:
     claim: Any
     fail: Any
     reset_timeout: Any
+    dlq_replay: Any
+    lease_acquire: Any
+    lease_release: Any

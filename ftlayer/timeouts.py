@@ -44,16 +44,18 @@ class RedisTimeoutLayer:
         self.scripts = scripts
         self.config = config
 
-    def expire_due(self) -> ExpireResult:
+    def expire_due(self, max_replays: int | None = None) -> ExpireResult:
         """Fail (reason ``timeout``) every record whose deadline has passed; collect
-        orphans. Returns what was done."""
+        orphans. Each record is dead-lettered past its own replay budget unless
+        ``max_replays`` overrides it. Returns what was done."""
+        override = -1 if max_replays is None else max_replays
         res = ExpireResult()
         for shard in self.keyspace.shards:
             more = 1
             while more:
                 processed, timed_out, orphans, more = self.scripts.expire(
                     keys=shard.script_keys,
-                    args=[self.config.expire_batch, self.config.max_replays],
+                    args=[self.config.expire_batch, override],
                 )
                 res.calls += 1
                 res.processed += processed

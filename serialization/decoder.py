@@ -68,7 +68,7 @@ class FrameDecoder:
         except CorruptFrameError:
             self._resync(start)
             raise
-        n, src, cur, _hc, source, _ck, _part = header
+        n, src, cur, _hc, source, _ck, _part, _mr = header
         if n > self.max_payload:
             self._pos = start + HEADER_SIZE
             self._skip = n
@@ -108,7 +108,7 @@ class FrameDecoder:
         record = None
         if left >= HEADER_SIZE:
             try:
-                n, src, cur, _hc, source, _ck, _part = parse_header(self._buf, start)
+                n, src, cur, _hc, source, _ck, _part, _mr = parse_header(self._buf, start)
                 record = describe_record(src, cur, source)
                 msg = f"stream ended after {left} of {HEADER_SIZE + n} frame bytes"
             except CorruptFrameError:

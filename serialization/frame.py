@@ -15,7 +15,7 @@ Layout (big-endian, 48-byte header)::
    24  hash_code    i    int32 hash of the key (Spark's hash() of the key columns)
    28  partition    i    partition the source placed it in (-1: unknown)
    32  source       H    source index
-   34  reserved     H
+   34  max_replays  H    the record's replay budget (set by the pipeline persisting it)
    36  checksum     Q    xxh64(payload, seed=0)
    44  header_check I    xxh32(bytes 0..8 + bytes 24..44)
    48  payload      payload_len bytes
@@ -79,6 +79,7 @@ class Frame:
     source: int
     payload: bytes
     partition: int = -1
+    max_replays: int = 0
 
     def describe(self) -> str:
         return describe_record(self.source_id, self.current_id, self.source)
@@ -129,24 +130,15 @@ def frame_header(
     source: int,
     checksum: int,
     partition: int = -1,
+    max_replays: int = 0,
 ) -> bytes:
     checked = _CHECKED.pack(
-        MAGIC, VERSION, 0, payload_len, hash_code, partition, source, 0, checksum
+        MAGIC, VERSION, 0, payload_len, hash_code, partition, source, max_replays, checksum
     )
     return HEADER.pack(
-        MAGIC,
-        VERSION,
-        0,
-        payload_len,
-        source_id,
-        current_id,
-        hash_code,
-        partition,
-        source,
-        0,
-        checksum,
-        _header_check(checked),
-    )
+        MAGIC, VERSION, 0, payload_len, source_id, current_id, hash_code, partition, source,
+        max_replays, checksum, _header_check(checked),
+    )  # fmt: skip
 
 
 def encode_frame(
@@ -157,6 +149,7 @@ def encode_frame(
     source: int,
     *,
     partition: int = -1,
+    max_replays: int = 0,
     max_payload: int = DEFAULT_MAX_PAYLOAD,
 ) -> bytes:
     """Frame a payload; raises OversizedFrameError past ``max_payload`` bytes."""
@@ -167,24 +160,31 @@ def encode_frame(
         )
     try:
         head = frame_header(
-            len(payload), source_id, current_id, hash_code, source, _checksum(payload), partition
+            len(payload),
+            source_id,
+            current_id,
+            hash_code,
+            source,
+            _checksum(payload),
+            partition,
+            max_replays,
         )
     except struct.error as e:
         raise CorruptFrameError(
             f"cannot frame record: {e} "
-            "(ids must be u64, hash_code and partition int32, source u16)",
+            "(ids must be u64, hash_code and partition int32, source and max_replays u16)",
             record=describe_record(source_id, current_id, source),
         ) from e
     return head + payload
 
 
-Header = tuple[int, int, int, int, int, int, int]
+Header = tuple[int, int, int, int, int, int, int, int]
 
 
 def parse_header(buf: bytes | bytearray, pos: int = 0, base: int = 0) -> Header:
-    """Return (payload_len, source_id, current_id, hash_code, source, checksum, partition)
-    or raise CorruptFrameError, reporting ``base + pos`` as the offset."""
-    magic, version, _fl, n, src, cur, hc, part, source, _r, ck, hcheck = HEADER.unpack_from(
+    """Return (payload_len, source_id, current_id, hash_code, source, checksum, partition,
+    max_replays) or raise CorruptFrameError, reporting ``base + pos`` as the offset."""
+    magic, version, _fl, n, src, cur, hc, part, source, mr, ck, hcheck = HEADER.unpack_from(
         buf, pos
     )
     if magic != MAGIC:
@@ -196,18 +196,18 @@ def parse_header(buf: bytes | bytearray, pos: int = 0, base: int = 0) -> Header:
         raise CorruptFrameError("header check failed (corrupt header)", offset=base + pos)
     if version != VERSION:
         raise CorruptFrameError(f"unknown frame version {version}", offset=base + pos)
-    return n, src, cur, hc, source, ck, part
+    return n, src, cur, hc, source, ck, part, mr
 
 
 def check_payload(payload: bytes, header: Header, *, offset: int | None = None) -> Frame:
-    _n, src, cur, hc, source, ck, part = header
+    _n, src, cur, hc, source, ck, part, mr = header
     if _checksum(payload) != ck:
         raise ChecksumMismatchError(
             "payload checksum mismatch (payload corrupted)",
             record=describe_record(src, cur, source),
             offset=offset,
         )
-    return Frame(src, cur, hc, source, payload, part)
+    return Frame(src, cur, hc, source, payload, part, mr)
 
 
 def decode_frame(data: bytes, *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Frame:

@@ -75,3 +75,17 @@ def test_bad_url_is_refused() -> None:
 
     with pytest.raises(ConfigError, match="unsupported Redis URL"):
         FTLayer.open(FTConfig(redis_url="http://user:pw@example"))
+
+
+def test_a_server_started_from_a_short_lived_thread_keeps_running() -> None:
+    import threading
+
+    server = EmbeddedRedis()
+    t = threading.Thread(target=server.start)
+    t.start()
+    t.join()
+    time.sleep(0.5)  # the starting thread is gone; PDEATHSIG must not have fired
+    try:
+        assert server.running and server.client().ping()
+    finally:
+        server.stop()

@@ -130,3 +130,29 @@ def test_dead_letter_entries_are_msgpack_only(make_layer) -> None:
     [raw] = layer.client.hvals(shard.dlq)
     frame, hist, _when = msgpack.unpackb(raw, raw=True)
     assert frame[:2] == b"FT" and hist[0][0] == b"explicit"
+
+
+def test_each_record_carries_its_own_replay_budget(redis_client) -> None:
+    """A record persisted by a pipeline with max_replays=0 is dead-lettered at its first
+    failure, whatever the config of whoever fails it (another layer, a sidecar)."""
+    import uuid
+
+    from ftlayer import FTConfig
+
+    ns = f"budget{uuid.uuid4().hex[:6]}"
+    strict = FTLayer(redis_client, FTConfig(namespace=ns, max_replays=0))
+    lenient = FTLayer(redis_client, FTConfig(namespace=ns, max_replays=5))
+    h = strict.handler()
+    a, b = h.persist_record("a", source=0), h.persist_record("b", source=0)
+    h.flush()
+    assert lenient.fail([a]) == (0, 1, 0)  # the record's budget (0), not lenient's (5)
+    assert lenient.fail([b]) == (0, 1, 0)
+    [dl, _] = strict.persistence.dead_letters()
+    assert dl.frame.max_replays == 0
+    h = lenient.handler()
+    c = h.persist_record("c", source=0)
+    h.flush()
+    assert strict.fail([c]) == (1, 0, 0)  # the record's budget (5) allows a replay
+    [claimed] = strict.claim_replays(0, 5)
+    assert claimed.frame.max_replays == 5
+    strict.clear()

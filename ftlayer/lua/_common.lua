@@ -72,6 +72,13 @@ local function source_of(frame)
   return (struct.unpack('>I2', frame, 33))
 end
 
+-- The record's replay budget, written into its frame by the pipeline that persisted it;
+-- an override >= 0 (a sidecar's --max-replays) replaces it.
+local function budget_of(frame, override)
+  if override >= 0 then return override end
+  return (struct.unpack('>I2', frame, 35))
+end
+
 -- A new random source id in the same shard: the low 16 bits (which pick the shard, see
 -- ftlayer/ids.py) are kept, the other 48 come from SHA-1 of the old id, the attempt and
 -- the server clock (math.random is seeded identically on every call, so it is unusable).
@@ -96,6 +103,26 @@ local function complete(src, deadline, inited_ms, source)
   observe_latency(NOW - inited_ms)
 end
 
+-- Failures in a history since it was last re-driven out of the dead-letter hash.
+local function attempts_since_redrive(hist)
+  local n = 0
+  for i = #hist, 1, -1 do
+    if hist[i][1] == 'redrive' then break end
+    n = n + 1
+  end
+  return n
+end
+
+-- Store a frame under a new source id and queue it for replay (the record already
+-- counts as pending). queue entry: new id | hash code | original partition (16 bytes)
+local function requeue(src, frame, hist, salt)
+  local new = new_source_id(src, salt)
+  redis.call('HSET', REC, new, string.sub(frame, 1, 8) .. new .. string.sub(frame, 17))
+  redis.call('HSET', HIST, new, cmsgpack.pack(hist))
+  redis.call('RPUSH', PREFIX .. ':replay:' .. source_of(frame), new .. string.sub(frame, 25, 32))
+  return new
+end
+
 -- FTLayer.fail (invariants 5, 6, 8): retire src; either re-persist the record under a new
 -- source id in the same shard and queue it for replay with its hash code and original
 -- partition, or, past max_replays, move it to the dead-letter hash with its history.
@@ -115,11 +142,11 @@ local function fail_record(src, reason, err, max_replays)
   local packed_hist = redis.call('HGET', HIST, src)
   local hist = {}
   if packed_hist then hist = cmsgpack.unpack(packed_hist) end
-  local attempt = #hist + 1
-  hist[attempt] = {reason, NOW, attempt, err}
+  local attempt = attempts_since_redrive(hist) + 1
+  hist[#hist + 1] = {reason, NOW, attempt, err}
   local source = source_of(frame)
   count('failed_' .. reason)
-  if attempt > max_replays then
+  if attempt > budget_of(frame, max_replays) then
     redis.call('HSET', DLQ, src, cmsgpack.pack({frame, hist, NOW}))
     redis.call('HDEL', REC, src)
     redis.call('HDEL', HIST, src)
@@ -127,11 +154,7 @@ local function fail_record(src, reason, err, max_replays)
     count('pending:' .. source, -1)
     return 2
   end
-  local new = new_source_id(src, attempt)
-  redis.call('HSET', REC, new, string.sub(frame, 1, 8) .. new .. string.sub(frame, 17))
-  redis.call('HSET', HIST, new, cmsgpack.pack(hist))
-  -- queue entry: new id | hash code | original partition (16 bytes)
-  redis.call('RPUSH', PREFIX .. ':replay:' .. source, new .. string.sub(frame, 25, 32))
+  requeue(src, frame, hist, #hist)
   redis.call('HDEL', REC, src)
   redis.call('HDEL', HIST, src)
   count('replayed')

@@ -1,5 +1,6 @@
 -- Expire due timeout entries of one shard, at most ARGV[1] of them per call (chunks keep
--- Redis responsive with a million pending records). ARGV: limit, max_replays.
+-- Redis responsive with a million pending records). ARGV: limit, max_replays (-1: each
+-- record's own budget, from its frame; >= 0: an override).
 -- Idempotent and safe to run from several sidecars at once: SPOP hands each member to
 -- exactly one call, and an entry whose deadline moved (reset_timeout) is left alone.
 -- A due entry with a persisted record fails with reason 'timeout'; one without is an

@@ -1,6 +1,7 @@
 -- One task flush for one shard, atomically (invariant 3: a task's work for a source id
 -- reaches Redis as one delta, never a partial subset).
--- ARGV: token, interval_ms, buckets, max_replays, persists, xors, fails, local_completed
+-- ARGV: token, interval_ms, buckets, max_replays (-1: each record's own budget), persists,
+--       xors, fails, local_completed
 --   persists: repeated [delta 8][frame_len u32][frame]  (record born in the flushing task;
 --             the delta includes its init, i.e. the XOR of its root current id; a zero
 --             delta means the record is only stored, to be failed by this same call)

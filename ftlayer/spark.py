@@ -1,0 +1,351 @@
+"""Fault-tolerant PySpark ``foreachBatch`` pipelines: Storm-style guaranteed processing.
+
+::
+
+    ft = FaultTolerance(FTConfig(namespace="orders", redis_url=url))
+    pipeline = ft.pipeline(key=["customer"]).map(price).partition_by(["customer"], 8).sink(write)
+    query = stream.writeStream.foreachBatch(pipeline).start()
+    ...
+    report = ft.drain(timeout_s=60, query=query)
+
+Invariants:
+
+* A batch function returns only after every task of its Spark job flushed, so Spark
+  commits the batch's offsets only when each of its records is complete or persisted
+  with a live timeout (invariant 1). A task that raises before its flush sent nothing;
+  Spark's retry of the task redoes it.
+* Every source record is acked only after its stages returned and the sink's write
+  returned. A failing record (``FailRecord``, or any exception with
+  ``on_error="fail_record"``) is failed with its error text in its failure history, and
+  replayed in a later batch under a new id, or dead-lettered after ``max_replays``.
+* Replays enter the source stage of a later batch at the partition where Spark places
+  their key (see :class:`Pipeline`); a record is never acked to make a problem go away.
+* Only msgpack reaches Redis: the row as a msgpack map. Executors reach Redis directly at
+  ``config.redis_url`` through a per-worker-process cache; no live client is pickled.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import replace
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from ftlayer.config import FTConfig
+from ftlayer.errors import ConfigError
+from ftlayer.layer import FTLayer
+from ftlayer.spark_pipeline import BatchResult, DrainResult, OnError, Pipeline
+from ftlayer.spark_tasks import (
+    HASH_COL,
+    MAX_MESSAGES,
+    TaskPlan,
+    TaskSummary,
+    decode_record,
+    field_codecs,
+    run_shuffled_task,
+    run_source_task,
+)
+from partitioners import HashPartitioner
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+__all__ = ["BatchResult", "DrainResult", "FaultTolerance", "OnError", "Pipeline"]
+
+log = logging.getLogger(__name__)
+
+
+def _identity(k: int) -> int:
+    return k
+
+
+class FaultTolerance:
+    """The driver side: claims replays, applies backpressure, runs batches, drains.
+
+    ``FaultTolerance(config)`` opens the FT layer (``config.redis_url``, or an embedded
+    Redis whose URL is handed to the executors). ``rotate=True`` runs the timeout rotation
+    in this process (when no ``ftlayer serve`` sidecar does). With ``status="off"`` no Redis
+    is used and the same pipelines run on the no-op handler.
+    """
+
+    def __init__(
+        self,
+        config: FTConfig,
+        *,
+        layer: FTLayer | None = None,
+        rotate: bool = False,
+        replay_limit: int = 10_000,
+        backpressure_timeout_s: float = 30.0,
+    ) -> None:
+        self.config = config
+        self.replay_limit = replay_limit
+        self.backpressure_timeout_s = backpressure_timeout_s
+        self.layer: FTLayer | None = None
+        self.results: list[BatchResult] = []
+        self._last: tuple[Pipeline, SparkSession, Any] | None = None
+        self._rotator: Any = None
+        self._owns_layer = layer is None
+        self.task_config = config
+        if config.enabled:
+            self.layer = layer or FTLayer.open(config)
+            url = config.redis_url or (self.layer.embedded.url if self.layer.embedded else None)
+            if not url:
+                raise ConfigError("executors need config.redis_url to reach Redis")
+            self.task_config = replace(config, redis_url=url)
+            if rotate:
+                self._rotator = self.layer.start_rotator()
+        log.info("fault tolerance ready %s", config.summary())
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError("FaultTolerance holds a live Redis client and cannot be pickled")
+
+    def pipeline(
+        self,
+        source: int = 0,
+        key: Sequence[str] | str = (),
+        partitions: int | None = None,
+        on_error: OnError = "fail_record",
+    ) -> Pipeline:
+        """A new pipeline reading source ``source``; see :class:`Pipeline`."""
+        if on_error not in ("fail_record", "fail_batch"):
+            raise ConfigError(f"on_error must be 'fail_record' or 'fail_batch', not {on_error!r}")
+        key = (key,) if isinstance(key, str) else tuple(key)
+        if partitions is not None and (not key or partitions < 1):
+            raise ConfigError("partitions= needs key columns and must be >= 1")
+        return Pipeline(self, source, key, partitions, on_error)
+
+    # -- one batch ----------------------------------------------------------------------
+    def run_batch(self, pipeline: Pipeline, df: DataFrame, batch_id: Any) -> BatchResult:
+        """Run one micro-batch (fresh rows of ``df`` + claimed replays) to the end.
+
+        Returns after every task flushed. Raises if the Spark job fails (the claimed
+        replays then time out and come back; Spark re-runs the batch's fresh rows)."""
+        if not pipeline.sunk:
+            raise ConfigError("the pipeline has no sink: end it with .sink(fn)")
+        started = time.monotonic()
+        spark = df.sparkSession
+        self._last = (pipeline, spark, df.schema)
+        result = BatchResult(batch_id)
+        plan = self._plan(pipeline, df.schema)
+        self._backpressure(pipeline.source, batch_id)
+        fresh = self._keyed(pipeline, df)
+        rdd = fresh.rdd
+        n = rdd.getNumPartitions()
+        groups = self._claim(pipeline, plan, max(n, 1), result)
+        if n == 0:
+            if not groups:
+                return self._done(result, started)
+            rdd, n = spark.sparkContext.parallelize([], 1), 1
+        bc = spark.sparkContext.broadcast(groups) if groups else None
+        try:
+            out = rdd.mapPartitionsWithIndex(partial(run_source_task, plan, bc))
+            for stage in range(1, len(plan.segments)):
+                n_out = plan.segments[stage - 1].shuffle_n
+                out = out.partitionBy(n_out, _identity).mapPartitionsWithIndex(
+                    partial(run_shuffled_task, plan, stage)
+                )
+            summaries: list[TaskSummary] = out.collect()
+        finally:
+            if bc is not None:
+                bc.unpersist()
+        for s in summaries:
+            self._add(result, s)
+        return self._done(result, started)
+
+    def _plan(self, pipeline: Pipeline, schema: Any) -> TaskPlan:
+        names = set(schema.fieldNames())
+        missing = [c for c in pipeline.key if c not in names]
+        if missing:
+            raise ConfigError(f"key columns {missing} are not in the input {sorted(names)}")
+        for c in pipeline.key:
+            kind = schema[c].dataType.simpleString()
+            if "map<" in kind:
+                raise ConfigError(f"key column {c!r} has type {kind}: Spark cannot hash maps")
+        segments = []
+        for seg in pipeline.segments:
+            if seg.shuffle_n and seg.shuffle_types is None and set(seg.shuffle_cols) <= names:
+                types = tuple(schema[c].dataType.simpleString() for c in seg.shuffle_cols)
+                seg = replace(seg, shuffle_types=types)
+            segments.append(seg)
+        return TaskPlan(
+            self.task_config,
+            pipeline.source,
+            tuple(segments),
+            pipeline.on_error,
+            field_codecs(schema),
+            pipeline.key,
+        )
+
+    def _keyed(self, pipeline: Pipeline, df: DataFrame) -> DataFrame:
+        """The input with Spark's ``hash(key)`` column, placed by key when keyed."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        if not pipeline.key:
+            return df
+        if pipeline.partitions:
+            df = df.repartition(pipeline.partitions, *pipeline.key)
+        if not self.config.enabled:
+            return df
+        return df.withColumn(HASH_COL, F.hash(*pipeline.key))
+
+    def _backpressure(self, source: int, batch_id: Any) -> None:
+        if self.layer is None or self.config.max_pending is None:
+            return
+        if not self.layer.wait_for_capacity(source, timeout_s=self.backpressure_timeout_s):
+            log.warning(
+                "backpressure timed out, running batch anyway batch_id=%s source=%d",
+                batch_id,
+                source,
+            )
+
+    def _claim(
+        self, pipeline: Pipeline, plan: TaskPlan, n: int, result: BatchResult
+    ) -> dict[int, list[tuple[int, int, Any]]]:
+        """Claim this source's replays and group them by target partition."""
+        if self.layer is None:
+            return {}
+        claimed = self.layer.claim_replays(pipeline.source, self.replay_limit)
+        keyed = HashPartitioner(pipeline.partitions) if pipeline.partitions else None
+        groups: dict[int, list[tuple[int, int, Any]]] = {}
+        bad = []
+        for c in claimed:
+            try:
+                record = decode_record(c.frame.payload, plan.codecs, c.frame.describe())
+            except Exception as e:
+                bad.append(c.record_id)
+                result.undecodable += 1
+                text = f"undecodable replay payload: {e}"
+                if len(result.errors) < MAX_MESSAGES:
+                    result.errors.append(f"{c.frame.describe()}: {text}")
+                log.error(
+                    "replay rejected batch_id=%s %s %s", result.batch_id, c.frame.describe(), text
+                )
+                self.layer.fail([c.record_id], error=text)
+                continue
+            if keyed is not None:
+                target = keyed.select(c.frame.hash_code, c.original_partition)[0]
+            else:
+                target = max(c.original_partition, 0) % n
+            groups.setdefault(target, []).append((c.record_id[0], c.record_id[1], record))
+        if claimed:
+            log.info(
+                "replays claimed batch_id=%s source=%d claimed=%d undecodable=%d",
+                result.batch_id,
+                pipeline.source,
+                len(claimed),
+                len(bad),
+            )
+        return groups
+
+    @staticmethod
+    def _add(result: BatchResult, s: TaskSummary) -> None:
+        result.tasks += 1
+        result.fresh += s.fresh
+        result.replayed += s.replayed
+        result.rejected += s.rejected
+        result.written += s.written
+        result.failed += s.failed
+        result.acked += s.acked if s.stage == 0 else 0
+        for text in s.errors:
+            if len(result.errors) < MAX_MESSAGES:
+                result.errors.append(text)
+        for text in s.rejects:
+            if len(result.rejects) < MAX_MESSAGES:
+                result.rejects.append(text)
+
+    def _done(self, result: BatchResult, started: float) -> BatchResult:
+        result.elapsed_s = round(time.monotonic() - started, 3)
+        self.results.append(result)
+        log.info(
+            "batch done batch_id=%s fresh=%d replayed=%d failed=%d rejected=%d written=%d "
+            "elapsed_s=%.3f",
+            result.batch_id,
+            result.fresh,
+            result.replayed,
+            result.failed,
+            result.rejected,
+            result.written,
+            result.elapsed_s,
+        )
+        if result.rejected:
+            log.error(
+                "rows rejected batch_id=%s rejected=%d first=%s",
+                result.batch_id,
+                result.rejected,
+                result.rejects[:3],
+            )
+        return result
+
+    # -- the end ------------------------------------------------------------------------
+    def drain(
+        self,
+        timeout_s: float = 60.0,
+        query: StreamingQuery | None = None,
+        pipeline: Pipeline | None = None,
+    ) -> DrainResult:
+        """Wait until nothing is pending, running replays through ``pipeline`` (default:
+        the last one run) in extra batches; expire timeouts as it waits. Stops ``query``
+        first if given. What is still pending at the deadline is reported, not dropped."""
+        started = time.monotonic()
+        if query is not None:
+            query.stop()
+        if self.layer is None:
+            return DrainResult(True, 0, 0, 0, 0.0)
+        deadline = started + timeout_s
+        batches = 0
+        pause = min(0.2, self.config.rotation_interval_s / 4)
+        while True:
+            self.layer.expire_due()
+            st = self.layer.stats()
+            if st.pending == 0 or time.monotonic() >= deadline:
+                break
+            last = self._last if pipeline is None else (pipeline, *self._spark_schema())
+            if last is not None and st.queued_replays:
+                pipe, spark, schema = last
+                empty = spark.createDataFrame([], schema)
+                result = self.run_batch(pipe, empty, f"drain-{uuid.uuid4().hex[:6]}")
+                batches += 1
+                if result.replayed or result.undecodable:
+                    continue
+            log.info("draining pending=%d queued_replays=%d", st.pending, st.queued_replays)
+            time.sleep(pause)
+        drained = st.pending == 0
+        out = DrainResult(
+            drained,
+            st.pending,
+            st.dead_lettered,
+            batches,
+            round(time.monotonic() - started, 3),
+            st,
+        )
+        (log.info if drained else log.warning)(
+            "drain %s pending=%d dead_lettered=%d batches=%d",
+            "complete" if drained else "timed out",
+            out.pending,
+            out.dead_lettered,
+            batches,
+        )
+        return out
+
+    def _spark_schema(self) -> tuple[SparkSession, Any]:
+        if self._last is None:
+            raise ConfigError("drain(pipeline=...) needs a batch run first (for its schema)")
+        return self._last[1], self._last[2]
+
+    def close(self) -> None:
+        """Stop the rotator and, if this object opened it, the FT layer."""
+        if self._rotator is not None:
+            self._rotator.stop()
+            self._rotator = None
+        if self.layer is not None and self._owns_layer:
+            self.layer.close()
+
+    def __enter__(self) -> FaultTolerance:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

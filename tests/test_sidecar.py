@@ -1,0 +1,339 @@
+"""The sidecar as users run it: real `ftlayer serve` processes against a real Redis,
+killed with SIGKILL, doubled, and outliving a Redis restart -- nothing lost, no expiry
+replayed twice."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from ftlayer import EmbeddedRedis, FTConfig, FTLayer, FTLayerError
+
+T = 0.6  # record timeout of these tests
+LEASE_S = 1.5
+
+
+class Serve:
+    """One `ftlayer serve` process."""
+
+    def __init__(self, url: str, namespace: str, log: Path, *extra: str) -> None:
+        self.log = log
+        cmd = [sys.executable, "-m", "ftlayer.cli", "serve", "--redis-url", url,
+               "--namespace", namespace, "--timeout-s", str(T),
+               "--lease-s", str(LEASE_S), "--metrics-port", "0", *extra]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=open(log, "ab"),
+            text=True,  # noqa: SIM115
+        )
+        line = self.proc.stdout.readline()
+        m = re.search(r"metrics at (http://\S+)/metrics", line)
+        assert m, f"no metrics line: {line!r} {log.read_text()[-2000:]}"
+        self.base = m.group(1)
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.base + path, timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        return self.proc.wait(timeout=30)
+
+
+def lease_holder(layer: FTLayer) -> str | None:
+    v = layer.client.get(layer.keyspace.lease)
+    return v.decode() if v else None
+
+
+class Load:
+    """A steady source -> sink workload; sinks drop (never ack) a share of what they get,
+    so those records must time out and be replayed by the sidecar."""
+
+    def __init__(self, layer: FTLayer, drop: float = 0.25, seed: int = 1) -> None:
+        self.layer = layer
+        self.drop = drop
+        self.rng = random.Random(seed)
+        self.next_id = 0
+        self.delivered: Counter[int] = Counter()
+        self.claims: Counter[tuple[int, int]] = Counter()  # (record id, attempt)
+
+    def round(self, fresh: int = 40, drop: float | None = None) -> None:
+        """One micro-batch: persist fresh records, take replays, sink them. On a Redis
+        error the whole round is re-run with the same records, as Spark re-runs a batch."""
+        first = self.next_id
+        drop = self.drop if drop is None else drop
+        for attempt in range(50):
+            try:
+                self._round(first, fresh, drop)
+                self.next_id = first + fresh
+                return
+            except (redis.RedisError, FTLayerError):
+                time.sleep(0.2 * (attempt + 1))
+        raise AssertionError("Redis did not come back")
+
+    def _round(self, first: int, fresh: int, drop: float) -> None:
+        src, sink = self.layer.handler(), self.layer.handler()
+        work = []
+        for i in range(first, first + fresh):
+            rid = src.persist_record({"id": i}, hash_code=i, source=0)
+            with src.processing(rid):
+                work.append((i, src.emit()))
+        src.flush()
+        for c in self.layer.claim_replays(0, 10_000):
+            i = c.frame.decode()["id"]
+            attempt = self.layer.persistence.history(c.record_id.source_id)[-1].attempt
+            self.claims[(i, attempt)] += 1
+            with sink.processing(c.record_id):
+                work.append((i, sink.emit()))
+        delivered = []
+        for i, rid in work:
+            if self.rng.random() < drop:
+                continue
+            sink.ack(rid)
+            delivered.append(i)
+        sink.flush()
+        self.delivered.update(delivered)
+
+    def drain(self, limit_s: float = 40.0) -> None:
+        end = time.monotonic() + limit_s
+        while time.monotonic() < end:
+            self.round(fresh=0, drop=0.0)
+            if self.layer.stats().pending == 0:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"not drained: {self.layer.stats()}")
+
+    def check(self) -> None:
+        dead = {d.frame.decode()["id"] for d in self.layer.persistence.dead_letters()}
+        missing = [i for i in range(self.next_id) if i not in self.delivered and i not in dead]
+        assert not missing, f"lost records: {missing[:10]}"
+        twice = {k: n for k, n in self.claims.items() if n > 1}
+        assert not twice, f"an expiry was replayed twice: {twice}"
+        s = self.layer.stats()
+        assert s.pending == 0 and s.queued_replays == 0 and self.layer.acker.size() == 0
+        assert s.failed_timeout > 0, "the workload must have exercised timeouts"
+        assert s.replayed + s.dead_lettered == s.failed_timeout + s.failed_explicit
+        assert s.completed + s.dead_lettered == s.persisted == self.next_id
+
+
+@pytest.fixture
+def ns() -> str:
+    return f"side{uuid.uuid4().hex[:8]}"
+
+
+def test_kill_9_at_random_moments_loses_nothing(redis_server, ns, tmp_path) -> None:
+    layer = FTLayer(redis_server.client(), FTConfig(namespace=ns, timeout_s=T))
+    load = Load(layer)
+    rng = random.Random(7)
+    sidecar = Serve(redis_server.url, ns, tmp_path / "serve.log")
+    kills = 0
+    try:
+        end = time.monotonic() + 12
+        next_kill = time.monotonic() + rng.uniform(0.2, 1.5)
+        while time.monotonic() < end:
+            load.round()
+            if time.monotonic() >= next_kill:
+                sidecar.kill()  # SIGKILL, mid-whatever-it-was-doing
+                kills += 1
+                sidecar = Serve(redis_server.url, ns, tmp_path / "serve.log")
+                next_kill = time.monotonic() + rng.uniform(0.2, 1.5)
+            time.sleep(0.03)
+        load.drain()
+    finally:
+        sidecar.stop()
+    assert kills >= 5
+    load.check()
+    layer.clear()
+
+
+def test_two_sidecars_replay_each_expiry_once_and_fail_over(redis_server, ns, tmp_path):
+    layer = FTLayer(redis_server.client(), FTConfig(namespace=ns, timeout_s=T))
+    load = Load(layer, seed=2)
+    a = Serve(redis_server.url, ns, tmp_path / "a.log")
+    b = Serve(redis_server.url, ns, tmp_path / "b.log")
+    try:
+        for _ in range(60):
+            load.round()
+            time.sleep(0.03)
+        holder = lease_holder(layer)
+        pids = {a.proc.pid: a, b.proc.pid: b}
+        assert holder is not None and int(holder.rsplit(":", 1)[1]) in pids
+        leader = pids[int(holder.rsplit(":", 1)[1])]
+        standby = b if leader is a else a
+        held = {s: _lease_held(s) for s in (a, b)}
+        assert sorted(held.values()) == [0.0, 1.0], held
+
+        leader.kill()
+        t0 = time.monotonic()
+        while lease_holder(layer) in (None, holder):
+            assert time.monotonic() - t0 < LEASE_S + 2.0, "no take-over within the lease"
+            load.round(fresh=10)
+            time.sleep(0.02)
+        took = time.monotonic() - t0
+        assert lease_holder(layer).endswith(f":{standby.proc.pid}")
+        assert took <= LEASE_S + 1.0
+        for _ in range(30):
+            load.round()
+        load.drain()
+    finally:
+        a.stop()
+        b.stop()
+    load.check()
+    layer.clear()
+
+
+def _lease_held(s: Serve) -> float:
+    _, text = s.get("/metrics")
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "ftlayer_lease_held":
+            return fam.samples[0].value
+    raise AssertionError("no ftlayer_lease_held")
+
+
+def test_redis_restart_with_aof_mid_run_loses_nothing(tmp_path) -> None:
+    server = EmbeddedRedis(data_dir=tmp_path / "redis", appendonly=True,
+                           extra_args=("--appendfsync", "always")).start()  # fmt: skip
+    sidecar = None
+    try:
+        layer = FTLayer(server.client(), FTConfig(namespace="restart", timeout_s=T,
+                                                  flush_retries=8))  # fmt: skip
+        load = Load(layer, seed=3)
+        sidecar = Serve(server.url, "restart", tmp_path / "serve.log")
+        for _ in range(40):
+            load.round()
+        server.stop(keep_dir=True)  # SIGTERM: AOF fsynced; down for 2 s, then back
+        threading.Timer(2.0, server.start).start()
+        for _ in range(40):
+            load.round()  # the first rounds fail and are re-run until Redis is back
+        load.drain()
+        assert sidecar.get("/healthz")[0] == 200, "the sidecar recovered"
+        assert "redis unreachable" in (tmp_path / "serve.log").read_text()
+        load.check()
+    finally:
+        if sidecar:
+            sidecar.stop()
+        server.stop()
+
+
+def test_metrics_health_and_nothing_else(redis_server, ns, tmp_path) -> None:
+    layer = FTLayer(redis_server.client(), FTConfig(namespace=ns, timeout_s=T, max_replays=0))
+    h = layer.handler()
+    rids = [h.persist_record(i, source=s) for s, i in ((0, 1), (0, 2), (1, 3))]
+    h.flush()
+    layer.fail([rids[0]], error="bad row")
+    sink = layer.handler()
+    sink.ack(rids[1])
+    sink.flush()
+    sidecar = Serve(redis_server.url, ns, tmp_path / "serve.log")
+    try:
+        assert sidecar.base.startswith("http://127.0.0.1:")
+        time.sleep(T * 1.5 + 0.3)  # rids[2] times out -> dead letter (max_replays=0)
+        code, text = sidecar.get("/metrics")
+        assert code == 200
+        fams = {f.name: f for f in text_string_to_metric_families(text)}
+        val = {f"{x.name}:{tuple(sorted(x.labels.items()))}": x.value
+               for f in fams.values() for x in f.samples}  # fmt: skip
+        s = layer.stats()
+        assert val["ftlayer_persisted_total:()"] == s.persisted == 3
+        assert val["ftlayer_completed_total:()"] == s.completed == 1
+        assert val["ftlayer_failed_total:(('reason', 'explicit'),)"] == 1
+        assert val["ftlayer_failed_total:(('reason', 'timeout'),)"] == 1
+        assert val["ftlayer_dead_lettered_total:()"] == 2
+        assert val["ftlayer_pending_total:()"] == 0
+        assert val["ftlayer_redis_up:()"] == 1
+        assert val["ftlayer_completion_latency_seconds_count:()"] == 1
+        assert val["ftlayer_rotations_total:()"] >= 1
+        assert "ftlayer_oldest_pending_age_seconds" in fams
+        assert sidecar.get("/healthz")[0] == 200
+        assert sidecar.get("/")[0] == 404 and sidecar.get("/debug")[0] == 404
+    finally:
+        assert sidecar.stop() == 0, "SIGTERM stops it cleanly"
+    assert "lease released" in (tmp_path / "serve.log").read_text()
+    layer.clear()
+
+
+def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ftlayer.cli", *args], capture_output=True,
+                          text=True, timeout=120, input=stdin)  # fmt: skip
+
+
+def test_stats_and_dlq_round_trips(redis_server, ns) -> None:
+    import json
+
+    layer = FTLayer(redis_server.client(), FTConfig(namespace=ns, max_replays=0))
+    h = layer.handler()
+    rids = [h.persist_record({"n": i}, hash_code=i, source=2) for i in range(3)]
+    h.flush()
+    layer.fail(rids, error="schema v2 rejected")
+    common = ["--redis-url", redis_server.url, "--namespace", ns]
+
+    st = json.loads(_cli("stats", "--json", *common).stdout)
+    assert (st["dead_lettered"], st["dead_letters"], st["pending"]) == (3, 3, 0)
+
+    listed = json.loads(_cli("dlq", "list", "--json", *common).stdout)
+    assert len(listed) == 3
+    first = listed[0]
+    assert first["source"] == 2 and first["attempts"] == 1 and first["payload_bytes"] > 0
+    assert first["history"][0]["reason"] == "explicit"
+    assert first["history"][0]["error"] == "schema v2 rejected"
+    table = _cli("dlq", "list", *common).stdout
+    assert first["id"] in table and "schema v2 rejected" in table
+
+    out = _cli("dlq", "replay", first["id"], *common)
+    assert out.returncode == 0 and "re-driven: 1" in out.stdout
+    [claimed] = layer.claim_replays(2, 10)
+    assert claimed.frame.decode() in ({"n": 0}, {"n": 1}, {"n": 2})
+    hist = layer.persistence.history(claimed.record_id.source_id)
+    assert [f.reason for f in hist] == ["explicit", "redrive"]
+    sink = layer.handler()
+    sink.ack(claimed.record_id)
+    assert sink.flush().completed == 1
+
+    refused = _cli("dlq", "purge", *common, stdin="")
+    assert refused.returncode == 2 and "without --yes" in refused.stderr
+    assert len(json.loads(_cli("dlq", "list", "--json", *common).stdout)) == 2
+    out = _cli("dlq", "purge", "--yes", *common)
+    assert out.returncode == 0 and "purged: 2" in out.stdout
+    assert json.loads(_cli("dlq", "list", "--json", *common).stdout) == []
+    assert _cli("dlq", "replay", *common).returncode == 2  # neither ids nor --all
+    layer.clear()
+
+
+def test_passwords_never_printed(tmp_path) -> None:
+    with EmbeddedRedis(extra_args=("--requirepass", "pa55word")) as server:
+        url = f"redis://default:pa55word@127.0.0.1:{server.port}/0"
+        s = Serve(url, "pw", tmp_path / "serve.log")
+        try:
+            assert s.get("/healthz")[0] == 200 or time.sleep(0.5) or s.get("/healthz")[0] == 200
+        finally:
+            s.stop()
+        out = _cli("stats", "--redis-url", url)
+        assert out.returncode == 0
+        text = (tmp_path / "serve.log").read_text() + out.stdout + out.stderr
+        assert "pa55word" not in text and "***" in (tmp_path / "serve.log").read_text()
+    env_leak = os.environ.get("FTLAYER_REDIS_URL")
+    assert env_leak is None or "pa55word" not in env_leak
