@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import time
@@ -15,7 +16,10 @@ import redis
 
 from ftlayer.embedded import EmbeddedRedis
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# FTLAYER_BENCH_RESULTS redirects the results (the smoke tests write to a temp dir)
+RESULTS = Path(
+    os.environ.get("FTLAYER_BENCH_RESULTS") or Path(__file__).resolve().parent / "results"
+)
 
 
 @contextmanager

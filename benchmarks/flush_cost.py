@@ -91,10 +91,18 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
-    print(f"one flush of {result['xors']} XORs ({result['shards']} shards), "
-          f"median of {result['repeat']}")
-    for k in ("pack_ms", "redis_wall_ms", "redis_server_ms", "flush_total_ms",
-              "server_usec_per_xor", "ceiling_hset_pipeline_ms"):
+    print(
+        f"one flush of {result['xors']} XORs ({result['shards']} shards), "
+        f"median of {result['repeat']}"
+    )
+    for k in (
+        "pack_ms",
+        "redis_wall_ms",
+        "redis_server_ms",
+        "flush_total_ms",
+        "server_usec_per_xor",
+        "ceiling_hset_pipeline_ms",
+    ):
         print(f"  {k:<26} {result[k]:>10}")
 
 

@@ -1,0 +1,33 @@
+"""Tiny runs of the core benchmarks, so they keep working. No speed is asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench(tmp_path: Path, module: str, *args: str) -> dict:
+    env = {**os.environ, "FTLAYER_BENCH_RESULTS": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", module, *args, "--json"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    saved = json.loads((tmp_path / f"{module.rsplit('.', 1)[1]}.json").read_text())
+    assert saved == result
+    return result
+
+
+def test_flush_cost_smoke(tmp_path: Path) -> None:
+    r = _bench(tmp_path, "benchmarks.flush_cost", "--xors", "300", "--repeat", "2")
+    assert r["xors"] == 300 and r["redis_server_ms"] > 0 and r["ceiling_hset_pipeline_ms"] > 0
+
+
+def test_rotation_smoke(tmp_path: Path) -> None:
+    r = _bench(tmp_path, "benchmarks.rotation", "--records", "2000", "--timeout-s", "1",
+               "--buckets", "3")  # fmt: skip
+    assert r["records"] == 2000 and r["expiry_rotations"] >= 1 and r["sidecar_rss_mb_peak"] > 0
