@@ -16,12 +16,10 @@ from typing import Any, cast
 import numpy as np
 import redis
 
-from ftlayer.config import FTConfig
 from ftlayer.connection import with_retries
 from ftlayer.errors import FlushError, FTLayerError, RedisUnavailableError
 from ftlayer.ids import shard_of
-from ftlayer.keys import Keyspace
-from ftlayer.scripts import Scripts
+from ftlayer.scripts import NamespacePart
 
 __all__ = ["AckEntry", "FlushResult", "RedisAckerTable", "ShardBatch", "pack_fails"]
 
@@ -107,16 +105,8 @@ class FlushResult:
         self.orphans += reply[3]
 
 
-class RedisAckerTable:
+class RedisAckerTable(NamespacePart):
     """The acker table of one namespace."""
-
-    def __init__(
-        self, client: redis.Redis, keyspace: Keyspace, scripts: Scripts, config: FTConfig
-    ) -> None:
-        self.client = client
-        self.keyspace = keyspace
-        self.scripts = scripts
-        self.config = config
 
     def apply(self, batches: dict[int, ShardBatch]) -> FlushResult:
         """Send one script call per non-empty shard, pipelined in one round trip.

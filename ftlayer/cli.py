@@ -27,25 +27,20 @@ def _env(name: str, default: Any = None) -> Any:
     return os.environ.get(f"FTLAYER_{name}", default)
 
 
+def _opt(p: argparse.ArgumentParser, flag: str, kind: type, default: Any, text: str) -> None:
+    """A flag that falls back to FTLAYER_<FLAG>; argparse converts (and checks) the
+    environment's string with ``kind`` like any command-line value."""
+    env = flag.lstrip("-").upper().replace("-", "_")
+    shown = "" if default is None else " (default: %(default)s)"
+    p.add_argument(flag, type=kind, default=_env(env, default),
+                   help=f"{text}{shown} [env: FTLAYER_{env}]")  # fmt: skip
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--redis-url",
-        default=_env("REDIS_URL"),
-        help="redis://[user:password@]host:port/db, rediss:// for TLS; default: start an "
-        "embedded redis-server [env: FTLAYER_REDIS_URL]",
-    )
-    p.add_argument(
-        "--namespace",
-        default=_env("NAMESPACE", "ftlayer"),
-        help="key prefix of the pipeline (default: %(default)s) [env: FTLAYER_NAMESPACE]",
-    )
-    p.add_argument(
-        "--shards",
-        type=int,
-        default=int(_env("SHARDS", 8)),
-        help="hash-tagged key groups; must match the pipeline's (default: %(default)s) "
-        "[env: FTLAYER_SHARDS]",
-    )
+    _opt(p, "--redis-url", str, None, "redis://[user:password@]host:port/db, rediss:// for "
+         "TLS; default: start an embedded redis-server")  # fmt: skip
+    _opt(p, "--namespace", str, "ftlayer", "key prefix of the pipeline")
+    _opt(p, "--shards", int, 8, "hash-tagged key groups; must match the pipeline's")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,11 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Record-level, Storm-style guaranteed processing for PySpark streaming.",
     )
     parser.add_argument("--version", action="version", version=f"ftlayer {__version__}")
-    parser.add_argument(
-        "--log-level",
-        default=_env("LOG_LEVEL", "INFO"),
-        help="DEBUG, INFO, WARNING (default: %(default)s) [env: FTLAYER_LOG_LEVEL]",
-    )
+    _opt(parser, "--log-level", str, "INFO", "DEBUG, INFO, WARNING")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     stats = sub.add_parser("stats", help="print the FT counters of a namespace")
@@ -105,43 +96,19 @@ def build_parser() -> argparse.ArgumentParser:
         "it at any moment. SIGTERM stops it cleanly.",
     )
     _add_common(serve)
-    serve.add_argument(
-        "--timeout-s",
-        type=float,
-        default=float(_env("TIMEOUT_S", 30.0)),
-        help="record timeout T (default: %(default)s) [env: FTLAYER_TIMEOUT_S]",
-    )
-    serve.add_argument(
-        "--buckets",
-        type=int,
-        default=int(_env("BUCKETS", 3)),
-        help="timeout buckets B (default: %(default)s) [env: FTLAYER_BUCKETS]",
-    )
-    serve.add_argument(
+    _opt(serve, "--timeout-s", float, 30.0, "record timeout T")
+    _opt(serve, "--buckets", int, 3, "timeout buckets B")
+    _opt(
+        serve,
         "--max-replays",
-        type=int,
-        default=_env("MAX_REPLAYS"),
-        help="override, for timeouts, the replay budget each record carries from its "
-        "pipeline's FTConfig.max_replays (default: no override) [env: FTLAYER_MAX_REPLAYS]",
+        int,
+        None,
+        "override, for timeouts, the replay budget each "
+        "record carries from its pipeline's FTConfig.max_replays (default: no override)",
     )
-    serve.add_argument(
-        "--lease-s",
-        type=float,
-        default=float(_env("LEASE_S", 10.0)),
-        help="leadership lease; a standby takes over within it "
-        "(default: %(default)s) [env: FTLAYER_LEASE_S]",
-    )
-    serve.add_argument(
-        "--metrics-host",
-        default=_env("METRICS_HOST", "127.0.0.1"),
-        help="default: %(default)s [env: FTLAYER_METRICS_HOST]",
-    )
-    serve.add_argument(
-        "--metrics-port",
-        type=int,
-        default=int(_env("METRICS_PORT", 9464)),
-        help="0 picks a free port, -1 disables (default: %(default)s) [env: FTLAYER_METRICS_PORT]",
-    )
+    _opt(serve, "--lease-s", float, 10.0, "leadership lease; a standby takes over within it")
+    _opt(serve, "--metrics-host", str, "127.0.0.1", "address of /metrics and /healthz")
+    _opt(serve, "--metrics-port", int, 9464, "0 picks a free port, -1 disables")
     serve.set_defaults(func=_cmd_serve)
 
     dlq = sub.add_parser("dlq", help="list, re-drive or purge dead letters")
@@ -182,7 +149,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from ftlayer.metrics import MetricsServer
     from ftlayer.sidecar import Sidecar
 
-    override = None if args.max_replays is None else int(args.max_replays)
+    override = args.max_replays
     config = _config(args, timeout_s=args.timeout_s, buckets=args.buckets)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

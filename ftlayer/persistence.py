@@ -12,12 +12,9 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import msgpack
-import redis
 
-from ftlayer.config import FTConfig
 from ftlayer.ids import RecordId, new_ids, shard_of
-from ftlayer.keys import Keyspace
-from ftlayer.scripts import Scripts
+from ftlayer.scripts import NamespacePart
 from serialization import Frame, decode_frame
 
 __all__ = ["ClaimedRecord", "DeadLetter", "Failure", "RedisPersistenceLayer"]
@@ -55,15 +52,7 @@ def _failures(raw: list[Any]) -> tuple[Failure, ...]:
     return tuple(Failure(text(r), int(t), int(a), text(e)) for r, t, a, e in raw)
 
 
-class RedisPersistenceLayer:
-    def __init__(
-        self, client: redis.Redis, keyspace: Keyspace, scripts: Scripts, config: FTConfig
-    ) -> None:
-        self.client = client
-        self.keyspace = keyspace
-        self.scripts = scripts
-        self.config = config
-
+class RedisPersistenceLayer(NamespacePart):
     def _shard(self, source_id: int) -> Any:
         return self.keyspace[shard_of(source_id, len(self.keyspace))]
 

@@ -7,7 +7,12 @@ from functools import cache
 from importlib.resources import files
 from typing import Any
 
-__all__ = ["SCRIPTS", "Scripts", "script_source"]
+import redis
+
+from ftlayer.config import FTConfig
+from ftlayer.keys import Keyspace
+
+__all__ = ["SCRIPTS", "NamespacePart", "Scripts", "script_source"]
 
 # scripts on one shard's keys: prefixed with the shared prelude lua/_common.lua
 SHARD_SCRIPTS = ("flush", "expire", "claim", "fail", "reset_timeout", "dlq_replay")
@@ -41,3 +46,16 @@ class Scripts:
     dlq_replay: Any
     lease_acquire: Any
     lease_release: Any
+
+
+class NamespacePart:
+    """Base of the layer's Redis-backed parts (acker table, persistence, timeouts): each
+    works on one namespace's keys, through one client and its registered scripts."""
+
+    def __init__(
+        self, client: redis.Redis, keyspace: Keyspace, scripts: Scripts, config: FTConfig
+    ) -> None:
+        self.client = client
+        self.keyspace = keyspace
+        self.scripts = scripts
+        self.config = config

@@ -17,10 +17,8 @@ from dataclasses import dataclass
 
 import redis
 
-from ftlayer.config import FTConfig
 from ftlayer.ids import shard_of
-from ftlayer.keys import Keyspace
-from ftlayer.scripts import Scripts
+from ftlayer.scripts import NamespacePart
 
 __all__ = ["ExpireResult", "RedisTimeoutLayer", "Rotator"]
 
@@ -35,15 +33,7 @@ class ExpireResult:
     calls: int = 0
 
 
-class RedisTimeoutLayer:
-    def __init__(
-        self, client: redis.Redis, keyspace: Keyspace, scripts: Scripts, config: FTConfig
-    ) -> None:
-        self.client = client
-        self.keyspace = keyspace
-        self.scripts = scripts
-        self.config = config
-
+class RedisTimeoutLayer(NamespacePart):
     def expire_due(self, max_replays: int | None = None) -> ExpireResult:
         """Fail (reason ``timeout``) every record whose deadline has passed; collect
         orphans. Each record is dead-lettered past its own replay budget unless
