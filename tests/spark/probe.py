@@ -1,0 +1,77 @@
+"""Test instruments that run inside Spark tasks: they record into the session's Redis.
+
+Registered pickle-by-value, so Spark's workers need not import this test module.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import redis
+from pyspark import TaskContext, cloudpickle
+
+from partitioners import HashPartitioner
+
+
+def _clients() -> dict[tuple[int, str], redis.Redis]:
+    """Clients per (process, URL), kept on ``sys`` (pickled by reference): a module-level
+    dict here would be pickled by value, live clients included."""
+    cache: dict[tuple[int, str], redis.Redis] = sys.__dict__.setdefault("_ftlayer_probe", {})
+    return cache
+
+
+class TaskKilled(BaseException):  # noqa: N818 -- simulates a crashed task, not an error
+    """Escapes every ``except Exception``: the task dies as if its worker crashed."""
+
+
+class Probe:
+    """Picklable (a URL and a key prefix); records what the pipeline saw."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        self.url, self.prefix = url, prefix
+
+    @property
+    def r(self) -> redis.Redis:
+        key, cache = (os.getpid(), self.url), _clients()
+        if key not in cache:
+            cache[key] = redis.Redis.from_url(self.url)
+        return cache[key]
+
+    def first_time(self, tag: str, ident: Any) -> bool:
+        return int(self.r.sadd(f"{self.prefix}:{tag}", str(ident))) == 1
+
+    def write(self, records: list[dict[str, Any]]) -> None:
+        if records:
+            self.r.rpush(f"{self.prefix}:sink", *[str(r["id"]) for r in records])
+
+    def write_one(self, record: dict[str, Any]) -> None:
+        self.r.rpush(f"{self.prefix}:out", repr(sorted(record.items())))
+
+    def check_partition(self, record: dict[str, Any], cols: list[str], n: int, types: list[str]):
+        tc = TaskContext.get()
+        want = HashPartitioner(n, types).partition(tuple(record[c] for c in cols))
+        self.r.rpush(f"{self.prefix}:placed_ids", str(record["id"]))
+        replay = not self.first_time("placed", record["id"])
+        self.r.incr(f"{self.prefix}:checked:{'replay' if replay else 'fresh'}")
+        if tc.partitionId() != want:
+            self.r.rpush(f"{self.prefix}:misplaced", f"{record['id']}:{tc.partitionId()}!={want}")
+        if tc.attemptNumber() > 0:
+            self.r.sadd(f"{self.prefix}:retried", f"{tc.stageId()}/{tc.partitionId()}")
+
+    # -- reading back (driver side) ------------------------------------------------------
+    def ids(self, what: str = "sink") -> list[int]:
+        return [int(x) for x in self.r.lrange(f"{self.prefix}:{what}", 0, -1)]
+
+    def strings(self, what: str) -> list[str]:
+        return [x.decode() for x in self.r.lrange(f"{self.prefix}:{what}", 0, -1)]
+
+    def count(self, what: str) -> int:
+        return int(self.r.get(f"{self.prefix}:{what}") or 0)
+
+    def members(self, what: str) -> set[str]:
+        return {x.decode() for x in self.r.smembers(f"{self.prefix}:{what}")}
+
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -1,0 +1,149 @@
+"""Bad input, error policies, backpressure, drain leftovers, worker-side rules."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import sys
+from typing import Any
+
+import pytest
+from probe import Probe
+from pyspark import TaskContext, cloudpickle
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F  # noqa: N812
+
+from ftlayer import ConfigError, FailRecord
+from ftlayer.spark import FaultTolerance
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = pytest.mark.spark
+
+
+def test_bad_input_is_named_counted_and_everything_else_runs(
+    spark: SparkSession, make_ft: Any, probe: Probe
+) -> None:
+    """Unencodable rows are rejected (named, counted); a key the partition_by mirror cannot
+    hash fails its record; an undecodable replay is failed again: the last two end in the
+    dead-letter list with their failure history. Nothing is acked to make them go away."""
+    ft = make_ft(timeout_s=30, max_replays=1)
+    layer = ft.layer
+    h = layer.handler(partition=0)  # a persisted record whose payload is not msgpack
+    garbage = h.persist(b"\xc1 not msgpack", hash_code=0, source=0, partition=0)
+    h.fail(garbage, "set up")
+    h.flush()
+
+    df = spark.range(2000).select(
+        "id",
+        (F.col("id") % 11).cast("int").alias("key"),
+        F.when(F.col("id") % 100 == 5, F.array(F.lit(1.5).cast("decimal(10,2)"))).alias("xs"),
+    )
+
+    def rekey(r: dict[str, Any]) -> dict[str, Any]:
+        return {**r, "k2": {"bad": 1} if r["id"] % 100 == 7 else r["key"]}
+
+    pipeline = (
+        ft.pipeline(key=["key"])
+        .map(rekey)
+        .partition_by(["k2"], 3, types=["int"])
+        .sink(probe.write, per="partition")
+    )
+    result = ft.run_batch(pipeline, df, 0)
+    assert result.rejected == 20 and result.undecodable == 1
+    assert "source=0" in result.rejects[0] and "key={'key':" in result.rejects[0]
+    assert "cannot be encoded as msgpack" in result.rejects[0]
+    assert result.failed == 20
+    assert any("partition_by['k2']" in e for e in result.errors)
+    report = ft.drain(timeout_s=30)
+    assert report.drained and report.dead_lettered == 21
+    dead = layer.persistence.dead_letters()
+    histories = [" | ".join(f.error for f in d.history) for d in dead]
+    assert sum("undecodable replay payload" in t for t in histories) == 1
+    assert sum("partition_by" in t for t in histories) == 20
+    rejected = {i for i in range(2000) if i % 100 in (5, 7)}
+    assert sorted(probe.ids()) == sorted(set(range(2000)) - rejected)
+
+
+def test_a_map_key_column_is_a_clear_config_error(spark: SparkSession, make_ft: Any) -> None:
+    ft = make_ft()
+    df = spark.range(3).select("id", F.create_map(F.lit("a"), F.col("id")).alias("m"))
+    with pytest.raises(ConfigError, match="key column 'm' has type map"):
+        ft.run_batch(ft.pipeline(key="m").sink(print), df, 0)
+    with pytest.raises(ConfigError, match="not in the input"):
+        ft.run_batch(ft.pipeline(key="nope").sink(print), df, 0)
+    with pytest.raises(ConfigError, match="no sink"):
+        ft.run_batch(ft.pipeline(), df, 0)
+
+
+def test_fail_batch_lets_spark_retry_the_task_and_loses_nothing(
+    spark: SparkSession, make_ft: Any, probe: Probe, task_retries: int
+) -> None:
+    ft = make_ft(timeout_s=30)
+
+    def flaky(r: dict[str, Any]) -> dict[str, Any]:
+        tc = TaskContext.get()
+        if tc.partitionId() == 1 and tc.attemptNumber() == 0 and r["id"] > 1500:
+            raise RuntimeError("executor trouble")  # kills the attempt: nothing flushed
+        return r
+
+    df = spark.range(0, 3000, numPartitions=2)
+    p = ft.pipeline(on_error="fail_batch").map(flaky).sink(probe.write, per="partition")
+    result = ft.run_batch(p, df, 0)
+    assert result.failed == 0 and result.written == 3000
+    assert sorted(probe.ids()) == list(range(3000))  # the failed attempt wrote nothing
+    st = ft.layer.stats()
+    assert st.pending == 0 and st.completed == 3000 and st.persisted == 3000
+
+
+def test_replayed_records_look_like_fresh_ones(
+    spark: SparkSession, make_ft: Any, probe: Probe
+) -> None:
+    """Dates, timestamps, decimals and binary survive the msgpack round trip."""
+    ft = make_ft()
+    df = spark.range(200).select(
+        "id",
+        F.timestamp_seconds(F.col("id") * 7777).alias("ts"),
+        F.to_date(F.timestamp_seconds(F.col("id") * 86400)).alias("day"),
+        (F.col("id") / 7).cast("decimal(10,4)").alias("amount"),
+        F.col("id").cast("string").cast("binary").alias("raw"),
+        F.array(F.col("id"), F.lit(None)).alias("xs"),
+    )
+
+    def once(r: dict[str, Any]) -> dict[str, Any]:
+        probe.write_one(r)
+        if probe.first_time("seen", r["id"]):
+            raise FailRecord("again")
+        return r
+
+    ft.run_batch(ft.pipeline().map(once).sink(lambda r: None), df, 0)
+    assert ft.drain(timeout_s=30).drained
+    seen = probe.strings("out")
+    assert len(seen) == 400 and len(set(seen)) == 200  # the replay equals the fresh record
+
+
+def test_backpressure_waits_bounded_and_drain_reports_what_remains(
+    spark: SparkSession, make_ft: Any, probe: Probe, caplog: pytest.LogCaptureFixture
+) -> None:
+    ft = make_ft(timeout_s=60, max_pending=2, backpressure_timeout_s=0.3)
+    h = ft.layer.handler(partition=0)
+    for i in range(3):  # pending, never acked, long timeout
+        h.persist_record({"id": i}, source=0)
+    h.flush()
+    with caplog.at_level(logging.INFO, logger="ftlayer"):
+        result = ft.run_batch(ft.pipeline().sink(probe.write, per="partition"), spark.range(10), 7)
+    assert result.written == 10
+    assert "backpressure" in caplog.text and "batch_id=7" in caplog.text
+    report = ft.drain(timeout_s=0.5)
+    assert not report.drained and report.pending == 3
+    assert ft.layer.stats().pending == 3  # still there: reported, not dropped
+
+
+def test_ft_off_needs_no_redis_and_fault_tolerance_is_not_picklable(
+    spark: SparkSession, make_ft: Any, probe: Probe
+) -> None:
+    off = FaultTolerance(make_ft().config.__class__(status="off"))
+    assert off.layer is None
+    result = off.run_batch(off.pipeline().sink(probe.write, per="partition"), spark.range(5), 0)
+    assert result.written == 5 and off.drain().drained
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(make_ft())
