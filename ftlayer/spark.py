@@ -37,7 +37,14 @@ from typing import TYPE_CHECKING, Any
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
 from ftlayer.layer import FTLayer
-from ftlayer.spark_pipeline import BatchResult, DrainResult, OnError, Pipeline
+from ftlayer.spark_pipeline import (
+    UNCONFIRMED,
+    BatchResult,
+    DrainResult,
+    OnError,
+    Pipeline,
+    Unconfirmed,
+)
 from ftlayer.spark_tasks import (
     HASH_COL,
     MAX_MESSAGES,
@@ -54,7 +61,15 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-__all__ = ["BatchResult", "DrainResult", "FaultTolerance", "OnError", "Pipeline"]
+__all__ = [
+    "UNCONFIRMED",
+    "BatchResult",
+    "DrainResult",
+    "FaultTolerance",
+    "OnError",
+    "Pipeline",
+    "Unconfirmed",
+]
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +263,7 @@ class FaultTolerance:
         result.replayed += s.replayed
         result.rejected += s.rejected
         result.written += s.written
+        result.unconfirmed += s.unconfirmed
         result.failed += s.failed
         result.acked += s.acked if s.stage == 0 else 0
         for text in s.errors:

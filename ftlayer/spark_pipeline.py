@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ftlayer.errors import ConfigError
 from ftlayer.layer import FTStats
-from ftlayer.spark_tasks import Op, Segment
+from ftlayer.spark_tasks import UNCONFIRMED, Op, Segment, Unconfirmed
 from partitioners import HashPartitioner
 
 if TYPE_CHECKING:
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from ftlayer.spark import FaultTolerance
 
-__all__ = ["BatchResult", "DrainResult", "OnError", "Pipeline"]
+__all__ = ["UNCONFIRMED", "BatchResult", "DrainResult", "OnError", "Pipeline", "Unconfirmed"]
 
 OnError = Literal["fail_record", "fail_batch"]
 
@@ -36,6 +36,7 @@ class BatchResult:
     rejected: int = 0
     undecodable: int = 0
     written: int = 0
+    unconfirmed: int = 0
     tasks: int = 0
     elapsed_s: float = 0.0
     errors: list[str] = field(default_factory=list)
@@ -125,7 +126,8 @@ class Pipeline:
     ) -> Pipeline:
         """The last stage. ``per="record"``: ``fn(record)``; ``per="partition"``:
         ``fn(list_of_records)`` once per task. Records are acked after ``fn`` returns; if
-        it raises, the records it was given fail (and are replayed)."""
+        it raises, the records it was given fail (and are replayed); if it returns an
+        :class:`Unconfirmed`, those records stay pending until they time out."""
         self._open()
         if per not in ("record", "partition"):
             raise ConfigError(f"per must be 'record' or 'partition', not {per!r}")

@@ -34,6 +34,8 @@ from serialization import decode_payload, encode_payload
 
 __all__ = [
     "HASH_COL",
+    "UNCONFIRMED",
+    "Unconfirmed",
     "Op",
     "Segment",
     "TaskPlan",
@@ -200,6 +202,25 @@ class TaskPlan:
     key: tuple[str, ...]
 
 
+class Unconfirmed:
+    """A sink's answer that some writes were not confirmed (an async sink that never
+    acknowledged them). Their records stay pending -- neither acked nor failed -- so they
+    time out and are replayed, like records lost in flight. A per-record sink returns
+    ``UNCONFIRMED``; a per-partition sink returns ``Unconfirmed(positions)`` with the
+    positions, in the list it was given, of the records it could not confirm."""
+
+    __slots__ = ("positions",)
+
+    def __init__(self, positions: Iterable[int] = ()) -> None:
+        self.positions = frozenset(positions)
+
+    def __repr__(self) -> str:
+        return f"Unconfirmed({sorted(self.positions)})"
+
+
+UNCONFIRMED = Unconfirmed()
+
+
 @dataclass
 class TaskSummary:
     """What one task reports to the driver (exact counts, the first messages)."""
@@ -214,6 +235,7 @@ class TaskSummary:
     failed: int = 0
     rejected: int = 0
     written: int = 0
+    unconfirmed: int = 0
     errors: list[str] = field(default_factory=list)
     rejects: list[str] = field(default_factory=list)
 
@@ -341,6 +363,7 @@ def _run_segment(
     partitioner = HashPartitioner(seg.shuffle_n, seg.shuffle_types) if seg.shuffle_n else None
     held: list[RecordId] = []  # sink per partition: inputs whose outputs are buffered
     buffer: list[Any] = []
+    owners: list[RecordId] = []  # owners[i]: the input whose output is buffer[i]
 
     def fail(rid: RecordId, where: str, e: BaseException) -> None:
         if raise_all and not isinstance(e, FailRecord):
@@ -373,29 +396,41 @@ def _run_segment(
         elif seg.sink_per == "partition":
             held.append(rid)
             buffer.extend(outs)
+            owners.extend([rid] * len(outs))
         else:
             assert seg.sink is not None
+            confirmed = True
             try:
                 for out in outs:
-                    seg.sink(out)
+                    if isinstance(seg.sink(out), Unconfirmed):
+                        confirmed = False
             except Exception as e:
                 fail(rid, f"sink {_name(seg.sink)}", e)
                 continue
             summary.written += len(outs)
-            h.ack(rid)
-            summary.acked += 1
+            if confirmed:
+                h.ack(rid)
+                summary.acked += 1
+            else:
+                summary.unconfirmed += 1  # left pending: it times out and is replayed
     if held:
         assert seg.sink is not None
         try:
-            seg.sink(buffer)
+            answer = seg.sink(buffer)
         except Exception as e:
             for rid in dict.fromkeys(held):
                 fail(rid, f"sink {_name(seg.sink)}", e)
         else:
             summary.written += len(buffer)
+            unconfirmed = set()
+            if isinstance(answer, Unconfirmed):
+                unconfirmed = {owners[i] for i in answer.positions if 0 <= i < len(owners)}
             for rid in held:
+                if rid in unconfirmed:
+                    continue  # left pending: it times out and is replayed
                 h.ack(rid)
-            summary.acked += len(held)
+                summary.acked += 1
+            summary.unconfirmed += len(unconfirmed)
     h.flush()  # the task's one flush: after it, every record is complete or persisted
     reports = [*(upstream or ()), summary]
     if partitioner is not None:  # summaries travel through the shuffle with the records
