@@ -65,3 +65,31 @@ def save(name: str, result: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     return path
+
+
+def save_chart(name: str, draw: Callable[[Any], None]) -> Path | None:
+    """Draw a PNG chart ``<name>.png`` beside the JSON results: ``draw(pyplot)`` makes
+    the figure. None (and no file) when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.png"
+    plt.figure(figsize=(7, 4.5))
+    try:
+        draw(plt)
+        plt.tight_layout()
+        plt.savefig(path, dpi=110)
+    finally:
+        plt.close("all")
+    return path
+
+
+def server_cpu_s(client: redis.Redis) -> float:
+    """CPU seconds (user + sys) the Redis server process has used so far (INFO cpu)."""
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])

@@ -59,31 +59,35 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="run a generated workload with injected failures through the FT layer",
-        description="Generated records through source, map and sink tasks with explicit "
-        "failures and drops injected; replays, drains and prints a report. Exit 1 if "
-        "any record was lost.",
+        help="the main job: a Structured Streaming query with failures injected",
+        description="Starts an embedded Redis (unless --redis-url) and an `ftlayer serve` "
+        "sidecar, streams generated orders on local[2] through an FT-wrapped foreachBatch "
+        "pipeline with a keyed shuffle, injects explicit failures, drops (never confirmed: "
+        "they time out) and task crashes (Spark retries), drains and prints a report. "
+        "Exit status 1 if any record was lost.",
     )
-    demo.add_argument(
-        "--redis-url",
-        default=_env("REDIS_URL"),
-        help="default: an embedded redis-server [env: FTLAYER_REDIS_URL]",
-    )
+    _opt(demo, "--redis-url", str, None, "default: an embedded redis-server")
     demo.add_argument("--records", type=int, default=20_000, help="default: %(default)s")
+    demo.add_argument("--batches", type=int, default=8, help="micro-batches (default: %(default)s)")
     demo.add_argument(
         "--fail-rate",
         type=float,
         default=0.02,
-        help="share of attempts failing with FailRecord (default: %(default)s)",
+        help="share of record attempts failing with FailRecord (default: %(default)s)",
     )
     demo.add_argument(
         "--drop-rate",
         type=float,
         default=0.01,
-        help="share of attempts never acked (default: %(default)s)",
+        help="share of sink writes never confirmed (default: %(default)s)",
     )
-    demo.add_argument("--timeout-s", type=float, default=2.0, help="default: %(default)s")
-    demo.add_argument("--seed", type=int, default=7, help="default: %(default)s")
+    demo.add_argument(
+        "--crash-rate",
+        type=float,
+        default=0.1,
+        help="share of tasks crashing in their first attempt (default: %(default)s)",
+    )
+    demo.add_argument("--timeout-s", type=float, default=3.0, help="default: %(default)s")
     demo.add_argument("--json", action="store_true", help="print one JSON object")
     demo.set_defaults(func=_cmd_demo)
 
@@ -285,25 +289,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     from ftlayer.demo import report_table, run_demo
 
-    def progress(done: int, total: int, st: Any) -> None:
+    def progress(done: int, total: int, pending: int) -> None:
         if not args.json and sys.stderr.isatty():
-            bar = "#" * int(30 * done / max(total, 1))
-            print(
-                f"\r[{bar:<30}] {done}/{total} pending={st.pending} replayed={st.replayed}",
-                end="",
-                file=sys.stderr,
-                flush=True,
-            )
+            bar = "#" * int(30 * min(done, total) / max(total, 1))
+            print(f"\r[{bar:<30}] micro-batches {done}/{total} pending={pending} ",
+                  end="", file=sys.stderr, flush=True)  # fmt: skip
 
     report = run_demo(
-        records=args.records,
-        fail_rate=args.fail_rate,
-        drop_rate=args.drop_rate,
-        timeout_s=args.timeout_s,
-        redis_url=args.redis_url,
-        seed=args.seed,
-        progress=progress,
-    )
+        records=args.records, fail_rate=args.fail_rate, drop_rate=args.drop_rate,
+        crash_rate=args.crash_rate, timeout_s=args.timeout_s, redis_url=args.redis_url,
+        batches=args.batches, progress=progress,
+    )  # fmt: skip
     if args.json:
         print(json.dumps(asdict(report)))
     else:

@@ -1,32 +1,44 @@
-"""``ftlayer demo``: a generated workload through the FT layer, with failures injected.
+"""``ftlayer demo``: the main job -- a real Structured Streaming query with failures.
 
-Micro-batches of source records run through two tasks per partition, as across a
-shuffle: the source task persists each record and maps it (a chained stage emitting one
-child); the task after the shuffle writes the child to the sink and acks it. Injected:
-explicit failures (``FailRecord``) and drops (never acked: they must time out). Replays
-enter later micro-batches. At the end the demo drains (waits, with a deadline, until
-nothing is pending) and reports what the sink received; ``lost`` is counted from the
-sink's contents, not from FT counters.
+It starts an embedded Redis (unless given a URL) and an ``ftlayer serve`` sidecar process,
+writes generated orders as JSON files, and streams them (one file per micro-batch) on
+``local[2]`` through an FT-wrapped ``foreachBatch`` pipeline: a map stage, a keyed shuffle
+(``partition_by``), a placement check, and a sink that appends to a Redis list. Injected:
+explicit failures (``FailRecord``), drops (the sink never confirms: the records time out
+and are replayed by the sidecar) and crashes (a task dies in its first attempt and Spark
+retries it). Then it drains and reports; ``lost`` is counted from the sink's contents --
+source records whose effect never arrived and that are not dead-lettered.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import random
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from ftlayer.config import FTConfig
-from ftlayer.errors import FailRecord
-from ftlayer.handler import AbstractFTHandler
-from ftlayer.ids import RecordId
-from ftlayer.layer import FTLayer
+import redis
 
-__all__ = ["DemoReport", "run_demo"]
+from ftlayer.config import FTConfig
+from ftlayer.embedded import EmbeddedRedis
+from ftlayer.errors import FailRecord
+from partitioners import HashPartitioner
+
+__all__ = ["DemoReport", "report_table", "run_demo"]
 
 PARTITIONS = 4
+KEYS = 64
 
 
 @dataclass
@@ -41,60 +53,225 @@ class DemoReport:
     pending: int
     sink_rows: int
     duplicates: int
+    misplaced: int
+    crashed_tasks: int
+    micro_batches: int
     elapsed_s: float
 
 
-def _map_stage(h: AbstractFTHandler, rid: RecordId, record: dict[str, Any]) -> tuple:
-    """The chained stage of the source task: one child per record."""
-    with h.processing(rid):
-        child = h.emit()
-    return child, {"id": record["id"], "value": record["id"] * 2}
+class TaskCrash(BaseException):  # noqa: N818 -- a simulated crash, not an error to handle
+    """Escapes the pipeline's error handling: the task dies as if its worker crashed."""
+
+
+# -- executor side (module-level: pickled by reference) ------------------------------------
+_CLIENTS: dict[tuple[int, str], redis.Redis] = {}
+
+
+def _redis(url: str) -> redis.Redis:
+    key = (os.getpid(), url)
+    if key not in _CLIENTS:
+        _CLIENTS[key] = redis.Redis.from_url(url)
+    return _CLIENTS[key]
+
+
+@dataclass(frozen=True)
+class _Injector:
+    """The map stage: crashes a share of tasks in their first attempt, fails a share of
+    record attempts with FailRecord."""
+
+    url: str
+    prefix: str
+    fail_rate: float
+    crash_rate: float
+
+    def __call__(self, order: dict[str, Any]) -> dict[str, Any]:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        if tc is not None and tc.attemptNumber() == 0 and self.crash_rate > 0:
+            task = f"{tc.stageId()}/{tc.partitionId()}"
+            if random.Random(f"{self.prefix}{task}").random() < self.crash_rate:
+                if _redis(self.url).sadd(f"{self.prefix}:crashed", task):
+                    raise TaskCrash(f"injected crash of task {task}")
+        if random.random() < self.fail_rate:
+            raise FailRecord(f"injected failure of order {order['id']}")
+        return {"id": order["id"], "key": order["key"], "total": round(order["amount"] * 1.2, 2)}
+
+
+@dataclass(frozen=True)
+class _PlacementCheck:
+    """After ``partition_by(["key"], n)``: is the record in the partition Spark assigns
+    its key? Counts the ones that are not (fresh or replayed alike)."""
+
+    url: str
+    prefix: str
+
+    def __call__(self, order: dict[str, Any]) -> dict[str, Any]:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        want = HashPartitioner(PARTITIONS, ["bigint"]).partition((order["key"],))
+        if tc is not None and tc.partitionId() != want:
+            _redis(self.url).incr(f"{self.prefix}:misplaced")
+        return order
+
+
+@dataclass(frozen=True)
+class _Sink:
+    """Appends each partition's order ids to a Redis list; a share of the writes is never
+    confirmed (lost in flight), so those records time out and are replayed."""
+
+    url: str
+    prefix: str
+    drop_rate: float
+
+    def __call__(self, orders: list[dict[str, Any]]) -> Any:
+        from ftlayer.spark import Unconfirmed
+
+        dropped = [i for i in range(len(orders)) if random.random() < self.drop_rate]
+        skip = set(dropped)
+        ids = [str(o["id"]) for i, o in enumerate(orders) if i not in skip]
+        if ids:
+            _redis(self.url).rpush(f"{self.prefix}:sink", *ids)
+        return Unconfirmed(dropped)
+
+
+# -- driver side ---------------------------------------------------------------------------
+@contextlib.contextmanager
+def _redis_url(url: str | None) -> Iterator[str]:
+    if url:
+        yield url
+        return
+    with EmbeddedRedis() as server:
+        yield server.url
+
+
+@contextlib.contextmanager
+def _sidecar(url: str, namespace: str, timeout_s: float, log: Path) -> Iterator[None]:
+    cmd = [sys.executable, "-m", "ftlayer.cli", "serve", "--redis-url", url,
+           "--namespace", namespace, "--timeout-s", str(timeout_s), "--metrics-port", "-1",
+           "--lease-s", "3"]  # fmt: skip
+    with open(log, "ab") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _write_input(folder: Path, records: int, batches: int) -> None:
+    rng = random.Random(records)
+    per = -(-records // batches)
+    for b in range(batches):
+        ids = range(b * per, min(records, (b + 1) * per))
+        lines = (json.dumps({"id": i, "key": i % KEYS, "amount": rng.randint(1, 500)})
+                 for i in ids)  # fmt: skip
+        (folder / f"orders-{b:04d}.json").write_text("\n".join(lines) + "\n")
+
+
+def _spark() -> Any:
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (
+        SparkSession.builder.master(f"local[2,{4}]")  # 4 attempts per task: crashes retry
+        .appName("ftlayer-demo")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(PARTITIONS))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.pyspark.python", sys.executable)
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("FATAL")  # injected crashes are reported, not traced
+    return spark
 
 
 def run_demo(
     records: int = 20_000,
     fail_rate: float = 0.02,
     drop_rate: float = 0.01,
-    timeout_s: float = 2.0,
+    crash_rate: float = 0.1,
+    timeout_s: float = 3.0,
     redis_url: str | None = None,
-    batch_size: int = 2_000,
-    drain_timeout_s: float = 60.0,
-    seed: int = 7,
-    progress: Any = None,
+    batches: int = 8,
+    drain_timeout_s: float = 90.0,
+    progress: Callable[[int, int, int], None] | None = None,
 ) -> DemoReport:
-    rng = random.Random(seed)
-    config = FTConfig(
-        namespace=f"demo-{uuid.uuid4().hex[:8]}", timeout_s=timeout_s, redis_url=redis_url
-    )
-    sink: Counter[int] = Counter()
+    from ftlayer.spark import FaultTolerance
+
     started = time.monotonic()
-    with FTLayer.open(config) as layer:
-        rotator = layer.start_rotator()
-        try:
-            next_id = 0
-            deadline = None
-            while True:
-                fresh = min(batch_size, records - next_id)
-                replays = layer.claim_replays(source=0, limit=batch_size)
-                _micro_batch(layer, rng, fail_rate, drop_rate, sink, next_id, fresh, replays)
-                next_id += fresh
-                st = layer.stats()
-                if progress:
-                    progress(next_id, records, st)
-                if next_id >= records:
-                    if st.pending == 0:
-                        break
-                    deadline = deadline or time.monotonic() + drain_timeout_s
-                    if time.monotonic() > deadline:
-                        break  # reported below as pending, never dropped
-                    if not replays:
-                        time.sleep(min(0.2, config.rotation_interval_s / 4))
-            dead = {d.frame.decode()["id"] for d in layer.persistence.dead_letters()}
-            st = layer.stats()
-        finally:
-            rotator.stop()
-            layer.clear()
-    delivered = set(sink)
+    ns = f"demo-{uuid.uuid4().hex[:8]}"
+    work = Path(tempfile.mkdtemp(prefix="ftlayer-demo-"))
+    (work / "input").mkdir()
+    _write_input(work / "input", records, batches)
+    try:
+        with _redis_url(redis_url) as url, _sidecar(url, ns, timeout_s, work / "serve.log"):
+            prefix = f"ftdemo:{ns}"
+            ft = FaultTolerance(FTConfig(namespace=ns, redis_url=url, timeout_s=timeout_s))
+            spark = _spark()
+            try:
+                report = _run(spark, ft, url, prefix, work, records, batches, fail_rate,
+                              drop_rate, crash_rate, drain_timeout_s, progress)  # fmt: skip
+            finally:
+                assert ft.layer is not None
+                ft.layer.clear()
+                client = redis.Redis.from_url(url)
+                for key in client.scan_iter(match=f"{prefix}:*"):
+                    client.delete(key)
+                client.close()
+                ft.close()
+                spark.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report.elapsed_s = round(time.monotonic() - started, 1)
+    return report
+
+
+def _run(spark: Any, ft: Any, url: str, prefix: str, work: Path, records: int, batches: int,
+         fail_rate: float, drop_rate: float, crash_rate: float, drain_timeout_s: float,
+         progress: Callable[[int, int, int], None] | None) -> DemoReport:  # fmt: skip
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    pipeline = (
+        ft.pipeline(source=0)
+        .map(_Injector(url, prefix, fail_rate, crash_rate))
+        .partition_by(["key"], PARTITIONS, types=["bigint"])
+        .map(_PlacementCheck(url, prefix))
+        .sink(_Sink(url, prefix, drop_rate), per="partition")
+    )
+    schema = StructType([StructField(c, LongType()) for c in ("id", "key", "amount")])
+    stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1)
+    query = (
+        stream.json(str(work / "input"))
+        .writeStream.foreachBatch(pipeline)
+        .option("checkpointLocation", str(work / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    while query.isActive:
+        if progress:
+            progress(len(ft.results), batches, ft.layer.stats().pending)
+        query.awaitTermination(0.5)
+    if query.exception():
+        raise RuntimeError(f"the streaming query failed: {query.exception()}")
+    if progress:
+        progress(len(ft.results), batches, ft.layer.stats().pending)
+    drained = ft.drain(timeout_s=drain_timeout_s, pipeline=pipeline)
+
+    layer = ft.layer
+    client = redis.Redis.from_url(url)
+    try:
+        sink = Counter(int(x) for x in client.lrange(f"{prefix}:sink", 0, -1))
+        misplaced = int(client.get(f"{prefix}:misplaced") or 0)
+        crashed = int(client.scard(f"{prefix}:crashed"))
+    finally:
+        client.close()
+    dead = {d.frame.decode()["id"] for d in layer.persistence.dead_letters()}
+    st = layer.stats()
     return DemoReport(
         source_records=records,
         completed=st.completed,
@@ -102,43 +279,15 @@ def run_demo(
         failed_explicit=st.failed_explicit,
         timed_out=st.failed_timeout,
         dead_lettered=st.dead_lettered,
-        lost=sum(1 for i in range(records) if i not in delivered and i not in dead),
-        pending=st.pending,
+        lost=sum(1 for i in range(records) if i not in sink and i not in dead),
+        pending=drained.pending,
         sink_rows=sum(sink.values()),
         duplicates=sum(n - 1 for n in sink.values()),
-        elapsed_s=round(time.monotonic() - started, 2),
+        misplaced=misplaced,
+        crashed_tasks=crashed,
+        micro_batches=len(ft.results),
+        elapsed_s=0.0,
     )
-
-
-def _micro_batch(layer, rng, fail_rate, drop_rate, sink, first, fresh, replays) -> None:
-    # source tasks: persist fresh records, re-emit claimed replays, run the map stage
-    shuffled: list[list[tuple[RecordId, dict[str, Any]]]] = [[] for _ in range(PARTITIONS)]
-    sources = [layer.handler(partition=p) for p in range(PARTITIONS)]
-    for i in range(first, first + fresh):
-        p = i % PARTITIONS
-        record = {"id": i}
-        rid = sources[p].persist_record(record, hash_code=i, source=0)
-        child, out = _map_stage(sources[p], rid, record)
-        shuffled[out["id"] % PARTITIONS].append((child, out))
-    for claimed in replays:
-        p = claimed.original_partition % PARTITIONS
-        record = claimed.frame.decode()
-        child, out = _map_stage(sources[p], claimed.record_id, record)
-        shuffled[out["id"] % PARTITIONS].append((child, out))
-    for h in sources:
-        h.flush()  # a task's flush ends it: the shuffle's input is now safe
-    # tasks after the shuffle: the sink
-    for p in range(PARTITIONS):
-        h = layer.handler(partition=p)
-        for rid, out in shuffled[p]:
-            roll = rng.random()
-            if roll < drop_rate:
-                continue  # lost in flight: never acked, must time out and replay
-            with h.processing(rid):
-                if roll < drop_rate + fail_rate:
-                    raise FailRecord(f"injected failure of record {out['id']}")
-                sink[out["id"]] += 1  # the write; the ack follows when it returns
-        h.flush()
 
 
 def report_table(report: DemoReport) -> str:

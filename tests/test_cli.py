@@ -45,27 +45,16 @@ def test_readme_example_runs_as_written() -> None:
 
 
 def test_demo_json_loses_nothing() -> None:
-    out = _run(
-        [
-            *FTLAYER,
-            "--log-level",
-            "WARNING",
-            "demo",
-            "--records",
-            "3000",
-            "--fail-rate",
-            "0.05",
-            "--drop-rate",
-            "0.03",
-            "--timeout-s",
-            "0.6",
-            "--json",
-        ]
-    )
-    assert out.returncode == 0, out.stderr
-    r = json.loads(out.stdout)
-    assert r["lost"] == 0 and r["pending"] == 0
+    """The main job, small: a real streaming query, a real sidecar process, every kind of
+    failure injected; `lost` is counted from the sink's contents."""
+    out = _run([*FTLAYER, "--log-level", "WARNING", "demo", "--records", "3000",
+                "--batches", "3", "--fail-rate", "0.05", "--drop-rate", "0.03",
+                "--crash-rate", "1.0", "--timeout-s", "1.5", "--json"])  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["lost"] == 0 and r["pending"] == 0 and r["misplaced"] == 0
     assert r["failed_explicit"] > 0 and r["timed_out"] > 0, "both failure kinds injected"
+    assert r["crashed_tasks"] >= 3, "every source task crashed once and was retried"
     assert r["replayed"] == r["failed_explicit"] + r["timed_out"] - r["dead_lettered"]
     assert r["completed"] + r["dead_lettered"] == r["source_records"] == 3000
     assert r["sink_rows"] - r["duplicates"] + r["dead_lettered"] == 3000

@@ -34,12 +34,15 @@ local function flush_counts()
   end
 end
 
+local LATENCY_NAMES = {}
+for i, bound in ipairs(LATENCY_BOUNDS_MS) do LATENCY_NAMES[i] = 'latency_le_' .. bound end
+
 local function observe_latency(ms)
   count('latency_count')
   count('latency_sum_ms', ms)
-  for _, bound in ipairs(LATENCY_BOUNDS_MS) do
-    if ms <= bound then
-      count('latency_le_' .. bound)
+  for i = 1, #LATENCY_BOUNDS_MS do
+    if ms <= LATENCY_BOUNDS_MS[i] then
+      count(LATENCY_NAMES[i])
       return
     end
   end

@@ -1,0 +1,357 @@
+"""The cross-task ack path: XOR events per second, beside its ceilings in the same run.
+
+N source records flow through 3 hops, each hop a separate task with its own handler and
+flush (as across shuffles), ``batch`` records per task, into a real Redis (embedded unless
+--redis-url):
+
+    source task : persist (+ its init, 1 XOR)                       -> flush
+    hop 1 task  : emit a child of the input, ack the input (2 XORs) -> flush
+    hop 2 task  : emit a child of the input, ack the input (2 XORs) -> flush
+    sink task   : ack the input (1 XOR)                             -> flush: complete
+
+That is 6 logical XOR events per record, through ``FTLayer(...).handler()``, ``persist``,
+``emit``, ``ack``, ``flush``. Every record must complete (pending 0, completed N), or the
+run fails. Measured on the same server, alternating with the ftlayer run:
+
+- ``raw_set_ops_per_s``: pipelined SETs of 8-byte values, ``batch`` per pipeline: the
+  plain ceiling of this server through redis-py;
+- ``naive_lua_events_per_s``: the straightforward implementation, one EVALSHA per XOR pair
+  (HGET, 64-bit XOR on two 32-bit halves, HSET or HDEL), redis-py encoding each argument,
+  ``batch`` calls per pipeline (2x for the hops). It stores no payload, no timeout, no
+  stats: it is a lower bar of work than ftlayer's, not an equal one.
+
+    python -m benchmarks.ack_throughput [--records 100000] [--batch 10000]
+        [--sweep 100,1000,10000] [--repeat 3] [--redis-url URL] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import uuid
+from typing import Any
+
+import redis
+
+from benchmarks._common import (
+    machine,
+    median,
+    redis_for_benchmark,
+    save,
+    save_chart,
+    server_cpu_s,
+    server_usec,
+)
+from ftlayer import FTConfig, FTHandler, FTLayer
+from ftlayer.ids import new_ids
+
+PAYLOAD = b"\xc4\x62" + b"p" * 98  # msgpack bin8 of 98 bytes: 100 bytes in all
+EVENTS_PER_RECORD = 6  # source init 1, hop 1: 2, hop 2: 2, sink 1
+
+NAIVE_LUA = """
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+local hi, lo = tonumber(ARGV[2]), tonumber(ARGV[3])
+if v then
+  local ehi, elo = struct.unpack('>i4i4', v)
+  hi, lo = bit.bxor(ehi, hi), bit.bxor(elo, lo)
+end
+if hi == 0 and lo == 0 then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+else
+  redis.call('HSET', KEYS[1], ARGV[1], struct.pack('>i4i4', hi, lo))
+end
+return 0
+"""
+
+GOALS = {
+    "redis_usec_per_event": ("<=", 1.0),
+    "client_events_per_cpu_s": (">=", 1_000_000),
+    "ratio_vs_naive": (">=", 4.0),
+}
+
+
+class _Clock:
+    """Wall and process-CPU time, plus named wall-time splits."""
+
+    def __init__(self) -> None:
+        self.splits: dict[str, float] = {}
+        self.wall0 = time.perf_counter()
+        self.cpu0 = time.process_time()
+        self._t = self.wall0
+
+    def split(self, name: str) -> None:
+        t = time.perf_counter()
+        self.splits[name] = self.splits.get(name, 0.0) + (t - self._t)
+        self._t = t
+
+    def stop(self) -> tuple[float, float]:
+        return time.perf_counter() - self.wall0, time.process_time() - self.cpu0
+
+
+def _server_counters(client: redis.Redis) -> tuple[int, int, float]:
+    calls, usec = server_usec(client, "evalsha")
+    return calls, usec, server_cpu_s(client)
+
+
+def run_ftlayer(client: redis.Redis, records: int, batch: int) -> dict[str, Any]:
+    """The 3-hop workload through the real handler API; asserts every record completed."""
+    layer = FTLayer(client, FTConfig(namespace=f"ack-{uuid.uuid4().hex[:8]}", timeout_s=600))
+    try:
+        c0 = _server_counters(client)
+        clock = _Clock()
+        for first in range(0, records, batch):
+            k = min(batch, records - first)
+            source = layer.handler()
+            assert isinstance(source, FTHandler)
+            persist = source.persist
+            roots = [persist(PAYLOAD, i, 0) for i in range(first, first + k)]
+            clock.split("source_persist")
+            source.flush()
+            clock.split("source_flush")
+            inputs = roots
+            for hop in ("hop1", "hop2"):
+                task = layer.handler()
+                emit, ack = task.emit, task.ack
+                children = []
+                for rid in inputs:
+                    children.append(emit(rid))
+                    ack(rid)
+                clock.split(f"{hop}_emit_ack")
+                task.flush()
+                clock.split(f"{hop}_flush")
+                inputs = children
+            sink = layer.handler()
+            ack = sink.ack
+            for rid in inputs:
+                ack(rid)
+            clock.split("sink_ack")
+            sink.flush()
+            clock.split("sink_flush")
+        wall, cpu = clock.stop()
+        c1 = _server_counters(client)
+        st = layer.stats()
+        assert st.pending == 0, f"{st.pending} records still pending"
+        assert st.completed == records, f"completed {st.completed} of {records}"
+        assert st.persisted == records and st.orphans == 0, st
+    finally:
+        layer.clear()
+    events = EVENTS_PER_RECORD * records
+    return {
+        "events": events,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "evalsha_calls": c1[0] - c0[0],
+        "evalsha_usec": c1[1] - c0[1],
+        "server_cpu_s": c1[2] - c0[2],
+        "splits_s": clock.splits,
+    }
+
+
+def run_naive(client: redis.Redis, records: int, batch: int) -> dict[str, Any]:
+    """The same 6 XOR events per record, one script call per (source id, current id)."""
+    script = client.register_script(NAIVE_LUA)
+    key = f"naive-{uuid.uuid4().hex[:8]}"
+
+    def halves(v: int) -> tuple[int, int]:
+        hi, lo = v >> 32, v & 0xFFFFFFFF
+        return hi - (1 << 32) if hi >= 1 << 31 else hi, lo - (1 << 32) if lo >= 1 << 31 else lo
+
+    def xor_calls(pairs: list[tuple[bytes, int]]) -> None:
+        with client.pipeline(transaction=False) as pipe:
+            for src, cur in pairs:
+                hi, lo = halves(cur)
+                script(keys=[key], args=[src, hi, lo], client=pipe)
+            pipe.execute()
+
+    script(keys=[key], args=[b"\0" * 8, 0, 0])  # load it outside the timing
+    c0 = _server_counters(client)
+    clock = _Clock()
+    for first in range(0, records, batch):
+        k = min(batch, records - first)
+        ids = new_ids(4 * k).tolist()
+        srcs = [i.to_bytes(8, "big") for i in ids[:k]]
+        root, c1, c2 = ids[k : 2 * k], ids[2 * k : 3 * k], ids[3 * k :]
+        xor_calls(list(zip(srcs, root, strict=True)))  # source init
+        xor_calls(
+            [p for s, a, b in zip(srcs, root, c1, strict=True) for p in ((s, b), (s, a))]
+        )  # hop 1
+        xor_calls(
+            [p for s, a, b in zip(srcs, c1, c2, strict=True) for p in ((s, b), (s, a))]
+        )  # hop 2
+        xor_calls(list(zip(srcs, c2, strict=True)))  # sink
+    wall, cpu = clock.stop()
+    c1_ = _server_counters(client)
+    left = client.hlen(key)
+    client.delete(key)
+    assert left == 0, f"naive: {left} entries did not return to 0"
+    events = EVENTS_PER_RECORD * records
+    return {
+        "events": events,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "evalsha_usec": c1_[1] - c0[1],
+        "server_cpu_s": c1_[2] - c0[2],
+    }
+
+
+def run_raw_set(client: redis.Redis, ops: int, batch: int) -> dict[str, Any]:
+    """Pipelined SETs of 8-byte values, ``batch`` per pipeline (keys reused per batch)."""
+    prefix = f"rawset-{uuid.uuid4().hex[:8]}:"
+    keys = [f"{prefix}{i}" for i in range(batch)]
+    value = b"\x01" * 8
+    t0 = time.perf_counter()
+    for first in range(0, ops, batch):
+        with client.pipeline(transaction=False) as pipe:
+            for key in keys[: min(batch, ops - first)]:
+                pipe.set(key, value)
+            pipe.execute()
+    wall = time.perf_counter() - t0
+    client.delete(*keys[: min(batch, ops)])
+    return {"ops": ops, "wall_s": wall}
+
+
+def measure(client: redis.Redis, records: int, batch: int, repeat: int) -> dict[str, Any]:
+    """ftlayer, naive and raw SET, alternated ``repeat`` times; medians."""
+    ft, naive, raw = [], [], []
+    for _ in range(repeat):
+        ft.append(run_ftlayer(client, records, batch))
+        naive.append(run_naive(client, records, batch))
+        raw.append(run_raw_set(client, EVENTS_PER_RECORD * records, batch))
+    events = EVENTS_PER_RECORD * records
+
+    def med(runs: list[dict[str, Any]], f: Any) -> float:
+        return median([f(r) for r in runs])
+
+    xor_eps = med(ft, lambda r: events / r["wall_s"])
+    naive_eps = med(naive, lambda r: events / r["wall_s"])
+    raw_ops = med(raw, lambda r: r["ops"] / r["wall_s"])
+    splits = {
+        name: round(med(ft, lambda r, n=name: r["splits_s"][n]) * 1e9 / records, 1)
+        for name in ft[0]["splits_s"]
+    }
+    return {
+        "records": records,
+        "batch": batch,
+        "events": events,
+        "xor_events_per_s": round(xor_eps),
+        "client_events_per_cpu_s": round(med(ft, lambda r: events / r["cpu_s"])),
+        "redis_usec_per_event": round(med(ft, lambda r: r["evalsha_usec"] / events), 3),
+        "redis_cpu_usec_per_event": round(med(ft, lambda r: r["server_cpu_s"] * 1e6 / events), 3),
+        "evalsha_calls": ft[0]["evalsha_calls"],
+        "raw_set_ops_per_s": round(raw_ops),
+        "naive_lua_events_per_s": round(naive_eps),
+        "naive_client_events_per_cpu_s": round(med(naive, lambda r: events / r["cpu_s"])),
+        "naive_redis_usec_per_event": round(med(naive, lambda r: r["evalsha_usec"] / events), 3),
+        "naive_redis_cpu_usec_per_event": round(
+            med(naive, lambda r: r["server_cpu_s"] * 1e6 / events), 3
+        ),
+        "ratio_vs_naive": round(xor_eps / naive_eps, 2),
+        "ratio_vs_raw_set": round(xor_eps / raw_ops, 2),
+        "client_wall_ns_per_record": splits,
+    }
+
+
+def run(records: int, batch: int, sweep: list[int], repeat: int, url: str | None) -> dict[str, Any]:
+    with redis_for_benchmark(url) as client:
+        info = {**client.info("server"), **client.info("memory")}
+        main = measure(client, records, batch, repeat)
+        points = []
+        for b in sweep:
+            if b == batch:
+                points.append(main)
+                continue
+            points.append(measure(client, records, b, max(1, repeat - 1)))
+    result: dict[str, Any] = {k: v for k, v in main.items()}
+    result["sweep"] = [
+        {k: p[k] for k in ("batch", "xor_events_per_s", "client_events_per_cpu_s",
+                           "redis_usec_per_event", "naive_lua_events_per_s",
+                           "raw_set_ops_per_s", "ratio_vs_naive", "ratio_vs_raw_set")}
+        for p in points
+    ]  # fmt: skip
+    result["goals"] = {
+        name: {"target": f"{op} {target:g}", "measured": result[name],
+               "met": result[name] <= target if op == "<=" else result[name] >= target}
+        for name, (op, target) in GOALS.items()
+    }  # fmt: skip
+    result["repeat"] = repeat
+    result["redis"] = f"{info.get('redis_version')} ({info.get('mem_allocator', '?')})"
+    result["machine"] = machine()
+    result["date"] = time.strftime("%Y-%m-%d")
+    return result
+
+
+def _chart(result: dict[str, Any]) -> Any:
+    pts = sorted(result["sweep"], key=lambda p: p["batch"])
+    xs = [p["batch"] for p in pts]
+
+    def draw(plt: Any) -> None:
+        for key, label, style in (
+            ("raw_set_ops_per_s", "raw pipelined SET (ops/s, ceiling)", "k--"),
+            ("xor_events_per_s", "ftlayer handler, 3 hops (XOR events/s)", "o-"),
+            ("naive_lua_events_per_s", "naive: one EVALSHA per XOR (events/s)", "s-"),
+        ):
+            plt.plot(xs, [p[key] for p in pts], style, label=label)
+        plt.xscale("log")
+        plt.yscale("log")
+        plt.xlabel("records per task (batch size)")
+        plt.ylabel("per second, client wall time")
+        plt.title(f"ack path, {result['records']:,} records, Redis {result['redis']}")
+        plt.grid(True, which="both", alpha=0.3)
+        plt.legend(fontsize=8)
+
+    return draw
+
+
+def print_table(result: dict[str, Any]) -> None:
+    print(
+        f"ack path: {result['records']:,} records x {EVENTS_PER_RECORD} XOR events, "
+        f"{result['batch']:,} records per task, median of {result['repeat']} "
+        f"(Redis {result['redis']}, {result['machine']})"
+    )
+    for k in ("xor_events_per_s", "client_events_per_cpu_s", "redis_usec_per_event",
+              "redis_cpu_usec_per_event", "evalsha_calls", "raw_set_ops_per_s",
+              "naive_lua_events_per_s", "naive_client_events_per_cpu_s",
+              "naive_redis_usec_per_event", "naive_redis_cpu_usec_per_event",
+              "ratio_vs_naive", "ratio_vs_raw_set"):  # fmt: skip
+        print(f"  {k:<32} {result[k]:>14,}")
+    print("  client wall ns per record, by stage:")
+    for k, v in result["client_wall_ns_per_record"].items():
+        print(f"    {k:<30} {v:>14,}")
+    print("  batch sweep:")
+    print(f"    {'batch':>7} {'xor ev/s':>11} {'ev/cpu-s':>11} {'us/ev srv':>10} "
+          f"{'naive ev/s':>11} {'raw SET/s':>11} {'x naive':>8} {'x SET':>6}")  # fmt: skip
+    for p in result["sweep"]:
+        print(f"    {p['batch']:>7} {p['xor_events_per_s']:>11,} "
+              f"{p['client_events_per_cpu_s']:>11,} {p['redis_usec_per_event']:>10} "
+              f"{p['naive_lua_events_per_s']:>11,} {p['raw_set_ops_per_s']:>11,} "
+              f"{p['ratio_vs_naive']:>8} {p['ratio_vs_raw_set']:>6}")  # fmt: skip
+    print("  goals:")
+    for name, g in result["goals"].items():
+        print(f"    {name:<28} {g['target']:>12}  measured {g['measured']:<10,} "
+              f"{'MET' if g['met'] else 'NOT MET'}")  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--records", type=int, default=100_000)
+    ap.add_argument("--batch", type=int, default=10_000, help="records per task")
+    ap.add_argument("--sweep", default="100,1000,10000", help="batch sizes for the chart")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--redis-url", default=None)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    sweep = sorted({int(b) for b in args.sweep.split(",") if b.strip()} | {args.batch})
+    result = run(args.records, args.batch, sweep, args.repeat, args.redis_url)
+    save("ack_throughput", result)
+    chart = save_chart("ack_throughput", _chart(result))
+    if args.json:
+        print(json.dumps(result))
+        return
+    print_table(result)
+    if chart:
+        print(f"  chart: {chart}")
+
+
+if __name__ == "__main__":
+    main()
