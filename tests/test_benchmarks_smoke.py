@@ -31,3 +31,10 @@ def test_rotation_smoke(tmp_path: Path) -> None:
     r = _bench(tmp_path, "benchmarks.rotation", "--records", "2000", "--timeout-s", "1",
                "--buckets", "3")  # fmt: skip
     assert r["records"] == 2000 and r["expiry_rotations"] >= 1 and r["sidecar_rss_mb_peak"] > 0
+
+
+def test_pipeline_overhead_smoke(tmp_path: Path) -> None:
+    r = _bench(tmp_path, "benchmarks.pipeline_overhead", "--records", "2000", "--repeat", "1")
+    assert r["records"] == 2000 and r["ft_on_records_per_s"] > 0
+    assert set(r["runs_s"]) == {"plain", "off", "on", "on_5pct"}
+    assert (tmp_path / "pipeline_overhead.png").exists()

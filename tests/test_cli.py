@@ -34,7 +34,8 @@ def test_help_lists_commands_and_env_vars() -> None:
 
 def test_readme_example_runs_as_written() -> None:
     readme = (ROOT / "README.md").read_text()
-    code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    core = readme[readme.index("## The core API") :]
+    code = re.search(r"```python\n(.*?)```", core, re.S).group(1)
     before = _redis_children()
     out = _run([sys.executable, "-c", code], cwd=ROOT)
     assert out.returncode == 0, out.stderr
@@ -42,6 +43,16 @@ def test_readme_example_runs_as_written() -> None:
     assert lines[0] == "completed=2 failed=1 pending=1"
     assert lines[1].startswith("{'order': 1} hash_code 1 new id ")
     assert _redis_children() <= before, "the embedded redis-server was left running"
+
+
+def test_readme_pipeline_is_the_tested_one() -> None:
+    """The README's pipeline is the one tests/spark runs (from docs/spark-pipeline.md)."""
+    block = re.compile(r"```python\n(.*?)```", re.S)
+    readme = (ROOT / "README.md").read_text()
+    pipeline = readme[readme.index("## A fault-tolerant") :]
+    doc = (ROOT / "docs" / "spark-pipeline.md").read_text()
+    assert block.search(pipeline).group(1) == block.search(doc).group(1)
+    assert len(block.search(pipeline).group(1).strip().splitlines()) < 25
 
 
 def test_demo_json_loses_nothing() -> None:
