@@ -51,7 +51,7 @@ def test_scripts_reload_after_script_flush(layer: FTLayer) -> None:
 
 
 def test_a_retried_flush_is_applied_once(layer: FTLayer) -> None:
-    """The same call sent twice (a retry after a lost reply) changes nothing."""
+    """Invariant 6: The same call sent twice (a retry after a lost reply) changes nothing."""
     h = layer.handler()
     rid = h.persist_record("a", source=0)
     h.flush()

@@ -9,6 +9,7 @@ from ftlayer.ids import shard_of
 
 
 def test_explicit_fail_replays_under_a_new_id_in_the_same_shard(make_layer) -> None:
+    """Invariants 5 and 8: a failure retires the old id, the record comes back under a new one."""
     layer = make_layer(shards=16)
     src = layer.handler(partition=5)
     rid = src.persist_record({"user": 7}, hash_code=-42, source=2)
@@ -43,6 +44,7 @@ def test_explicit_fail_replays_under_a_new_id_in_the_same_shard(make_layer) -> N
 
 
 def test_late_xor_for_a_retired_id_is_an_orphan(make_layer) -> None:
+    """Invariant 5: late XORs of a retired id cannot touch the new one; rotation collects them."""
     layer = make_layer(timeout_s=0.4, buckets=2)
     src = layer.handler()
     rid = src.persist_record("x", source=0)
@@ -66,6 +68,7 @@ def test_late_xor_for_a_retired_id_is_an_orphan(make_layer) -> None:
 
 
 def test_dead_letter_after_max_replays_with_history(make_layer) -> None:
+    """Invariant 8: bounded replays, then a dead letter with its history; never acked."""
     layer = make_layer(max_replays=2)
     src = layer.handler()
     rid = src.persist_record(b"payload", hash_code=9, source=1)
@@ -90,8 +93,8 @@ def test_dead_letter_after_max_replays_with_history(make_layer) -> None:
 
 
 def test_fail_of_a_record_born_in_the_same_task(layer: FTLayer) -> None:
-    """Source and task chained in one task: the record is persisted and failed in the
-    same flush -- never lost, even though it never reached Redis before."""
+    """Invariant 1: source and task chained in one task: the record is persisted and
+    failed in the same flush -- never lost, even though it never reached Redis before."""
     h = layer.handler()
     rid = h.persist_record({"a": 1}, source=0)
     with h.processing(rid):
@@ -108,6 +111,7 @@ def test_fail_unknown_id_is_an_orphan_not_an_error(layer: FTLayer) -> None:
 
 
 def test_records_complete_inside_one_task_cost_no_redis_state(layer: FTLayer) -> None:
+    """Invariant 1: a record complete at flush needs nothing stored."""
     h = layer.handler()
     for i in range(100):
         rid = h.persist_record(i, source=0)

@@ -146,6 +146,8 @@ def ns() -> str:
 
 
 def test_kill_9_at_random_moments_loses_nothing(redis_server, ns, tmp_path) -> None:
+    """Invariants 1, 6 and 8: SIGKILL of the sidecar at any moment loses nothing and
+    replays no expiry twice."""
     layer = FTLayer(redis_server.client(), FTConfig(namespace=ns, timeout_s=T))
     load = Load(layer)
     rng = random.Random(7)
@@ -215,6 +217,7 @@ def _lease_held(s: Serve) -> float:
 
 
 def test_redis_restart_with_aof_mid_run_loses_nothing(tmp_path) -> None:
+    """Invariants 1 and 6: Redis down mid-run; batches re-run, nothing lost once it is back."""
     server = EmbeddedRedis(data_dir=tmp_path / "redis", appendonly=True,
                            extra_args=("--appendfsync", "always")).start()  # fmt: skip
     sidecar = None

@@ -47,7 +47,9 @@ def test_the_documented_example_runs(spark: SparkSession, capsys: pytest.Capture
 def test_end_to_end_with_every_kind_of_failure(
     spark: SparkSession, make_ft: Any, probe: Probe, task_retries: int
 ) -> None:
-    """Explicit FailRecord, other exceptions, records never acked (time out), a claiming
+    """Invariants 1, 6, 7 and 8.
+
+    Explicit FailRecord, other exceptions, records never acked (time out), a claiming
     task that died, poison records (dead-lettered), and crashed tasks retried by Spark —
     all at once, with a shuffle. Every record reaches the sink or the dead-letter list."""
     ft = make_ft(timeout_s=3.0, max_replays=3, rotate=True)
@@ -122,7 +124,9 @@ def test_end_to_end_with_every_kind_of_failure(
 def test_streaming_query_keyed_source_places_fresh_and_replayed_records(
     spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path
 ) -> None:
-    """A real file-source query through foreachBatch, 3 micro-batches; the source stage is
+    """Invariant 7.
+
+    A real file-source query through foreachBatch, 3 micro-batches; the source stage is
     keyed (no shuffle in the pipeline): replays of a batch enter the next ones at the
     partition Spark assigns their key."""
     ft = make_ft(timeout_s=5.0)

@@ -15,6 +15,7 @@ from ftlayer.spark import UNCONFIRMED, Unconfirmed
 def test_unconfirmed_writes_time_out_and_replay(
     spark: SparkSession, make_ft: Any, probe: Any, per: str
 ) -> None:
+    """Invariants 1 and 10: unconfirmed writes are never acked; the drain replays them."""
     ft = make_ft(timeout_s=1.0, rotate=True)
     n = 600
     df = spark.range(n).selectExpr("id", "cast(id % 5 as int) as key")
