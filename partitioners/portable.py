@@ -69,6 +69,26 @@ def _siphash_key(seed: int) -> tuple[int, int]:
     return int.from_bytes(buf[:8], "little"), int.from_bytes(buf[8:], "little")
 
 
+def _sip_rounds(v0: int, v1: int, v2: int, v3: int, n: int) -> tuple[int, int, int, int]:
+    """``n`` SipRounds of the 64-bit state (the ARX round of the SipHash paper)."""
+    for _ in range(n):
+        v0 = (v0 + v1) & _M64
+        v1 = ((v1 << 13) | (v1 >> 51)) & _M64
+        v1 ^= v0
+        v0 = ((v0 << 32) | (v0 >> 32)) & _M64
+        v2 = (v2 + v3) & _M64
+        v3 = ((v3 << 16) | (v3 >> 48)) & _M64
+        v3 ^= v2
+        v0 = (v0 + v3) & _M64
+        v3 = ((v3 << 21) | (v3 >> 43)) & _M64
+        v3 ^= v0
+        v2 = (v2 + v1) & _M64
+        v1 = ((v1 << 17) | (v1 >> 47)) & _M64
+        v1 ^= v2
+        v2 = ((v2 << 32) | (v2 >> 32)) & _M64
+    return v0, v1, v2, v3
+
+
 def _siphash(k0: int, k1: int, data: bytes, c_rounds: int, d_rounds: int) -> int:
     v0 = k0 ^ 0x736F6D6570736575
     v1 = k1 ^ 0x646F72616E646F6D
@@ -81,39 +101,11 @@ def _siphash(k0: int, k1: int, data: bytes, c_rounds: int, d_rounds: int) -> int
     last = len(words) - 1
     for index, m in enumerate(words):
         v3 ^= m
-        for _ in range(c_rounds):
-            v0 = (v0 + v1) & _M64
-            v1 = ((v1 << 13) | (v1 >> 51)) & _M64
-            v1 ^= v0
-            v0 = ((v0 << 32) | (v0 >> 32)) & _M64
-            v2 = (v2 + v3) & _M64
-            v3 = ((v3 << 16) | (v3 >> 48)) & _M64
-            v3 ^= v2
-            v0 = (v0 + v3) & _M64
-            v3 = ((v3 << 21) | (v3 >> 43)) & _M64
-            v3 ^= v0
-            v2 = (v2 + v1) & _M64
-            v1 = ((v1 << 17) | (v1 >> 47)) & _M64
-            v1 ^= v2
-            v2 = ((v2 << 32) | (v2 >> 32)) & _M64
+        v0, v1, v2, v3 = _sip_rounds(v0, v1, v2, v3, c_rounds)
         v0 ^= m
         if index == last:
             v2 ^= 0xFF
-            for _ in range(d_rounds):
-                v0 = (v0 + v1) & _M64
-                v1 = ((v1 << 13) | (v1 >> 51)) & _M64
-                v1 ^= v0
-                v0 = ((v0 << 32) | (v0 >> 32)) & _M64
-                v2 = (v2 + v3) & _M64
-                v3 = ((v3 << 16) | (v3 >> 48)) & _M64
-                v3 ^= v2
-                v0 = (v0 + v3) & _M64
-                v3 = ((v3 << 21) | (v3 >> 43)) & _M64
-                v3 ^= v0
-                v2 = (v2 + v1) & _M64
-                v1 = ((v1 << 17) | (v1 >> 47)) & _M64
-                v1 ^= v2
-                v2 = ((v2 << 32) | (v2 >> 32)) & _M64
+            v0, v1, v2, v3 = _sip_rounds(v0, v1, v2, v3, d_rounds)
     return v0 ^ v1 ^ v2 ^ v3
 
 

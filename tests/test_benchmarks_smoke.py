@@ -1,4 +1,5 @@
-"""Tiny runs of the core benchmarks, so they keep working. No speed is asserted."""
+"""Tiny runs of every benchmark, so they keep working. No speed or memory figure is
+asserted; only that the runs complete and report."""
 
 from __future__ import annotations
 
@@ -38,3 +39,22 @@ def test_pipeline_overhead_smoke(tmp_path: Path) -> None:
     assert r["records"] == 2000 and r["ft_on_records_per_s"] > 0
     assert set(r["runs_s"]) == {"plain", "off", "on", "on_5pct"}
     assert (tmp_path / "pipeline_overhead.png").exists()
+
+
+def test_ack_throughput_smoke(tmp_path: Path) -> None:
+    r = _bench(tmp_path, "benchmarks.ack_throughput", "--records", "600", "--batch", "200",
+               "--sweep", "100,200", "--repeat", "1")  # fmt: skip
+    assert r["records"] == 600 and r["events"] == 3600
+    for key in ("xor_events_per_s", "client_events_per_cpu_s", "raw_set_ops_per_s",
+                "naive_lua_events_per_s", "ratio_vs_naive", "ratio_vs_raw_set"):  # fmt: skip
+        assert r[key] > 0, key
+    assert r["redis_usec_per_event"] > 0 and r["evalsha_calls"] > 0
+    assert sorted(p["batch"] for p in r["sweep"]) == [100, 200]
+    assert set(r["goals"]) == {"redis_usec_per_event", "client_events_per_cpu_s", "ratio_vs_naive"}
+
+
+def test_pending_memory_smoke(tmp_path: Path) -> None:
+    r = _bench(tmp_path, "benchmarks.pending_memory", "--records", "3000", "--batch", "1000")
+    assert r["records"] == 3000 and r["bytes_per_pending"] > r["payload_bytes"]
+    assert r["breakdown_bytes_per_pending"]["rec hash (frames)"] > 0
+    assert r["mem_allocator"]
