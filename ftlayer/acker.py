@@ -16,7 +16,7 @@ from typing import Any, cast
 import numpy as np
 import redis
 
-from ftlayer.connection import with_retries
+from ftlayer.connection import is_cluster, with_retries
 from ftlayer.errors import FlushError, FTLayerError, RedisUnavailableError
 from ftlayer.ids import shard_of
 from ftlayer.scripts import NamespacePart
@@ -131,6 +131,8 @@ class RedisAckerTable(NamespacePart):
             return result
 
         def run() -> list[Any]:
+            if is_cluster(self.client):  # redis-py refuses scripts in cluster pipelines
+                return [self.scripts.flush(keys=keys, args=args) for keys, args in calls]
             with self.client.pipeline(transaction=False) as pipe:
                 for keys, args in calls:
                     self.scripts.flush(keys=keys, args=args, client=pipe)

@@ -12,7 +12,15 @@ import redis
 
 from ftlayer.errors import ConfigError, RedisUnavailableError
 
-__all__ = ["connect", "redact_url", "with_retries"]
+__all__ = ["connect", "is_cluster", "redact_url", "with_retries"]
+
+
+def is_cluster(client: Any) -> bool:
+    """True for a Redis Cluster client (its pipelines cannot run scripts)."""
+    from redis.cluster import RedisCluster
+
+    return isinstance(client, RedisCluster)
+
 
 log = logging.getLogger(__name__)
 
@@ -29,14 +37,22 @@ def redact_url(url: str) -> str:
 
 def connect(url: str, **kwargs: Any) -> redis.Redis:
     """A redis-py client for ``redis://``, ``rediss://`` (TLS) or ``unix://`` URLs,
-    user:password included; checked with PING."""
-    if not re.match(r"^(redis|rediss|unix)://", url):
+    user:password included, or a Redis Cluster client for ``redis+cluster://`` (and
+    ``rediss+cluster://``) naming any node; checked with PING."""
+    if not re.match(r"^(redis|rediss|unix|redis\+cluster|rediss\+cluster)://", url):
         raise ConfigError(
-            f"unsupported Redis URL {redact_url(url)!r}: use redis://, rediss:// or unix://"
+            f"unsupported Redis URL {redact_url(url)!r}: use redis://, rediss://, unix:// "
+            "or redis+cluster://"
         )
     kwargs.setdefault("socket_connect_timeout", 5)
-    kwargs.setdefault("health_check_interval", 30)
-    client = redis.Redis.from_url(url, **kwargs)
+    client: Any
+    if "+cluster://" in url:
+        from redis.cluster import RedisCluster
+
+        client = RedisCluster.from_url(url.replace("+cluster://", "://", 1), **kwargs)
+    else:
+        kwargs.setdefault("health_check_interval", 30)
+        client = redis.Redis.from_url(url, **kwargs)
     try:
         client.ping()
     except redis.RedisError as e:

@@ -30,7 +30,7 @@ import redis
 
 from ftlayer.errors import EmbeddedRedisError
 
-__all__ = ["EmbeddedRedis", "find_redis_server", "free_port"]
+__all__ = ["EmbeddedCluster", "EmbeddedRedis", "find_redis_server", "free_port"]
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +63,23 @@ def find_redis_server() -> str:
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(*, cluster_bus: bool = False) -> int:
+    """A free 127.0.0.1 port; with ``cluster_bus`` also port + 10000 (Redis Cluster's bus),
+    so the port is at most 55535."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if not cluster_bus:
+            return port
+        if port <= 55535:
+            try:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port + 10000))
+                return port
+            except OSError:
+                continue
+    raise EmbeddedRedisError("no free port pair for a cluster node")
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -243,4 +256,65 @@ class EmbeddedRedis:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.stop()
+
+
+class EmbeddedCluster:
+    """A real Redis Cluster of ``masters`` embedded redis-servers (cluster mode, slots
+    split evenly by ``redis-cli --cluster create``), for tests and trials. Its URL uses
+    the ``redis+cluster://`` scheme that ftlayer.connection understands."""
+
+    def __init__(self, masters: int = 3, *, startup_timeout_s: float = 30.0) -> None:
+        if masters < 3:
+            raise EmbeddedRedisError("Redis Cluster needs at least 3 masters")
+        self.masters = masters
+        self.startup_timeout_s = startup_timeout_s
+        self.nodes: list[EmbeddedRedis] = []
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}/0"
+
+    def start(self) -> EmbeddedCluster:
+        binary = find_redis_server()
+        cli = str(Path(binary).with_name("redis-cli"))
+        try:
+            for _ in range(self.masters):
+                node = EmbeddedRedis(binary=binary, port=free_port(cluster_bus=True), extra_args=(
+                    "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                    "--cluster-node-timeout", "2000"))  # fmt: skip
+                self.nodes.append(node.start())
+            addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
+            out = subprocess.run(
+                [cli, "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            if out.returncode != 0:
+                raise EmbeddedRedisError(f"redis-cli --cluster create failed: {out.stdout[-500:]}")
+            self._wait_ok()
+        except BaseException:
+            self.stop()
+            raise
+        log.info("embedded redis cluster started url=%s masters=%d", self.url, self.masters)
+        return self
+
+    def _wait_ok(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            states = [n.client().cluster("info").get("cluster_state") for n in self.nodes]
+            if all(s == "ok" for s in states):
+                return
+            if time.monotonic() > deadline:
+                raise EmbeddedRedisError(f"cluster state not ok after start: {states}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+        self.nodes = []
+
+    def __enter__(self) -> EmbeddedCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -204,12 +204,11 @@ class FTLayer:
                 pipe.hlen(shard.rec)
                 pipe.hlen(shard.dlq)
                 pipe.zrange(shard.tmoidx, 0, 0, withscores=True)
-            pipe.time()
             replies = pipe.execute()
         st = FTStats()
         raw: dict[str, int] = {}
         earliest = None
-        for i in range(0, len(replies) - 1, 4):
+        for i in range(0, len(replies), 4):
             for k, v in replies[i].items():
                 name = k.decode()
                 raw[name] = raw.get(name, 0) + int(v)
@@ -219,7 +218,8 @@ class FTLayer:
                 d = float(replies[i + 3][0][1])
                 earliest = d if earliest is None else min(earliest, d)
         if earliest is not None:
-            sec, usec = replies[-1]
+            now = self.client.time()  # not pipelined: Redis Cluster pipelines refuse TIME
+            sec, usec = next(iter(now.values())) if isinstance(now, dict) else now
             span_ms = self.config.buckets * self.config.interval_ms
             st.oldest_pending_age_s = max(
                 0.0, (sec * 1000 + usec / 1000 - earliest + span_ms) / 1000

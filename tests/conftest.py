@@ -20,6 +20,8 @@ import redis
 from pyspark.sql import SparkSession
 
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer
+from ftlayer.connection import connect
+from ftlayer.embedded import EmbeddedCluster
 
 
 @pytest.fixture(scope="session")
@@ -29,9 +31,23 @@ def redis_server() -> Iterator[EmbeddedRedis]:
     server.stop()
 
 
-@pytest.fixture
-def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
-    client = redis_server.client()
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[EmbeddedCluster]:
+    """A real 3-master Redis Cluster (cluster-mode redis-servers, slots assigned)."""
+    cluster = EmbeddedCluster().start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(params=["single", "cluster"])
+def redis_client(
+    request: pytest.FixtureRequest, redis_server: EmbeddedRedis
+) -> Iterator[redis.Redis]:
+    """Every core test that takes this runs on one server and on a 3-master cluster."""
+    if request.param == "single":
+        client = redis_server.client()
+    else:
+        client = connect(request.getfixturevalue("redis_cluster").url)
     yield client
     client.close()
 

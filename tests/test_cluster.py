@@ -1,0 +1,55 @@
+"""Redis Cluster: one slot per script call, cluster URLs, and the sidecar on a cluster."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+
+from ftlayer import FTConfig, FTLayer
+from ftlayer.keys import Keyspace
+
+
+def test_every_key_of_a_shard_is_in_one_slot() -> None:
+    for shard in Keyspace("orders", 16).shards:
+        keys = [*shard.script_keys, shard.tmo(1795341700000), shard.replay(3)]
+        keys.append(f"{shard.prefix}:flush:abc")
+        assert len({key_slot(k.encode()) for k in keys}) == 1, shard.prefix
+
+
+def test_cluster_url_opens_a_cluster_client(redis_cluster) -> None:
+    with FTLayer.open(FTConfig(redis_url=redis_cluster.url, namespace="clurl")) as layer:
+        assert isinstance(layer.client, RedisCluster)
+        assert layer.embedded is None and layer.stats().pending == 0
+
+
+def test_sidecar_rotates_on_a_cluster(redis_cluster, tmp_path) -> None:
+    layer = FTLayer.open(FTConfig(redis_url=redis_cluster.url, namespace="clside",
+                                  timeout_s=0.5))  # fmt: skip
+    h = layer.handler()
+    for i in range(50):
+        h.persist_record(i, source=0)
+    h.flush()
+    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "ftlayer.cli", "serve", "--redis-url", redis_cluster.url,
+         "--namespace", "clside", "--timeout-s", "0.5", "--metrics-port", "-1"],
+        stdout=subprocess.DEVNULL, stderr=log,
+    )  # fmt: skip
+    try:
+        end = time.monotonic() + 20
+        while layer.stats().failed_timeout < 50:
+            assert time.monotonic() < end, (tmp_path / "serve.log").read_text()[-2000:]
+            time.sleep(0.1)
+        assert layer.client.get(layer.keyspace.lease) is not None
+    finally:
+        serve.terminate()
+        assert serve.wait(timeout=30) == 0
+        log.close()
+    s = layer.stats()
+    assert (s.replayed, s.queued_replays, s.pending) == (50, 50, 50)
+    layer.clear()
+    layer.close()
