@@ -15,6 +15,7 @@ from typing import Any, cast
 
 import numpy as np
 import redis
+from redis.cluster import RedisCluster
 
 from ftlayer.connection import is_cluster, with_retries
 from ftlayer.errors import FlushError, FTLayerError, RedisUnavailableError
@@ -76,6 +77,14 @@ class ShardBatch:
         )
 
 
+def _check_replicated(acked: int) -> None:
+    if int(acked) < 1:
+        raise FlushError(
+            "flush applied on the master but no replica acknowledged it in time "
+            "(durability='replicated'): failing the task so Spark re-runs it"
+        )
+
+
 def pack_fails(fails: list[tuple[int, str, str]]) -> bytes:
     parts = []
     for src, reason, error in fails:
@@ -130,13 +139,24 @@ class RedisAckerTable(NamespacePart):
         if not calls:
             return result
 
+        replicated = cfg.durability == "replicated"
+        wait_ms = int(cfg.replica_wait_s * 1000)
+
         def run() -> list[Any]:
-            if is_cluster(self.client):  # redis-py refuses scripts in cluster pipelines
+            if is_cluster(self.client):
+                if replicated:
+                    return [self._on_node_with_wait(keys, args, wait_ms) for keys, args in calls]
+                # redis-py refuses scripts in cluster pipelines: one call per shard
                 return [self.scripts.flush(keys=keys, args=args) for keys, args in calls]
             with self.client.pipeline(transaction=False) as pipe:
                 for keys, args in calls:
                     self.scripts.flush(keys=keys, args=args, client=pipe)
-                return pipe.execute()
+                if replicated:  # WAIT counts this connection's writes: same pipeline
+                    pipe.execute_command("WAIT", 1, wait_ms)
+                replies = pipe.execute()
+            if replicated:
+                _check_replicated(replies.pop())
+            return replies
 
         try:
             replies = with_retries(
@@ -149,6 +169,21 @@ class RedisAckerTable(NamespacePart):
         for reply in replies:
             result.add(reply)
         return result
+
+    def _on_node_with_wait(self, keys: list[str], args: list[Any], wait_ms: int) -> Any:
+        """One shard's flush and a WAIT on one connection to the master of its slot."""
+        cluster = cast(RedisCluster, self.client)
+        node = cluster.get_node_from_key(keys[0])
+        with cluster.get_redis_connection(node).pipeline(transaction=False) as pipe:
+            self.scripts.flush(keys=keys, args=args, client=pipe)
+            pipe.execute_command("WAIT", 1, wait_ms)
+            try:
+                reply, acked = pipe.execute()
+            except redis.ConnectionError:
+                cluster.nodes_manager.initialize()  # the master may have failed over
+                raise
+        _check_replicated(acked)
+        return reply
 
     def entry(self, source_id: int) -> AckEntry | None:
         """The decoded entry of a source id (``None``: complete, retired or unknown)."""

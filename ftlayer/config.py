@@ -8,9 +8,10 @@ from typing import Literal
 
 from ftlayer.errors import ConfigError
 
-__all__ = ["FTConfig", "FTStatus"]
+__all__ = ["Durability", "FTConfig", "FTStatus"]
 
 FTStatus = Literal["on", "off"]
+Durability = Literal["local", "replicated"]
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -44,6 +45,13 @@ class FTConfig:
     """Backpressure: sources hold back while more records than this are pending."""
     redis_url: str | None = None
     """``None``: start an embedded redis-server (see ftlayer.embedded)."""
+    durability: Durability = "local"
+    """``"replicated"``: a flush returns only after one replica acknowledged its writes
+    (Redis ``WAIT``), so a failover cannot drop records the task counted as persisted.
+    Redis replication is asynchronous: with ``"local"`` a master that dies right after a
+    flush may take its last writes with it."""
+    replica_wait_s: float = 2.0
+    """How long a ``"replicated"`` flush waits for the replica before it fails."""
 
     def __post_init__(self) -> None:
         if self.status not in ("on", "off"):
@@ -72,6 +80,12 @@ class FTConfig:
             raise ConfigError(f"expire_batch must be >= 1, not {self.expire_batch}")
         if self.flush_retries < 0 or self.flush_backoff_s < 0:
             raise ConfigError("flush_retries and flush_backoff_s must be >= 0")
+        if self.durability not in ("local", "replicated"):
+            raise ConfigError(
+                f"durability must be 'local' or 'replicated', not {self.durability!r}"
+            )
+        if not self.replica_wait_s > 0:
+            raise ConfigError(f"replica_wait_s must be > 0, not {self.replica_wait_s}")
         if self.max_pending is not None and self.max_pending < 1:
             raise ConfigError(f"max_pending must be >= 1 or None, not {self.max_pending}")
 

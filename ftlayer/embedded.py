@@ -264,10 +264,13 @@ class EmbeddedCluster:
     split evenly by ``redis-cli --cluster create``), for tests and trials. Its URL uses
     the ``redis+cluster://`` scheme that ftlayer.connection understands."""
 
-    def __init__(self, masters: int = 3, *, startup_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, masters: int = 3, *, replicas: int = 0, startup_timeout_s: float = 30.0
+    ) -> None:
         if masters < 3:
             raise EmbeddedRedisError("Redis Cluster needs at least 3 masters")
         self.masters = masters
+        self.replicas = replicas
         self.startup_timeout_s = startup_timeout_s
         self.nodes: list[EmbeddedRedis] = []
 
@@ -279,14 +282,15 @@ class EmbeddedCluster:
         binary = find_redis_server()
         cli = str(Path(binary).with_name("redis-cli"))
         try:
-            for _ in range(self.masters):
+            for _ in range(self.masters * (1 + self.replicas)):
                 node = EmbeddedRedis(binary=binary, port=free_port(cluster_bus=True), extra_args=(
                     "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                     "--cluster-node-timeout", "2000"))  # fmt: skip
                 self.nodes.append(node.start())
             addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
             out = subprocess.run(
-                [cli, "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
+                [cli, "--cluster", "create", *addrs, "--cluster-replicas", str(self.replicas),
+                 "--cluster-yes"],
                 capture_output=True, text=True, timeout=60,
             )  # fmt: skip
             if out.returncode != 0:
@@ -302,7 +306,9 @@ class EmbeddedCluster:
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
             states = [n.client().cluster("info").get("cluster_state") for n in self.nodes]
-            if all(s == "ok" for s in states):
+            links = [n.client().info("replication") for n in self.nodes]
+            synced = all(i.get("master_link_status", "up") == "up" for i in links)
+            if all(s == "ok" for s in states) and synced:
                 return
             if time.monotonic() > deadline:
                 raise EmbeddedRedisError(f"cluster state not ok after start: {states}")

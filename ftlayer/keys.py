@@ -4,8 +4,28 @@ script call touches one slot (Redis Cluster)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
-__all__ = ["Keyspace", "ShardKeys"]
+from redis.crc import key_slot
+
+__all__ = ["Keyspace", "ShardKeys", "shard_tag"]
+
+_SLOTS = 16384
+
+
+@cache
+def shard_tag(namespace: str, k: int, shards: int) -> str:
+    """The hash tag of shard ``k``: ``<ns>:<k>``, with a suffix when needed so that its
+    slot lies in the k-th of ``shards`` equal slices of the 16384 slots. Masters of a
+    cluster own contiguous slot ranges, so shards spread evenly over them. Deterministic:
+    every executor and sidecar of a namespace derives the same keys."""
+    lo, hi = k * _SLOTS // shards, (k + 1) * _SLOTS // shards
+    if shards <= 256:  # slices of >= 64 slots: a few dozen tries at most
+        for j in range(100_000):
+            tag = f"{namespace}:{k}" if j == 0 else f"{namespace}:{k}:{j}"
+            if lo <= key_slot(f"{{{tag}}}".encode()) < hi:
+                return tag
+    return f"{namespace}:{k}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +76,9 @@ class Keyspace:
 
     def __init__(self, namespace: str, shards: int) -> None:
         self.namespace = namespace
-        self.shards = [ShardKeys(f"ft:{{{namespace}:{k}}}") for k in range(shards)]
+        self.shards = [
+            ShardKeys(f"ft:{{{shard_tag(namespace, k, shards)}}}") for k in range(shards)
+        ]
 
     def __len__(self) -> int:
         return len(self.shards)

@@ -53,3 +53,18 @@ def test_sidecar_rotates_on_a_cluster(redis_cluster, tmp_path) -> None:
     assert (s.replayed, s.queued_replays, s.pending) == (50, 50, 50)
     layer.clear()
     layer.close()
+
+
+def test_shards_spread_evenly_over_the_masters(redis_cluster) -> None:
+    from collections import Counter
+
+    from ftlayer.connection import connect
+
+    client = connect(redis_cluster.url)
+    try:
+        for shards in (3, 6, 12):
+            ks = Keyspace("spread", shards)
+            owners = Counter(client.get_node_from_key(s.acks).name for s in ks.shards)
+            assert sorted(owners.values()) == [shards // 3] * 3, (shards, owners)
+    finally:
+        client.close()

@@ -23,6 +23,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer, FTLayerError
+from ftlayer.connection import connect
 
 T = 0.6  # record timeout of these tests
 LEASE_S = 1.5
@@ -145,13 +146,21 @@ def ns() -> str:
     return f"side{uuid.uuid4().hex[:8]}"
 
 
-def test_kill_9_at_random_moments_loses_nothing(redis_server, ns, tmp_path) -> None:
+@pytest.fixture(params=["single", "cluster"])
+def backend_url(request: pytest.FixtureRequest, redis_server: EmbeddedRedis) -> str:
+    """The chaos tests run on one server and on a 3-master Redis Cluster."""
+    if request.param == "single":
+        return redis_server.url
+    return str(request.getfixturevalue("redis_cluster").url)
+
+
+def test_kill_9_at_random_moments_loses_nothing(backend_url, ns, tmp_path) -> None:
     """Invariants 1, 6 and 8: SIGKILL of the sidecar at any moment loses nothing and
     replays no expiry twice."""
-    layer = FTLayer(redis_server.client(), FTConfig(namespace=ns, timeout_s=T))
+    layer = FTLayer(connect(backend_url), FTConfig(namespace=ns, timeout_s=T))
     load = Load(layer)
     rng = random.Random(7)
-    sidecar = Serve(redis_server.url, ns, tmp_path / "serve.log")
+    sidecar = Serve(backend_url, ns, tmp_path / "serve.log")
     kills = 0
     try:
         end = time.monotonic() + 12
@@ -161,7 +170,7 @@ def test_kill_9_at_random_moments_loses_nothing(redis_server, ns, tmp_path) -> N
             if time.monotonic() >= next_kill:
                 sidecar.kill()  # SIGKILL, mid-whatever-it-was-doing
                 kills += 1
-                sidecar = Serve(redis_server.url, ns, tmp_path / "serve.log")
+                sidecar = Serve(backend_url, ns, tmp_path / "serve.log")
                 next_kill = time.monotonic() + rng.uniform(0.2, 1.5)
             time.sleep(0.03)
         load.drain()
@@ -172,11 +181,11 @@ def test_kill_9_at_random_moments_loses_nothing(redis_server, ns, tmp_path) -> N
     layer.clear()
 
 
-def test_two_sidecars_replay_each_expiry_once_and_fail_over(redis_server, ns, tmp_path):
-    layer = FTLayer(redis_server.client(), FTConfig(namespace=ns, timeout_s=T))
+def test_two_sidecars_replay_each_expiry_once_and_fail_over(backend_url, ns, tmp_path):
+    layer = FTLayer(connect(backend_url), FTConfig(namespace=ns, timeout_s=T))
     load = Load(layer, seed=2)
-    a = Serve(redis_server.url, ns, tmp_path / "a.log")
-    b = Serve(redis_server.url, ns, tmp_path / "b.log")
+    a = Serve(backend_url, ns, tmp_path / "a.log")
+    b = Serve(backend_url, ns, tmp_path / "b.log")
     try:
         for _ in range(60):
             load.round()

@@ -44,15 +44,24 @@ def test_the_documented_example_runs(spark: SparkSession, capsys: pytest.Capture
     assert (first.fresh, first.failed, first.written) == (500, 6, 494)
 
 
+@pytest.mark.parametrize("backend", ["single", "cluster"])
 def test_end_to_end_with_every_kind_of_failure(
-    spark: SparkSession, make_ft: Any, probe: Probe, task_retries: int
+    spark: SparkSession,
+    make_ft: Any,
+    probe: Probe,
+    task_retries: int,
+    backend: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     """Invariants 1, 6, 7 and 8.
 
     Explicit FailRecord, other exceptions, records never acked (time out), a claiming
     task that died, poison records (dead-lettered), and crashed tasks retried by Spark —
     all at once, with a shuffle. Every record reaches the sink or the dead-letter list."""
-    ft = make_ft(timeout_s=3.0, max_replays=3, rotate=True)
+    where = (
+        {} if backend == "single" else {"redis_url": request.getfixturevalue("redis_cluster").url}
+    )
+    ft = make_ft(timeout_s=3.0, max_replays=3, rotate=True, **where)
     layer = ft.layer
     n = 4000
     df = spark.range(n).select("id", (F.col("id") % 13).cast("int").alias("key"))

@@ -1,0 +1,84 @@
+"""durability="replicated": a flush returns only once a replica has its writes, so a
+failover loses no record that a task counted as persisted."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pytest
+import redis
+from redis.exceptions import ClusterDownError
+
+from ftlayer import EmbeddedRedis, FlushError, FTConfig, FTLayer
+from ftlayer.connection import connect
+from ftlayer.embedded import EmbeddedCluster
+
+
+def test_replicated_flush_on_a_server_with_a_replica() -> None:
+    with EmbeddedRedis() as master:
+        with EmbeddedRedis(extra_args=("--replicaof", "127.0.0.1", str(master.port))) as rep:
+            end = time.monotonic() + 15
+            while rep.client().info("replication").get("master_link_status") != "up":
+                assert time.monotonic() < end
+                time.sleep(0.05)
+            layer = FTLayer(master.client(), FTConfig(namespace="dur", durability="replicated"))
+            h = layer.handler()
+            rids = [h.persist_record(i, source=0) for i in range(100)]
+            h.flush()
+            replica = FTLayer(rep.client(), FTConfig(namespace="dur"))
+            assert replica.stats().pending == 100, "the replica has every persisted record"
+            sink = layer.handler()
+            for r in rids:
+                sink.ack(r)
+            assert sink.flush().completed == 100
+
+
+def test_replicated_flush_without_a_replica_fails_clearly() -> None:
+    with EmbeddedRedis() as lonely:
+        cfg = FTConfig(namespace="dur", durability="replicated", replica_wait_s=0.2)
+        h = FTLayer(lonely.client(), cfg).handler()
+        h.persist_record("x", source=0)
+        with pytest.raises(FlushError, match="no replica acknowledged"):
+            h.flush()
+
+
+def test_a_killed_master_is_replaced_and_nothing_is_lost() -> None:
+    with EmbeddedCluster(masters=3, replicas=1) as cluster:
+        cfg = FTConfig(namespace="fo", redis_url=cluster.url, durability="replicated",
+                       shards=6, flush_retries=8, flush_backoff_s=0.25)  # fmt: skip
+        layer = FTLayer(connect(cluster.url), cfg)
+        h = layer.handler()
+        rids = [h.persist_record({"i": i}, source=0) for i in range(600)]
+        h.flush()
+        victim_name = layer.client.get_node_from_key(layer.keyspace[0].acks).name
+        victim = next(n for n in cluster.nodes if f"127.0.0.1:{n.port}" == victim_name)
+        victim.stop(kill=True)  # SIGKILL of a master holding shards
+        end = time.monotonic() + 30
+        while True:  # its replica is promoted (cluster-node-timeout 2 s)
+            alive = [n for n in cluster.nodes if n.running]
+            infos = [n.client().cluster("info") for n in alive]
+            if all(i.get("cluster_state") == "ok" for i in infos):
+                break
+            assert time.monotonic() < end, "no failover"
+            time.sleep(0.2)
+        layer.client.nodes_manager.initialize()
+        for _ in range(50):
+            try:
+                assert layer.stats().pending == 600, "every persisted record survived"
+                break
+            except (redis.ConnectionError, ClusterDownError):
+                time.sleep(0.2)
+        # the promoted replica has no replica of its own: replicated flushes to its
+        # shards fail clearly (the task fails and Spark re-runs it) until one is back
+        strict = layer.handler()
+        for r in rids:
+            strict.ack(r)
+        with pytest.raises(FlushError, match="no replica acknowledged"):
+            strict.flush()
+        relaxed = FTLayer(layer.client, replace(cfg, durability="local"))
+        sink = relaxed.handler()
+        for r in rids:
+            sink.ack(r)
+        sink.flush()
+        assert relaxed.stats().pending == 0 and relaxed.stats().completed == 600
