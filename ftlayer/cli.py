@@ -16,7 +16,7 @@ from typing import Any
 from ftlayer import __version__
 from ftlayer.config import FTConfig
 from ftlayer.connection import redact_url
-from ftlayer.errors import FTLayerError
+from ftlayer.errors import ConfigError, FTLayerError
 
 __all__ = ["build_parser", "main"]
 
@@ -38,7 +38,7 @@ def _opt(p: argparse.ArgumentParser, flag: str, kind: type, default: Any, text: 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     _opt(p, "--redis-url", str, None, "redis://[user:password@]host:port/db, rediss:// for "
-         "TLS; default: start an embedded redis-server")  # fmt: skip
+         "TLS, redis+cluster://host:port for a Redis Cluster")  # fmt: skip
     _opt(p, "--namespace", str, "ftlayer", "key prefix of the pipeline")
     _opt(p, "--shards", int, 8, "hash-tagged key groups; must match the pipeline's")
 
@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Rotates the timeout buckets every T/(B-1) while holding the namespace's "
         "lease (several sidecars may run; one rotates), fails what expired, collects "
         "orphans, and serves Prometheus /metrics and /healthz. All state is in Redis: kill "
-        "it at any moment. SIGTERM stops it cleanly.",
+        "it at any moment. SIGTERM stops it cleanly. Without --redis-url it starts an "
+        "embedded redis-server and prints its URL.",
     )
     _add_common(serve)
     _opt(serve, "--timeout-s", float, 30.0, "record timeout T")
@@ -141,6 +142,19 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--appendonly", action="store_true", help="turn AOF persistence on")
     server.set_defaults(func=_cmd_redis)
     return parser
+
+
+def _open_existing(args: argparse.Namespace) -> Any:
+    """The FTLayer of a namespace that lives in the user's Redis (stats, dlq): an
+    embedded server would be empty, so a URL is required."""
+    from ftlayer.layer import FTLayer
+
+    if not args.redis_url:
+        raise ConfigError(
+            f"`ftlayer {args.command}` reads an existing namespace: give --redis-url "
+            "(or FTLAYER_REDIS_URL)"
+        )
+    return FTLayer.open(_config(args))
 
 
 def _config(args: argparse.Namespace, **more: Any) -> FTConfig:
@@ -204,9 +218,8 @@ def _dead_letter_dict(d: Any) -> dict[str, Any]:
 
 
 def _cmd_dlq_list(args: argparse.Namespace) -> int:
-    from ftlayer.layer import FTLayer
 
-    with FTLayer.open(_config(args)) as layer:
+    with _open_existing(args) as layer:
         letters = [_dead_letter_dict(d) for d in layer.persistence.dead_letters()]
     if args.json:
         print(json.dumps(letters))
@@ -227,7 +240,6 @@ def _cmd_dlq_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_dlq_replay(args: argparse.Namespace) -> int:
-    from ftlayer.layer import FTLayer
 
     if bool(args.ids) == args.all:
         print("ftlayer: error: give dead-letter ids or --all (not both)", file=sys.stderr)
@@ -239,16 +251,15 @@ def _cmd_dlq_replay(args: argparse.Namespace) -> int:
             f"ftlayer: error: ids are hex, as `dlq list` prints them: {args.ids}", file=sys.stderr
         )
         return 2
-    with FTLayer.open(_config(args)) as layer:
+    with _open_existing(args) as layer:
         n = layer.dlq_replay(ids)
     print(f"re-driven: {n}")
     return 0 if args.all or n == len(ids or []) else 1
 
 
 def _cmd_dlq_purge(args: argparse.Namespace) -> int:
-    from ftlayer.layer import FTLayer
 
-    with FTLayer.open(_config(args)) as layer:
+    with _open_existing(args) as layer:
         n = layer.stats().dead_letters
         if not n:
             print("no dead letters")
@@ -266,15 +277,13 @@ def _cmd_dlq_purge(args: argparse.Namespace) -> int:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    from ftlayer.layer import FTLayer
 
-    with FTLayer.open(_config(args)) as layer:
+    with _open_existing(args) as layer:
         st = layer.stats().as_dict()
     if args.json:
         print(json.dumps(st, sort_keys=True))
         return 0
-    where = redact_url(args.redis_url) if args.redis_url else "embedded (empty) redis"
-    print(f"namespace {args.namespace} on {where}")
+    print(f"namespace {args.namespace} on {redact_url(args.redis_url)}")
     for key in ("persisted", "completed", "completed_local", "failed_explicit",
                 "failed_timeout", "replayed", "replays_claimed", "dead_lettered",
                 "dead_letters", "redriven", "orphans", "pending", "queued_replays",

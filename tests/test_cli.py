@@ -83,3 +83,9 @@ def test_unreachable_redis_is_a_clear_error() -> None:
     out = _run([*FTLAYER, "stats", "--redis-url", "redis://u:hunter2@127.0.0.1:1/0"])
     assert out.returncode == 2
     assert "cannot reach Redis" in out.stderr and "hunter2" not in out.stderr
+
+
+def test_stats_and_dlq_need_a_url() -> None:
+    for args in (["stats"], ["dlq", "list"]):
+        out = _run([*FTLAYER, *args])
+        assert out.returncode == 2 and "give --redis-url" in out.stderr, out.stderr
