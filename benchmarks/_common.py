@@ -14,7 +14,8 @@ from typing import Any
 
 import redis
 
-from ftlayer.embedded import EmbeddedRedis
+from ftlayer.connection import connect, is_cluster
+from ftlayer.embedded import EmbeddedCluster, EmbeddedRedis
 
 # FTLAYER_BENCH_RESULTS redirects the results (the smoke tests write to a temp dir)
 RESULTS = Path(
@@ -23,8 +24,25 @@ RESULTS = Path(
 
 
 @contextmanager
-def redis_for_benchmark(url: str | None) -> Iterator[redis.Redis]:
-    """The given server, or an embedded one (stopped afterwards)."""
+def redis_for_benchmark(url: str | None, *, cluster: bool = False) -> Iterator[redis.Redis]:
+    """The given server, or an embedded one (stopped afterwards). A ``redis+cluster://``
+    URL gives a RedisCluster client (ftlayer.connection.connect); ``cluster=True`` without
+    a URL starts an embedded 3-master EmbeddedCluster for the run."""
+    if url and "+cluster://" in url:
+        client = connect(url)
+        try:
+            yield client
+        finally:
+            client.close()
+        return
+    if cluster and not url:
+        with EmbeddedCluster() as nodes:
+            client = connect(nodes.url)
+            try:
+                yield client
+            finally:
+                client.close()
+        return
     if url:
         client = redis.Redis.from_url(url)
         try:
@@ -93,3 +111,20 @@ def server_cpu_s(client: redis.Redis) -> float:
     """CPU seconds (user + sys) the Redis server process has used so far (INFO cpu)."""
     cpu = client.info("cpu")
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def primaries(client: Any) -> list[tuple[str, redis.Redis]]:
+    """``(address, client of that server)`` for every master: the one server of a plain
+    client, or each primary of a RedisCluster (its per-node redis.Redis connection)."""
+    if is_cluster(client):
+        return [(n.name, client.get_redis_connection(n)) for n in client.get_primaries()]
+    kw = client.connection_pool.connection_kwargs
+    addr = kw.get("path") or f"{kw.get('host', '?')}:{kw.get('port', '?')}"
+    return [(str(addr), client)]
+
+
+def node_of_key(client: Any, key: str) -> str:
+    """Address of the master that holds ``key`` (the one server for a plain client)."""
+    if is_cluster(client):
+        return str(client.get_node_from_key(key).name)
+    return primaries(client)[0][0]

@@ -20,8 +20,19 @@ run fails. Measured on the same server, alternating with the ftlayer run:
   ``batch`` calls per pipeline (2x for the hops). It stores no payload, no timeout, no
   stats: it is a lower bar of work than ftlayer's, not an equal one.
 
+On a Redis Cluster (``--redis-url redis+cluster://host:port/0``, or ``--cluster`` for an
+embedded 3-master EmbeddedCluster) the server-side figures are summed over every master
+and also reported per node (``per_node``: address, shards held, EVALSHA calls and usec,
+usec per event) and per shard (``per_shard``: shard, node, records and events, from the
+shard's ``stats`` hash). The ceilings spread over the cluster: raw SETs through redis-py's
+cluster pipeline (plain keys, spread by slot); the naive Lua through one plain pipeline
+per master on its own connection, each master with a key hash-tagged onto it, because
+redis-py's cluster pipelines refuse EVALSHA. ftlayer itself on a cluster sends its flush
+calls one per shard, unpipelined (ftlayer.acker, for the same reason).
+
     python -m benchmarks.ack_throughput [--records 100000] [--batch 10000]
-        [--sweep 100,1000,10000] [--repeat 3] [--redis-url URL] [--json]
+        [--sweep 100,1000,10000] [--repeat 3] [--shards 8]
+        [--redis-url URL | --cluster] [--json]
 """
 
 from __future__ import annotations
@@ -37,6 +48,8 @@ import redis
 from benchmarks._common import (
     machine,
     median,
+    node_of_key,
+    primaries,
     redis_for_benchmark,
     save,
     save_chart,
@@ -44,6 +57,7 @@ from benchmarks._common import (
     server_usec,
 )
 from ftlayer import FTConfig, FTHandler, FTLayer
+from ftlayer.connection import is_cluster
 from ftlayer.ids import new_ids
 
 PAYLOAD = b"\xc4\x62" + b"p" * 98  # msgpack bin8 of 98 bytes: 100 bytes in all
@@ -89,16 +103,38 @@ class _Clock:
         return time.perf_counter() - self.wall0, time.process_time() - self.cpu0
 
 
+Counters = dict[str, tuple[int, int, float]]  # node -> (evalsha calls, usec, cpu s)
+
+
+def _node_counters(client: redis.Redis) -> Counters:
+    """EVALSHA calls and usec (INFO commandstats) and CPU seconds (INFO cpu) of every
+    master so far."""
+    out = {}
+    for addr, conn in primaries(client):
+        calls, usec = server_usec(conn, "evalsha")
+        out[addr] = (calls, usec, server_cpu_s(conn))
+    return out
+
+
 def _server_counters(client: redis.Redis) -> tuple[int, int, float]:
-    calls, usec = server_usec(client, "evalsha")
-    return calls, usec, server_cpu_s(client)
+    """The counters of every master, summed."""
+    per = _node_counters(client).values()
+    return sum(c[0] for c in per), sum(c[1] for c in per), sum(c[2] for c in per)
 
 
-def run_ftlayer(client: redis.Redis, records: int, batch: int) -> dict[str, Any]:
-    """The 3-hop workload through the real handler API; asserts every record completed."""
-    layer = FTLayer(client, FTConfig(namespace=f"ack-{uuid.uuid4().hex[:8]}", timeout_s=600))
+def _delta(c0: Counters, c1: Counters) -> dict[str, tuple[int, int, float]]:
+    return {n: (c1[n][0] - c0[n][0], c1[n][1] - c0[n][1], c1[n][2] - c0[n][2]) for n in c1}
+
+
+def run_ftlayer(
+    client: redis.Redis, records: int, batch: int, namespace: str | None = None, shards: int = 8
+) -> dict[str, Any]:
+    """The 3-hop workload through the real handler API; asserts every record completed.
+    Server counters are taken on every master; per shard, the ``stats`` hash."""
+    namespace = namespace or f"ack-{uuid.uuid4().hex[:8]}"
+    layer = FTLayer(client, FTConfig(namespace=namespace, timeout_s=600, shards=shards))
     try:
-        c0 = _server_counters(client)
+        n0 = _node_counters(client)
         clock = _Clock()
         for first in range(0, records, batch):
             k = min(batch, records - first)
@@ -129,42 +165,76 @@ def run_ftlayer(client: redis.Redis, records: int, batch: int) -> dict[str, Any]
             sink.flush()
             clock.split("sink_flush")
         wall, cpu = clock.stop()
-        c1 = _server_counters(client)
+        per_node = _delta(n0, _node_counters(client))
         st = layer.stats()
         assert st.pending == 0, f"{st.pending} records still pending"
         assert st.completed == records, f"completed {st.completed} of {records}"
         assert st.persisted == records and st.orphans == 0, st
+        per_shard: list[dict[str, Any]] = []
+        for k, keys in enumerate(layer.keyspace.shards):
+            stats: dict[bytes, bytes] = client.hgetall(keys.stats)  # type: ignore[assignment]
+            raw = {a.decode(): int(b) for a, b in stats.items()}
+            per_shard.append({
+                "shard": k, "node": node_of_key(client, keys.stats),
+                "records": raw.get("persisted", 0),
+                "completed": raw.get("completed", 0) + raw.get("completed_local", 0),
+                "events": EVENTS_PER_RECORD * raw.get("persisted", 0),
+            })  # fmt: skip
     finally:
         layer.clear()
+    assert sum(s["records"] for s in per_shard) == records
     events = EVENTS_PER_RECORD * records
     return {
         "events": events,
         "wall_s": wall,
         "cpu_s": cpu,
-        "evalsha_calls": c1[0] - c0[0],
-        "evalsha_usec": c1[1] - c0[1],
-        "server_cpu_s": c1[2] - c0[2],
+        "evalsha_calls": sum(d[0] for d in per_node.values()),
+        "evalsha_usec": sum(d[1] for d in per_node.values()),
+        "server_cpu_s": sum(d[2] for d in per_node.values()),
+        "per_node": per_node,
+        "per_shard": per_shard,
         "splits_s": clock.splits,
     }
 
 
+def _naive_targets(client: redis.Redis) -> list[tuple[redis.Redis, str]]:
+    """(connection, key) per master: the one server and one key, or on a cluster each
+    primary's own connection with a key whose hash tag puts it on that primary."""
+    base = f"naive-{uuid.uuid4().hex[:8]}"
+    if not is_cluster(client):
+        return [(client, base)]
+    targets = []
+    for addr, conn in primaries(client):
+        tag = next(t for t in range(100_000) if node_of_key(client, f"{base}:{{{t}}}") == addr)
+        targets.append((conn, f"{base}:{{{tag}}}"))
+    return targets
+
+
 def run_naive(client: redis.Redis, records: int, batch: int) -> dict[str, Any]:
-    """The same 6 XOR events per record, one script call per (source id, current id)."""
-    script = client.register_script(NAIVE_LUA)
-    key = f"naive-{uuid.uuid4().hex[:8]}"
+    """The same 6 XOR events per record, one script call per (source id, current id).
+    On a cluster record j goes to master j mod masters, each master one pipeline per step
+    on its own connection (redis-py's cluster pipelines refuse EVALSHA)."""
+    targets = _naive_targets(client)
+    scripts = [conn.register_script(NAIVE_LUA) for conn, _ in targets]
 
     def halves(v: int) -> tuple[int, int]:
         hi, lo = v >> 32, v & 0xFFFFFFFF
         return hi - (1 << 32) if hi >= 1 << 31 else hi, lo - (1 << 32) if lo >= 1 << 31 else lo
 
-    def xor_calls(pairs: list[tuple[bytes, int]]) -> None:
-        with client.pipeline(transaction=False) as pipe:
-            for src, cur in pairs:
-                hi, lo = halves(cur)
-                script(keys=[key], args=[src, hi, lo], client=pipe)
-            pipe.execute()
+    n = len(targets)
 
-    script(keys=[key], args=[b"\0" * 8, 0, 0])  # load it outside the timing
+    def xor_calls(pairs: list[tuple[bytes, int]], per: int = 1) -> None:
+        # the ``per`` pairs of record j sit at per*j ...: they all go to master j mod n
+        for t, ((conn, key), script) in enumerate(zip(targets, scripts, strict=True)):
+            with conn.pipeline(transaction=False) as pipe:
+                for i in range(t * per, len(pairs), n * per):
+                    for src, cur in pairs[i : i + per]:
+                        hi, lo = halves(cur)
+                        script(keys=[key], args=[src, hi, lo], client=pipe)
+                pipe.execute()
+
+    for (_, key), script in zip(targets, scripts, strict=True):
+        script(keys=[key], args=[b"\0" * 8, 0, 0])  # load it outside the timing
     c0 = _server_counters(client)
     clock = _Clock()
     for first in range(0, records, batch):
@@ -174,16 +244,18 @@ def run_naive(client: redis.Redis, records: int, batch: int) -> dict[str, Any]:
         root, c1, c2 = ids[k : 2 * k], ids[2 * k : 3 * k], ids[3 * k :]
         xor_calls(list(zip(srcs, root, strict=True)))  # source init
         xor_calls(
-            [p for s, a, b in zip(srcs, root, c1, strict=True) for p in ((s, b), (s, a))]
+            [p for s, a, b in zip(srcs, root, c1, strict=True) for p in ((s, b), (s, a))], 2
         )  # hop 1
         xor_calls(
-            [p for s, a, b in zip(srcs, c1, c2, strict=True) for p in ((s, b), (s, a))]
+            [p for s, a, b in zip(srcs, c1, c2, strict=True) for p in ((s, b), (s, a))], 2
         )  # hop 2
         xor_calls(list(zip(srcs, c2, strict=True)))  # sink
     wall, cpu = clock.stop()
     c1_ = _server_counters(client)
-    left = client.hlen(key)
-    client.delete(key)
+    left = 0
+    for conn, key in targets:
+        left += conn.hlen(key)
+        conn.delete(key)
     assert left == 0, f"naive: {left} entries did not return to 0"
     events = EVENTS_PER_RECORD * records
     return {
@@ -211,11 +283,15 @@ def run_raw_set(client: redis.Redis, ops: int, batch: int) -> dict[str, Any]:
     return {"ops": ops, "wall_s": wall}
 
 
-def measure(client: redis.Redis, records: int, batch: int, repeat: int) -> dict[str, Any]:
-    """ftlayer, naive and raw SET, alternated ``repeat`` times; medians."""
+def measure(
+    client: redis.Redis, records: int, batch: int, repeat: int, shards: int = 8
+) -> dict[str, Any]:
+    """ftlayer, naive and raw SET, alternated ``repeat`` times; medians. One namespace
+    for the repeats (cleared after each), so shards sit on the same masters each time."""
     ft, naive, raw = [], [], []
+    namespace = f"ack-{uuid.uuid4().hex[:8]}"
     for _ in range(repeat):
-        ft.append(run_ftlayer(client, records, batch))
+        ft.append(run_ftlayer(client, records, batch, namespace, shards))
         naive.append(run_naive(client, records, batch))
         raw.append(run_raw_set(client, EVENTS_PER_RECORD * records, batch))
     events = EVENTS_PER_RECORD * records
@@ -230,6 +306,23 @@ def measure(client: redis.Redis, records: int, batch: int, repeat: int) -> dict[
         name: round(med(ft, lambda r, n=name: r["splits_s"][n]) * 1e9 / records, 1)
         for name in ft[0]["splits_s"]
     }
+    per_shard = ft[0]["per_shard"]
+    per_node = []
+    for node in ft[0]["per_node"]:
+        held = [s for s in per_shard if s["node"] == node]
+        node_events = sum(s["events"] for s in held)
+        usec = med(ft, lambda r, n=node: r["per_node"][n][1])
+        per_node.append({
+            "node": node,
+            "shards": [s["shard"] for s in held],
+            "records": sum(s["records"] for s in held),
+            "events": node_events,
+            "evalsha_calls": ft[0]["per_node"][node][0],
+            "evalsha_usec": round(usec),
+            "usec_per_event": round(usec / node_events, 3) if node_events else None,
+            "server_cpu_s": round(med(ft, lambda r, n=node: r["per_node"][n][2]), 3),
+            "share_of_usec": round(usec / max(1, med(ft, lambda r: r["evalsha_usec"])), 3),
+        })  # fmt: skip
     return {
         "records": records,
         "batch": batch,
@@ -249,20 +342,54 @@ def measure(client: redis.Redis, records: int, batch: int, repeat: int) -> dict[
         "ratio_vs_naive": round(xor_eps / naive_eps, 2),
         "ratio_vs_raw_set": round(xor_eps / raw_ops, 2),
         "client_wall_ns_per_record": splits,
+        "shards": shards,
+        "per_node": per_node,
+        "per_shard": per_shard,
     }
 
 
-def run(records: int, batch: int, sweep: list[int], repeat: int, url: str | None) -> dict[str, Any]:
-    with redis_for_benchmark(url) as client:
-        info = {**client.info("server"), **client.info("memory")}
-        main = measure(client, records, batch, repeat)
-        points = []
-        for b in sweep:
-            if b == batch:
-                points.append(main)
-                continue
-            points.append(measure(client, records, b, max(1, repeat - 1)))
+CLUSTER_CEILINGS = (
+    "raw SET: redis-py cluster pipeline, plain keys spread over the masters by slot; naive "
+    "Lua: one plain pipeline per master on its own connection, key hash-tagged onto that "
+    "master, masters in turn (redis-py cluster pipelines refuse EVALSHA); ftlayer: one "
+    "unpipelined flush call per shard (same reason)"
+)
+
+
+def run(
+    records: int,
+    batch: int,
+    sweep: list[int],
+    repeat: int,
+    url: str | None,
+    *,
+    cluster: bool = False,
+    shards: int = 8,
+) -> dict[str, Any]:
+    with redis_for_benchmark(url, cluster=cluster) as client:
+        result = run_on(client, records, batch, sweep, repeat, shards)
+    return result
+
+
+def run_on(
+    client: redis.Redis, records: int, batch: int, sweep: list[int], repeat: int, shards: int = 8
+) -> dict[str, Any]:
+    """The whole benchmark on one client (a server or a cluster)."""
+    nodes = primaries(client)
+    first = nodes[0][1]
+    info = {**first.info("server"), **first.info("memory")}
+    main = measure(client, records, batch, repeat, shards)
+    points = []
+    for b in sweep:
+        if b == batch:
+            points.append(main)
+            continue
+        points.append(measure(client, records, b, max(1, repeat - 1), shards))
     result: dict[str, Any] = {k: v for k, v in main.items()}
+    result["cluster"] = is_cluster(client)
+    result["masters"] = len(nodes)
+    if result["cluster"]:
+        result["cluster_ceilings"] = CLUSTER_CEILINGS
     result["sweep"] = [
         {k: p[k] for k in ("batch", "xor_events_per_s", "client_events_per_cpu_s",
                            "redis_usec_per_event", "naive_lua_events_per_s",
@@ -304,10 +431,11 @@ def _chart(result: dict[str, Any]) -> Any:
 
 
 def print_table(result: dict[str, Any]) -> None:
+    where = f"Redis Cluster of {result['masters']} masters, " if result.get("cluster") else ""
     print(
         f"ack path: {result['records']:,} records x {EVENTS_PER_RECORD} XOR events, "
         f"{result['batch']:,} records per task, median of {result['repeat']} "
-        f"(Redis {result['redis']}, {result['machine']})"
+        f"({where}Redis {result['redis']}, {result['machine']})"
     )
     for k in ("xor_events_per_s", "client_events_per_cpu_s", "redis_usec_per_event",
               "redis_cpu_usec_per_event", "evalsha_calls", "raw_set_ops_per_s",
@@ -315,6 +443,7 @@ def print_table(result: dict[str, Any]) -> None:
               "naive_redis_usec_per_event", "naive_redis_cpu_usec_per_event",
               "ratio_vs_naive", "ratio_vs_raw_set"):  # fmt: skip
         print(f"  {k:<32} {result[k]:>14,}")
+    print_split(result)
     print("  client wall ns per record, by stage:")
     for k, v in result["client_wall_ns_per_record"].items():
         print(f"    {k:<30} {v:>14,}")
@@ -332,17 +461,46 @@ def print_table(result: dict[str, Any]) -> None:
               f"{'MET' if g['met'] else 'NOT MET'}")  # fmt: skip
 
 
+def print_split(result: dict[str, Any]) -> None:
+    """Per master and per shard: where the server work and the records went."""
+    print(f"  per node ({result['shards']} shards):")
+    print(f"    {'node':<22} {'shards':<16} {'events':>9} {'evalsha':>8} {'usec':>10} "
+          f"{'us/ev':>6} {'share':>6} {'cpu s':>6}")  # fmt: skip
+    for n in result["per_node"]:
+        print(f"    {n['node']:<22} {','.join(map(str, n['shards'])) or '-':<16} "
+              f"{n['events']:>9,} {n['evalsha_calls']:>8,} {n['evalsha_usec']:>10,} "
+              f"{n['usec_per_event'] if n['usec_per_event'] is not None else '-':>6} "
+              f"{n['share_of_usec']:>6} {n['server_cpu_s']:>6}")  # fmt: skip
+    print("  per shard: " + ", ".join(
+        f"{s['shard']}@{s['node'].rsplit(':', 1)[-1]}={s['records']:,}"
+        for s in result["per_shard"]) + " records")  # fmt: skip
+    if result.get("cluster_ceilings"):
+        print(f"  cluster ceilings: {result['cluster_ceilings']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--records", type=int, default=100_000)
     ap.add_argument("--batch", type=int, default=10_000, help="records per task")
     ap.add_argument("--sweep", default="100,1000,10000", help="batch sizes for the chart")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--redis-url", default=None)
+    ap.add_argument("--shards", type=int, default=8, help="FTConfig.shards (hash tags)")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument(
+        "--redis-url",
+        default=None,
+        help="redis://, rediss://, unix:// or redis+cluster:// (any node)",
+    )
+    where.add_argument(
+        "--cluster",
+        action="store_true",
+        help="run on an embedded 3-master Redis Cluster (EmbeddedCluster)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     sweep = sorted({int(b) for b in args.sweep.split(",") if b.strip()} | {args.batch})
-    result = run(args.records, args.batch, sweep, args.repeat, args.redis_url)
+    result = run(args.records, args.batch, sweep, args.repeat, args.redis_url,
+                 cluster=args.cluster, shards=args.shards)  # fmt: skip
     save("ack_throughput", result)
     chart = save_chart("ack_throughput", _chart(result))
     if args.json:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ftlayer.embedded import EmbeddedCluster
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -58,3 +60,20 @@ def test_pending_memory_smoke(tmp_path: Path) -> None:
     assert r["records"] == 3000 and r["bytes_per_pending"] > r["payload_bytes"]
     assert r["breakdown_bytes_per_pending"]["rec hash (frames)"] > 0
     assert r["mem_allocator"]
+
+
+def test_ack_throughput_cluster_smoke(tmp_path: Path, redis_cluster: EmbeddedCluster) -> None:
+    r = _bench(tmp_path, "benchmarks.ack_throughput", "--records", "600", "--batch", "200",
+               "--sweep", "200", "--repeat", "1", "--redis-url", redis_cluster.url)  # fmt: skip
+    assert r["cluster"] is True and r["masters"] == 3 and r["events"] == 3600
+    assert r["xor_events_per_s"] > 0 and r["redis_usec_per_event"] > 0
+    assert r["raw_set_ops_per_s"] > 0 and r["naive_lua_events_per_s"] > 0
+    nodes = {n["node"] for n in r["per_node"]}
+    assert len(nodes) == 3 and sum(n["evalsha_calls"] for n in r["per_node"]) == r["evalsha_calls"]
+    assert sum(n["records"] for n in r["per_node"]) == 600
+    assert {s["node"] for s in r["per_shard"]} <= nodes and len(r["per_shard"]) == r["shards"]
+    assert sum(s["records"] for s in r["per_shard"]) == 600
+    c = _bench(tmp_path, "benchmarks.cluster_compare", "--records", "300", "--batch", "100",
+               "--repeat", "1")  # fmt: skip
+    assert c["single"]["masters"] == 1 and c["cluster"]["masters"] == 3
+    assert c["ratio_cluster_vs_single"]["xor_events_per_s"] > 0
