@@ -110,5 +110,6 @@ class FTConfig:
             f"namespace={self.namespace} status={self.status} shards={self.shards} "
             f"timeout_s={self.timeout_s:g} buckets={self.buckets} "
             f"max_replays={self.max_replays} max_pending={self.max_pending} "
+            f"durability={self.durability} "
             f"redis={redact_url(self.redis_url) if self.redis_url else 'embedded'}"
         )
