@@ -94,18 +94,6 @@ local function new_source_id(src, salt)
   return struct.pack('>I4I4', hi, lo)
 end
 
--- Completion (invariant 4): the ack entry, the persisted record, its history and its
--- timeout entry go in the same call, and it is counted.
-local function complete(src, deadline, inited_ms, source)
-  redis.call('HDEL', ACKS, src)
-  redis.call('HDEL', REC, src)
-  redis.call('HDEL', HIST, src)
-  remove_timeout(src, deadline)
-  count('completed')
-  count('pending:' .. source, -1)
-  observe_latency(NOW - inited_ms)
-end
-
 -- Failures in a history since it was last re-driven out of the dead-letter hash.
 local function attempts_since_redrive(hist)
   local n = 0

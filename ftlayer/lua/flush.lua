@@ -119,7 +119,7 @@ local function apply(src, dhi, dlo, source, entry)
     if entry then acks_del[#acks_del + 1] = src end
     if dl > 0 then push(tmo_del, dl, src) end
     if inited > 0 then
-      -- completion (invariant 4), as complete() in _common.lua: the ack entry, the
+      -- completion (invariant 4): the ack entry, the
       -- record, its history and its timeout entry go in this same call, counted
       rec_del[#rec_del + 1] = src
       count('completed')
