@@ -28,7 +28,7 @@ _ENTRY = struct.Struct(">iiddH")
 _PERSIST_HEAD = struct.Struct(">QI")
 _FAIL_HEAD = struct.Struct(">QBH")
 REASON_CODES = {"explicit": 1, "timeout": 2}
-_MAX_ERROR = 2000  # bytes of error text kept in a record's failure history
+MAX_ERROR_BYTES = 2000  # bytes of error text kept in a record's failure history
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +88,7 @@ def _check_replicated(acked: int) -> None:
 def pack_fails(fails: list[tuple[int, str, str]]) -> bytes:
     parts = []
     for src, reason, error in fails:
-        err = error.encode("utf-8", "replace")[:_MAX_ERROR]
+        err = error.encode("utf-8", "replace")[:MAX_ERROR_BYTES]
         parts.append(_FAIL_HEAD.pack(src, REASON_CODES[reason], len(err)))
         parts.append(err)
     return b"".join(parts)
@@ -117,20 +117,23 @@ class FlushResult:
 class RedisAckerTable(NamespacePart):
     """The acker table of one namespace."""
 
-    def apply(self, batches: dict[int, ShardBatch]) -> FlushResult:
+    def apply(self, batches: dict[int, ShardBatch], token: str | None = None) -> FlushResult:
         """Send one script call per non-empty shard, pipelined in one round trip.
 
         Retried with backoff on connection errors; every call carries a token so a retry
-        of a call that did apply is a no-op (never a double XOR). Raises FlushError when
-        Redis stays unreachable: the caller's task must fail so Spark re-runs it.
+        of a call that did apply is a no-op (never a double XOR). ``token`` names the work
+        (``<token>:<shard>`` per call): pass the same one when the same work is sent again
+        after a FlushError. Raises FlushError when Redis stays unreachable: the caller's
+        task must fail so Spark re-runs it.
         """
         cfg = self.config
         calls = []
         for shard, batch in sorted(batches.items()):
             if batch.empty:
                 continue
+            call_token = f"{token}:{shard}" if token else os.urandom(12).hex()
             args = [
-                os.urandom(12).hex(), cfg.interval_ms, cfg.buckets, -1,
+                call_token, cfg.interval_ms, cfg.buckets, -1,
                 b"".join(batch.persists), batch.pack_xors(), pack_fails(batch.fails),
                 batch.local_completed,
             ]  # fmt: skip

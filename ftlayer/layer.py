@@ -24,6 +24,7 @@ from ftlayer.ids import RecordId, shard_of
 from ftlayer.keys import Keyspace
 from ftlayer.persistence import ClaimedRecord, RedisPersistenceLayer
 from ftlayer.scripts import Scripts
+from ftlayer.segments import SegmentStore
 from ftlayer.timeouts import ExpireResult, RedisTimeoutLayer, Rotator
 
 __all__ = ["FTLayer", "FTStats", "LATENCY_BOUNDS_MS"]
@@ -92,6 +93,7 @@ class FTLayer:
         self.acker = RedisAckerTable(client, self.keyspace, self.scripts, self.config)
         self.persistence = RedisPersistenceLayer(client, self.keyspace, self.scripts, self.config)
         self.timeouts = RedisTimeoutLayer(client, self.keyspace, self.scripts, self.config)
+        self.segments = SegmentStore(client, self.keyspace, self.scripts, self.config)
         self.embedded: EmbeddedRedis | None = None
 
     @classmethod

@@ -15,7 +15,10 @@ from ftlayer.keys import Keyspace
 __all__ = ["SCRIPTS", "NamespacePart", "Scripts", "script_source"]
 
 # scripts on one shard's keys: prefixed with the shared prelude lua/_common.lua
-SHARD_SCRIPTS = ("flush", "expire", "claim", "fail", "reset_timeout", "dlq_replay")
+SHARD_SCRIPTS = (
+    "flush", "expire", "claim", "fail", "reset_timeout", "dlq_replay",
+    "segment_put", "segment_drop", "segment_settle",
+)  # fmt: skip
 # scripts on one key of their own
 PLAIN_SCRIPTS = ("lease_acquire", "lease_release")
 SCRIPTS = SHARD_SCRIPTS + PLAIN_SCRIPTS
@@ -44,6 +47,9 @@ class Scripts:
     fail: Any
     reset_timeout: Any
     dlq_replay: Any
+    segment_put: Any
+    segment_drop: Any
+    segment_settle: Any
     lease_acquire: Any
     lease_release: Any
 

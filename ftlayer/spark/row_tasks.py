@@ -1,4 +1,4 @@
-"""Executor side of :mod:`ftlayer.spark`: what runs inside the PySpark tasks of a batch.
+"""Executor side of the row path of :mod:`ftlayer.spark`: per-record stages over ``df.rdd``.
 
 One task = one pipeline *segment*: the source segment (fresh rows + this partition's
 replays, then the per-record stages) or a segment after a ``partition_by`` shuffle. Each
@@ -11,183 +11,26 @@ redoes it. The handler's Redis connection comes from a per-process cache keyed b
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import logging
-import os
-import threading
-import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any
 
-import redis
-
 from ftlayer.config import FTConfig
-from ftlayer.connection import connect
 from ftlayer.errors import FailRecord
-from ftlayer.handler import AbstractFTHandler, NonFTHandler
+from ftlayer.handler import AbstractFTHandler
 from ftlayer.ids import RecordId
-from ftlayer.layer import FTLayer
+from ftlayer.payloads import Codecs, encode_record, normalize_row
+from ftlayer.spark.plan import MAX_MESSAGES, Op, Segment, Unconfirmed, error_text, stage_name
+from ftlayer.spark.worker import task_context, task_handler
 from partitioners import HashPartitioner
-from serialization import decode_payload, encode_payload
 
-__all__ = [
-    "HASH_COL",
-    "UNCONFIRMED",
-    "Unconfirmed",
-    "Op",
-    "Segment",
-    "TaskPlan",
-    "decode_record",
-    "encode_record",
-    "field_codecs",
-    "run_shuffled_task",
-    "run_source_task",
-    "worker_layer",
-]
+__all__ = ["HASH_COL", "TaskPlan", "TaskSummary", "run_shuffled_task", "run_source_task"]
 
 log = logging.getLogger(__name__)
 
 HASH_COL = "__ft_hash"
 """The extra column holding Spark's ``hash(key cols)`` (int32), computed in the JVM."""
-MAX_MESSAGES = 20
-"""Error texts and rejected-record descriptions a task reports back (counts are exact)."""
-_ERROR_CHARS = 2000
-
-Op = tuple[str, Callable[[Any], Any]]
-"""A per-record stage: ("map" | "flat_map" | "filter", function)."""
-
-# -- worker connections -------------------------------------------------------------------
-_lock = threading.Lock()
-_clients: dict[tuple[int, str], redis.Redis] = {}
-_layers: dict[tuple[int, FTConfig], FTLayer] = {}
-
-
-def worker_layer(config: FTConfig) -> FTLayer:
-    """The FTLayer of ``config`` in this worker process: one Redis client per
-    (process, redis_url), one FTLayer per (process, config). Rebuilt after a fork."""
-    if not config.redis_url:
-        raise ValueError("a task needs config.redis_url (FaultTolerance fills it in)")
-    pid = os.getpid()
-    with _lock:
-        layer = _layers.get((pid, config))
-        if layer is None:
-            client = _clients.get((pid, config.redis_url))
-            if client is None:
-                client = _clients[(pid, config.redis_url)] = connect(config.redis_url)
-            layer = _layers[(pid, config)] = FTLayer(client, config)
-        return layer
-
-
-def task_handler(config: FTConfig, partition: int) -> AbstractFTHandler:
-    if not config.enabled:
-        return NonFTHandler()
-    return worker_layer(config).handler(partition)
-
-
-# -- payloads: the row as a msgpack map ---------------------------------------------------
-def _ts_out(v: Any) -> Any:  # TimestampType: naive local time (PySpark's convention)
-    return v.astimezone(dt.timezone.utc) if isinstance(v, dt.datetime) else v
-
-
-def _ts_in(v: Any) -> Any:
-    return v.astimezone().replace(tzinfo=None) if isinstance(v, dt.datetime) else v
-
-
-def _ntz_out(v: Any) -> Any:
-    if isinstance(v, dt.datetime) and v.tzinfo is None:
-        return v.replace(tzinfo=dt.timezone.utc)
-    return v
-
-
-def _ntz_in(v: Any) -> Any:
-    return v.replace(tzinfo=None) if isinstance(v, dt.datetime) else v
-
-
-def _date_out(v: Any) -> Any:
-    return v.isoformat() if isinstance(v, dt.date) else v
-
-
-def _date_in(v: Any) -> Any:
-    return dt.date.fromisoformat(v) if isinstance(v, str) else v
-
-
-def _dec_out(v: Any) -> Any:
-    return str(v) if isinstance(v, Decimal) else v
-
-
-def _dec_in(v: Any) -> Any:
-    return Decimal(v) if isinstance(v, str) else v
-
-
-def _bin_in(v: Any) -> Any:
-    return bytes(v) if isinstance(v, bytearray) else v
-
-
-_CODECS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
-    "timestamp": (_ts_out, _ts_in),
-    "timestamp_ntz": (_ntz_out, _ntz_in),
-    "date": (_date_out, _date_in),
-    "binary": (_bin_in, _bin_in),
-}
-
-
-def field_codecs(schema: Any) -> tuple[tuple[str, str], ...]:
-    """(column, codec name) for the top-level columns msgpack cannot carry as they come
-    from Spark (dates, timestamps, decimals, binary). Everything else passes unchanged."""
-    out = []
-    for f in schema.fields:
-        name = f.dataType.simpleString()
-        if name.startswith("decimal"):
-            out.append((f.name, "decimal"))
-        elif name in _CODECS:
-            out.append((f.name, name))
-    return tuple(out)
-
-
-def _codec(name: str) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
-    return (_dec_out, _dec_in) if name == "decimal" else _CODECS[name]
-
-
-def encode_record(record: dict[str, Any], codecs: tuple[tuple[str, str], ...]) -> bytes:
-    """The record's msgpack payload (PayloadEncodeError if a value cannot be encoded)."""
-    if codecs:
-        record = dict(record)
-        for col, name in codecs:
-            if col in record:
-                record[col] = _codec(name)[0](record[col])
-    return encode_payload(record)
-
-
-def normalize_row(record: dict[str, Any], codecs: tuple[tuple[str, str], ...]) -> None:
-    """Make a fresh row look like its decoded replay (binary -> bytes), in place."""
-    for col, name in codecs:
-        if name == "binary" and col in record:
-            record[col] = _bin_in(record[col])
-
-
-def decode_record(payload: bytes, codecs: tuple[tuple[str, str], ...], desc: str) -> Any:
-    """The record of a replay payload, as the fresh row looked (PayloadDecodeError)."""
-    record = decode_payload(payload, record=desc)
-    if codecs and isinstance(record, dict):
-        for col, name in codecs:
-            if col in record:
-                record[col] = _codec(name)[1](record[col])
-    return record
-
-
-# -- the plan a task runs -----------------------------------------------------------------
-@dataclass(frozen=True)
-class Segment:
-    """Per-record stages, then an exit: a ``partition_by`` shuffle or the sink."""
-
-    ops: tuple[Op, ...]
-    shuffle_cols: tuple[str, ...] = ()
-    shuffle_n: int = 0
-    shuffle_types: tuple[str, ...] | None = None
-    sink: Callable[[Any], Any] | None = None
-    sink_per: str = "record"
 
 
 @dataclass(frozen=True)
@@ -198,27 +41,8 @@ class TaskPlan:
     source: int
     segments: tuple[Segment, ...]
     on_error: str
-    codecs: tuple[tuple[str, str], ...]
+    codecs: Codecs
     key: tuple[str, ...]
-
-
-class Unconfirmed:
-    """A sink's answer that some writes were not confirmed (an async sink that never
-    acknowledged them). Their records stay pending -- neither acked nor failed -- so they
-    time out and are replayed, like records lost in flight. A per-record sink returns
-    ``UNCONFIRMED``; a per-partition sink returns ``Unconfirmed(positions)`` with the
-    positions, in the list it was given, of the records it could not confirm."""
-
-    __slots__ = ("positions",)
-
-    def __init__(self, positions: Iterable[int] = ()) -> None:
-        self.positions = frozenset(positions)
-
-    def __repr__(self) -> str:
-        return f"Unconfirmed({sorted(self.positions)})"
-
-
-UNCONFIRMED = Unconfirmed()
 
 
 @dataclass
@@ -244,17 +68,6 @@ class TaskSummary:
             bucket.append(text)
 
 
-def _error_text(where: str, e: BaseException) -> str:
-    if isinstance(e, FailRecord):
-        return f"{where}: FailRecord: {e}"
-    tb = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
-    at = f" (at {tb[0].filename}:{tb[0].lineno})" if tb else ""
-    return f"{where}: {type(e).__name__}: {e}{at}"[:_ERROR_CHARS]
-
-
-def _name(fn: Callable[..., Any]) -> str:
-    return getattr(fn, "__name__", type(fn).__name__)
-
 
 def _apply(ops: tuple[Op, ...], record: Any) -> list[Any]:
     """Run the chained stages on one record: its outputs, or the stage's exception with
@@ -270,16 +83,9 @@ def _apply(ops: tuple[Op, ...], record: Any) -> list[Any]:
                 items = [y for x in items for y in fn(x)]
         except Exception as e:
             with contextlib.suppress(AttributeError, TypeError):
-                e.ft_where = f"{kind}[{i}] {_name(fn)}"  # type: ignore[attr-defined]
+                e.ft_where = f"{kind}[{i}] {stage_name(fn)}"  # type: ignore[attr-defined]
             raise
     return items
-
-
-def _context() -> tuple[int, int]:
-    from pyspark import TaskContext
-
-    tc = TaskContext.get()
-    return (tc.partitionId(), tc.attemptNumber()) if tc else (-1, 0)
 
 
 def _describe(plan: TaskPlan, partition: int, row_no: int, record: dict[str, Any]) -> str:
@@ -294,7 +100,7 @@ def run_source_task(plan: TaskPlan, replays: Any, index: int, rows: Iterable[Any
     """The source segment of one partition: persist each fresh row (payload = the row
     as a msgpack map, hash code = the JVM's ``hash(key)``), then this partition's
     claimed replays (already inited with their new ids), all through segment 0."""
-    partition, attempt = _context()
+    partition, attempt = task_context()
     partition = index if partition < 0 else partition
     h = task_handler(plan.config, partition)
     summary = TaskSummary(0, partition, attempt)
@@ -334,7 +140,7 @@ def run_shuffled_task(
 ) -> Iterator[Any]:
     """A segment after a ``partition_by`` shuffle: its inputs are (child RecordId,
     record) pairs emitted upstream; upstream summaries pass through."""
-    partition, attempt = _context()
+    partition, attempt = task_context()
     partition = index if partition < 0 else partition
     h = task_handler(plan.config, partition)
     summary = TaskSummary(stage, partition, attempt)
@@ -368,7 +174,7 @@ def _run_segment(
     def fail(rid: RecordId, where: str, e: BaseException) -> None:
         if raise_all and not isinstance(e, FailRecord):
             raise e
-        text = _error_text(where, e)
+        text = error_text(where, e)
         h.fail(rid, text)
         summary.failed += 1
         summary.note(summary.errors, text)
@@ -405,7 +211,7 @@ def _run_segment(
                     if isinstance(seg.sink(out), Unconfirmed):
                         confirmed = False
             except Exception as e:
-                fail(rid, f"sink {_name(seg.sink)}", e)
+                fail(rid, f"sink {stage_name(seg.sink)}", e)
                 continue
             summary.written += len(outs)
             if confirmed:
@@ -419,7 +225,7 @@ def _run_segment(
             answer = seg.sink(buffer)
         except Exception as e:
             for rid in dict.fromkeys(held):
-                fail(rid, f"sink {_name(seg.sink)}", e)
+                fail(rid, f"sink {stage_name(seg.sink)}", e)
         else:
             summary.written += len(buffer)
             unconfirmed = set()

@@ -1,4 +1,5 @@
-"""Fault-tolerant PySpark ``foreachBatch`` pipelines: Storm-style guaranteed processing.
+"""The driver side of ftlayer.spark: :class:`FaultTolerance` claims replays, applies
+backpressure, runs batches (vectorized or row by row) and drains.
 
 ::
 
@@ -37,21 +38,15 @@ from typing import TYPE_CHECKING, Any
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
 from ftlayer.layer import FTLayer
-from ftlayer.spark_pipeline import (
-    UNCONFIRMED,
-    BatchResult,
-    DrainResult,
-    OnError,
-    Pipeline,
-    Unconfirmed,
-)
-from ftlayer.spark_tasks import (
+from ftlayer.payloads import decode_record, field_codecs
+from ftlayer.spark.batch_scope import VectorRun, plan_batch
+from ftlayer.spark.pipeline import OnError, Pipeline
+from ftlayer.spark.plan import MAX_MESSAGES
+from ftlayer.spark.results import BatchResult, DrainResult
+from ftlayer.spark.row_tasks import (
     HASH_COL,
-    MAX_MESSAGES,
     TaskPlan,
     TaskSummary,
-    decode_record,
-    field_codecs,
     run_shuffled_task,
     run_source_task,
 )
@@ -61,15 +56,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-__all__ = [
-    "UNCONFIRMED",
-    "BatchResult",
-    "DrainResult",
-    "FaultTolerance",
-    "OnError",
-    "Pipeline",
-    "Unconfirmed",
-]
+__all__ = ["FaultTolerance"]
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +128,8 @@ class FaultTolerance:
         replays then time out and come back; Spark re-runs the batch's fresh rows)."""
         if not pipeline.sunk:
             raise ConfigError("the pipeline has no sink: end it with .sink(fn)")
+        if pipeline.vectorized:
+            return self._run_vectorized(pipeline, df, batch_id)
         started = time.monotonic()
         spark = df.sparkSession
         self._last = (pipeline, spark, df.schema)
@@ -169,6 +158,24 @@ class FaultTolerance:
                 bc.unpersist()
         for s in summaries:
             self._add(result, s)
+        return self._done(result, started)
+
+    def _run_vectorized(self, pipeline: Pipeline, df: DataFrame, batch_id: Any) -> BatchResult:
+        """One batch on the vectorized path (see ftlayer.spark.batch_scope)."""
+        started = time.monotonic()
+        self._last = (pipeline, df.sparkSession, df.schema)
+        missing = [c for c in pipeline.key if c not in df.schema.fieldNames()]
+        if missing:
+            raise ConfigError(f"key columns {missing} are not in the input {df.columns}")
+        result = BatchResult(batch_id)
+        self._backpressure(pipeline.source, batch_id)
+        plan = plan_batch(
+            pipeline.segments, df.schema, config=self.task_config, source=pipeline.source,
+            batch_key=str(batch_id), on_error=pipeline.on_error,
+        )  # fmt: skip
+        run = VectorRun(plan, self.layer, result)
+        out = run.dataframe(df, pipeline.key, pipeline.partitions, self.replay_limit)
+        run.settle([row[0] for row in out.collect()])
         return self._done(result, started)
 
     def _plan(self, pipeline: Pipeline, schema: Any) -> TaskPlan:

@@ -1,68 +1,50 @@
-"""The pieces of :mod:`ftlayer.spark` a user holds: the :class:`Pipeline` builder and the
-result objects of a batch and of a drain. See :mod:`ftlayer.spark` for the invariants."""
+"""The :class:`Pipeline` builder: stages, keyed shuffles and a sink, as plain data.
+
+It never imports the driver (ftlayer.spark.driver): a pipeline holds whatever runs its
+batches (:class:`BatchRunner`), so builder and driver have no import circle.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ftlayer.errors import ConfigError
-from ftlayer.layer import FTStats
-from ftlayer.spark_tasks import UNCONFIRMED, Op, Segment, Unconfirmed
+from ftlayer.spark.plan import BatchStage, Op, Segment
 from partitioners import HashPartitioner
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from ftlayer.spark import FaultTolerance
-
-__all__ = ["UNCONFIRMED", "BatchResult", "DrainResult", "OnError", "Pipeline", "Unconfirmed"]
+__all__ = ["BatchRunner", "OnError", "Pipeline"]
 
 OnError = Literal["fail_record", "fail_batch"]
 
 
-@dataclass
-class BatchResult:
-    """What one batch did. ``failed`` records are replayed later (or dead-lettered);
-    ``rejected`` fresh rows could not enter the FT layer (e.g. not msgpack-encodable) and
-    are named in ``rejects``; ``undecodable`` replays were failed again with the error."""
+class BatchRunner(Protocol):
+    """What runs a pipeline's batches (``FaultTolerance``)."""
 
-    batch_id: Any
-    fresh: int = 0
-    replayed: int = 0
-    acked: int = 0
-    failed: int = 0
-    rejected: int = 0
-    undecodable: int = 0
-    written: int = 0
-    unconfirmed: int = 0
-    tasks: int = 0
-    elapsed_s: float = 0.0
-    errors: list[str] = field(default_factory=list)
-    rejects: list[str] = field(default_factory=list)
-
-
-@dataclass
-class DrainResult:
-    """The end of a drain: ``drained`` when nothing is pending; otherwise ``pending``
-    records remain in Redis (reported, never dropped) and will be replayed later."""
-
-    drained: bool
-    pending: int
-    dead_lettered: int
-    batches: int
-    elapsed_s: float
-    stats: FTStats | None = field(default=None, repr=False)
+    def run_batch(self, pipeline: Pipeline, df: DataFrame, batch_id: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
 class Pipeline:
-    """A per-record pipeline for ``foreachBatch``: source stage, stages, optional keyed
-    shuffles, sink. Immutable: each builder method returns a new Pipeline. Call it as
+    """A pipeline for ``foreachBatch``: source stage, stages, optional keyed shuffles,
+    sink. Immutable: each builder method returns a new Pipeline. Call it as
     ``pipeline(df, batch_id)`` (it *is* a foreachBatch function).
 
-    Replay placement: ``key`` columns give each record its hash code (Spark's
+    Two kinds of stages, one pipeline each: *batch stages* (``map_batches``,
+    ``map_pandas``, ``sink_batches``) run vectorized in ``mapInArrow`` tasks with Spark's
+    own shuffle and batch-scope acking (the fast path, which also runs under Spark
+    Connect); *row stages* (``map``, ``flat_map``, ``filter``, ``sink``) take one record
+    at a time over ``df.rdd``.
+
+    Vectorized placement: ``partition_by(cols, n)`` is ``repartition(n, *cols)`` in the
+    JVM, and replays enter the source stage as rows like any other, so every record of a
+    key, fresh or replayed, meets in the partition Spark assigns that key.
+
+    Row-path replay placement: ``key`` columns give each record its hash code (Spark's
     ``hash(key)``, in the JVM). With ``partitions=n`` the source stage is keyed: fresh rows
     are placed by ``df.repartition(n, *key)`` and replays by
     ``HashPartitioner(n).select(hash_code)`` -- the same partition. Without it, replays
@@ -72,7 +54,7 @@ class Pipeline:
     ``types=``), so every record of a key meets in the partition Spark assigns that key.
     """
 
-    ft: FaultTolerance
+    ft: BatchRunner
     source: int = 0
     key: tuple[str, ...] = ()
     partitions: int | None = None
@@ -80,14 +62,47 @@ class Pipeline:
     segments: tuple[Segment, ...] = (Segment(()),)
     sunk: bool = False
 
+    @property
+    def vectorized(self) -> bool:
+        return any(seg.vectorized for seg in self.segments)
+
     def _add(self, op: Op) -> Pipeline:
         self._open()
+        kinds = {kind == "batches" for seg in self.segments for kind, _ in seg.ops}
+        if kinds and (op[0] == "batches") not in kinds:
+            raise ConfigError(
+                "a pipeline takes either batch stages (map_batches, map_pandas) or row "
+                "stages (map, flat_map, filter), not both"
+            )
         last = self.segments[-1]
         return replace(self, segments=(*self.segments[:-1], replace(last, ops=(*last.ops, op))))
 
     def _open(self) -> None:
         if self.sunk:
             raise ConfigError("the pipeline already ends in a sink")
+
+    def map_batches(self, fn: Callable[[Any], Any], schema: Any) -> Pipeline:
+        """A vectorized stage: ``fn(batch: pyarrow.RecordBatch)`` returns the output
+        batch with ``schema`` (DDL string or StructType), or an ``Outcome`` naming failed
+        rows, fan-out parents and (sinks) unconfirmed rows. A row that makes ``fn`` raise
+        is isolated by bisection and fails alone (see ftlayer.spark.outcome)."""
+        return self._add(("batches", BatchStage(fn, schema)))
+
+    def map_pandas(self, fn: Callable[[Any], Any], schema: Any) -> Pipeline:
+        """``map_batches`` with pandas: ``fn(pandas.DataFrame)`` returns a DataFrame
+        (or an ``Outcome`` whose ``output`` is one)."""
+        return self._add(("batches", BatchStage(fn, schema, pandas=True)))
+
+    def sink_batches(self, fn: Callable[[Any], Any], pandas: bool = False) -> Pipeline:
+        """The last stage, vectorized: ``fn(batch)`` writes a batch (a pandas DataFrame
+        with ``pandas=True``). Its rows are acked when ``fn`` returns; it may return an
+        ``Outcome(failed=..., unconfirmed=...)`` for rows whose writes failed or were not
+        confirmed (those stay pending, time out and replay)."""
+        self._open()
+        if self.segments[-1].ops and not self.vectorized:
+            raise ConfigError("sink_batches ends a pipeline of batch stages; use sink()")
+        last = replace(self.segments[-1], sink=fn, sink_per="batch", sink_pandas=pandas)
+        return replace(self, segments=(*self.segments[:-1], last), sunk=True)
 
     def map(self, fn: Callable[[Any], Any]) -> Pipeline:
         """One output per record (acked when ``fn`` returns, via its outputs' fate)."""
@@ -129,6 +144,8 @@ class Pipeline:
         it raises, the records it was given fail (and are replayed); if it returns an
         :class:`Unconfirmed`, those records stay pending until they time out."""
         self._open()
+        if self.vectorized:
+            raise ConfigError("a pipeline of batch stages ends with sink_batches()")
         if per not in ("record", "partition"):
             raise ConfigError(f"per must be 'record' or 'partition', not {per!r}")
         last = replace(self.segments[-1], sink=fn, sink_per=per)

@@ -1,0 +1,120 @@
+-- Settle the segments of one shard at the end of a batch (or at their timeout): every row
+-- of a segment is complete, except the residues given here, which become per-record
+-- entries before the segment is deleted (invariant 6: the new is written first, in the
+-- same call). A segment no longer indexed was settled already: the segment itself is the
+-- idempotency token of this work, so a retried call is a no-op for it.
+-- ARGV: interval_ms, buckets, max_replays, reason ('explicit'|'timeout'), run salt,
+--       segments: repeated [member_len u16][member][rows u32][failed u32][pending u32],
+--         then each failed row  [frame_len u32][frame][err_len u16][err]
+--              -> replay queue (or dead letters at budget 0),
+--         then each pending row [frame_len u32][frame][value 8]
+--              -> pending with a live timeout, value as its ack value,
+--       summary keys to delete (key suffixes joined by ','),
+--       batch prefix (source:batch:, or ''): when given, the batch is marked settled by
+--       this run (late attempts store no segment) and segments of its other attempts
+--       (retried or speculative copies whose output did not count) are dropped.
+-- Returns {segments settled, completed, replayed, dead_lettered, pending, skipped}.
+
+local interval_ms, buckets = tonumber(ARGV[1]), tonumber(ARGV[2])
+local budget, reason, salt = tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local deadline = deadline_for(interval_ms, buckets)
+local idx = PREFIX .. ':segidx'
+local CHUNK = 1000
+local function bulk(cmd, key, args)
+  for i = 1, #args, CHUNK do
+    redis.call(cmd, key, unpack(args, i, math.min(i + CHUNK - 1, #args)))
+  end
+end
+
+local done = {0, 0, 0, 0, 0, 0}
+local rec_set, hist_set, acks_set, tmo_add, dlq_set = {}, {}, {}, {}, {}
+local queues = {}
+local segs, pos = ARGV[6], 1
+while pos <= #segs do
+  local member, rows, nf, np
+  member, rows, nf, np, pos = struct.unpack('>Hc0I4I4I4', segs, pos)
+  local failed, pending = {}, {}
+  for i = 1, nf do
+    local frame, err
+    frame, err, pos = struct.unpack('>I4c0Hc0', segs, pos)
+    failed[i] = {frame, err}
+  end
+  for i = 1, np do
+    local frame, value
+    frame, value, pos = struct.unpack('>I4c0c8', segs, pos)
+    pending[i] = {frame, value}
+  end
+  if redis.call('ZSCORE', idx, member) then
+    local source = 0
+    for _, f in ipairs(failed) do
+      local frame, err = f[1], f[2]
+      local src = string.sub(frame, 9, 16)
+      source = source_of(frame)
+      local hist = {{reason, NOW, 1, err}}
+      if budget < 1 then
+        dlq_set[#dlq_set + 1] = src
+        dlq_set[#dlq_set + 1] = cmsgpack.pack({frame, hist, NOW})
+        done[4] = done[4] + 1
+      else
+        rec_set[#rec_set + 1] = src
+        rec_set[#rec_set + 1] = frame
+        hist_set[#hist_set + 1] = src
+        hist_set[#hist_set + 1] = cmsgpack.pack(hist)
+        local q = PREFIX .. ':replay:' .. source
+        queues[q] = queues[q] or {}
+        queues[q][#queues[q] + 1] = src .. string.sub(frame, 25, 32)
+        done[3] = done[3] + 1
+        count('pending:' .. source)
+      end
+    end
+    for _, p in ipairs(pending) do
+      local frame, value = p[1], p[2]
+      local src = string.sub(frame, 9, 16)
+      source = source_of(frame)
+      local hi, lo = struct.unpack('>i4i4', value)
+      rec_set[#rec_set + 1] = src
+      rec_set[#rec_set + 1] = frame
+      acks_set[#acks_set + 1] = src
+      acks_set[#acks_set + 1] = struct.pack(ENTRY, hi, lo, deadline, NOW, source)
+      tmo_add[#tmo_add + 1] = src
+      done[5] = done[5] + 1
+      count('pending:' .. source)
+    end
+    local completed = rows - #failed - #pending
+    count('persisted', rows)
+    count('completed_local', completed)
+    count('failed_' .. reason, #failed)
+    done[1] = done[1] + 1
+    done[2] = done[2] + completed
+    redis.call('DEL', PREFIX .. ':seg:' .. member)
+    redis.call('ZREM', idx, member)
+  else
+    done[6] = done[6] + 1
+  end
+end
+local batch = ARGV[8]
+if batch ~= '' then
+  redis.call('SET', PREFIX .. ':segdone:' .. batch, salt, 'PX', 3600000)
+  for _, member in ipairs(redis.call('ZRANGE', idx, 0, -1)) do
+    if string.sub(member, 1, #batch) == batch then
+      redis.call('DEL', PREFIX .. ':seg:' .. member)
+      redis.call('ZREM', idx, member)
+    end
+  end
+end
+count('replayed', done[3])
+count('dead_lettered', done[4])
+bulk('HSET', REC, rec_set)
+bulk('HSET', HIST, hist_set)
+bulk('HSET', ACKS, acks_set)
+bulk('HSET', DLQ, dlq_set)
+if #tmo_add > 0 then
+  bulk('SADD', tmo_key(deadline), tmo_add)
+  redis.call('ZADD', TIDX, deadline, string.format('%d', deadline))
+end
+for q, items in pairs(queues) do bulk('RPUSH', q, items) end
+for suffix in string.gmatch(ARGV[7], '[^,]+') do
+  redis.call('DEL', PREFIX .. ':sum:' .. suffix)
+end
+flush_counts()
+return done

@@ -1,0 +1,252 @@
+"""Segments: batch-scope persistence of the vectorized path.
+
+A source task of a vectorized batch persists its fresh rows as ONE segment (Arrow IPC,
+one Redis call with its task summary) instead of one entry per record. The segment is
+tied to its batch: ``<source>:<batch id>:<partition>`` in shard ``partition % shards``.
+When the batch ends, the driver *settles* each segment: its residues (rows that failed,
+or whose writes were not confirmed) become per-record entries -- replay queue, dead
+letters, or pending with a live timeout -- and the segment is deleted, in one script call
+per shard. A segment its batch never settles times out as a whole: the sidecar settles it
+with every row failed (reason ``timeout``), so they replay. A batch re-run under the same
+batch id drops the segments its earlier run left before it writes its own.
+
+Invariants: a segment is indexed until settled, and settling checks the index, so the
+segment is the idempotency token of its settlement (a retry, or the sidecar racing the
+driver, settles it once). Residues are written in the same call that deletes the segment.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+
+from ftlayer.acker import MAX_ERROR_BYTES as _MAX_ERROR
+from ftlayer.ids import new_ids
+from ftlayer.payloads import arrow_codecs, encode_record
+from ftlayer.scripts import NamespacePart
+from serialization import encode_frame
+
+__all__ = ["Residues", "SegmentStore", "SettleResult", "frames_of_rows"]
+
+log = logging.getLogger(__name__)
+
+SUMMARY_TTL_MS = 86_400_000
+"""Task summaries of a batch live until it settles; this bounds those of batches that die."""
+
+
+def frames_of_rows(
+    table: Any,
+    rows: np.ndarray,
+    *,
+    shard: int,
+    source: int,
+    partition: int,
+    max_replays: int,
+    max_payload: int,
+    values: np.ndarray | None = None,
+) -> list[bytes]:
+    """Frames for ``rows`` of an Arrow table: the row as a msgpack map, a new random
+    source id in ``shard`` (low 16 bits), and ``values`` (or random ids) as current ids."""
+    codecs = arrow_codecs(table.schema)
+    records = table.take(rows).to_pylist()
+    ids = (new_ids(len(rows)) & np.uint64(~0xFFFF & (2**64 - 1))) | np.uint64(shard)
+    curs = new_ids(len(rows)) if values is None else values
+    return [
+        encode_frame(
+            encode_record(rec, codecs), int(src), int(cur), 0, source,
+            partition=partition, max_replays=max_replays, max_payload=max_payload,
+        )
+        for rec, src, cur in zip(records, ids.tolist(), curs.tolist(), strict=True)
+    ]  # fmt: skip
+
+
+@dataclass
+class Residues:
+    """The residues of one segment: row indices that failed (with an error each) and
+    row indices left pending (their current ids as the ack value)."""
+
+    failed: list[tuple[int, str]] = field(default_factory=list)
+    pending: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class SettleResult:
+    segments: int = 0
+    completed: int = 0
+    replayed: int = 0
+    dead_lettered: int = 0
+    pending: int = 0
+    skipped: int = 0
+    calls: int = 0
+
+    def add(self, reply: list[int]) -> None:
+        self.calls += 1
+        self.segments += int(reply[0])
+        self.completed += int(reply[1])
+        self.replayed += int(reply[2])
+        self.dead_lettered += int(reply[3])
+        self.pending += int(reply[4])
+        self.skipped += int(reply[5])
+
+
+SegmentEntry = tuple[str, int, list[tuple[bytes, str]], list[tuple[bytes, bytes]]]
+"""(member, rows, failed rows as (frame, error), pending rows as (frame, ack value))"""
+_SEG_HEAD = struct.Struct(">I")
+
+
+def _pack_segments(segments: list[SegmentEntry]) -> bytes:
+    """The binary argument of lua/segment_settle.lua."""
+    out: list[bytes] = []
+    for member, rows, failed, pending in segments:
+        m = member.encode()
+        out.append(struct.pack(">H", len(m)) + m + struct.pack(">III", rows, len(failed),
+                                                                 len(pending)))  # fmt: skip
+        for frame, err in failed:
+            e = err.encode("utf-8", "replace")[:_MAX_ERROR]
+            out += (_SEG_HEAD.pack(len(frame)), frame, struct.pack(">H", len(e)), e)
+        for frame, value in pending:
+            out += (_SEG_HEAD.pack(len(frame)), frame, value)
+    return b"".join(out)
+
+
+class SegmentStore(NamespacePart):
+    """The segments and task summaries of one namespace (see the module docstring)."""
+
+    def shard_of_partition(self, partition: int) -> int:
+        return partition % len(self.keyspace)
+
+    @staticmethod
+    def batch_prefix(source: int, batch_key: str) -> str:
+        return f"{source}:{batch_key}:"
+
+    @classmethod
+    def member(cls, source: int, batch_key: str, partition: int, token: int) -> str:
+        """A segment's name: one per task attempt (attempts may order rows differently)."""
+        return f"{cls.batch_prefix(source, batch_key)}{partition}:{token:x}"
+
+    def new_token(self, shard: int) -> int:
+        """A random id naming one task attempt's summary; its low 16 bits give its shard."""
+        return int(new_ids(1)[0] & np.uint64(0x7FFF_FFFF_FFFF_0000)) | shard
+
+    def token_shard(self, token: int) -> int:
+        return (token & 0xFFFF) % len(self.keyspace)
+
+    def put(
+        self,
+        partition: int,
+        member: str,
+        segment: bytes,
+        token: int,
+        summary: bytes,
+        salt: int,
+        batch: str,
+    ) -> int:
+        """Store a source task's segment and summary (one call). 0: the segment was
+        settled already by this run (a late attempt), or there are no fresh rows."""
+        cfg = self.config
+        keys = self.keyspace[self.shard_of_partition(partition)].script_keys
+        return int(
+            self.scripts.segment_put(
+                keys=keys,
+                args=[member, segment, f"{token:x}", summary, cfg.interval_ms, cfg.buckets,
+                      SUMMARY_TTL_MS, str(salt), batch],
+            )
+        )  # fmt: skip
+
+    def put_summary(self, token: int, summary: bytes) -> None:
+        shard = self.keyspace[self.token_shard(token)]
+        self.client.set(f"{shard.prefix}:sum:{token:x}", summary, px=SUMMARY_TTL_MS)
+
+    def summaries(self, tokens: Iterable[int]) -> dict[int, bytes | None]:
+        """The summaries of task attempts by token, one MGET per shard."""
+        by_shard: dict[int, list[int]] = {}
+        for t in tokens:
+            by_shard.setdefault(self.token_shard(t), []).append(t)
+        out: dict[int, bytes | None] = {}
+        for k, ts in by_shard.items():
+            prefix = self.keyspace[k].prefix
+            got = cast(list[bytes | None], self.client.mget([f"{prefix}:sum:{t:x}" for t in ts]))
+            out.update(zip(ts, got, strict=True))
+        return out
+
+    def get(self, partition: int, member: str) -> bytes | None:
+        prefix = self.keyspace[self.shard_of_partition(partition)].prefix
+        return self.client.get(f"{prefix}:seg:{member}")  # type: ignore[return-value]
+
+    def drop_batch(self, source: int, batch_key: str) -> int:
+        """Drop segments an earlier run of this batch id left (one call per shard)."""
+        prefix = self.batch_prefix(source, batch_key)
+        return sum(
+            int(self.scripts.segment_drop(keys=s.script_keys, args=[prefix]))
+            for s in self.keyspace.shards
+        )
+
+    def settle(
+        self,
+        shard: int,
+        segments: list[SegmentEntry],
+        summary_tokens: list[int],
+        *,
+        salt: int,
+        reason: str = "explicit",
+        batch: str = "",
+    ) -> list[int]:
+        """Settle segments of one shard: (member, rows, failed frames with errors,
+        pending frames with their ack values). See lua/segment_settle.lua."""
+        cfg = self.config
+        return [
+            int(x)
+            for x in self.scripts.segment_settle(
+                keys=self.keyspace[shard].script_keys,
+                args=[
+                    cfg.interval_ms, cfg.buckets, cfg.max_replays, reason, str(salt),
+                    _pack_segments(segments),
+                    ",".join(f"{t:x}" for t in summary_tokens),
+                    batch,
+                ],
+            )
+        ]  # fmt: skip
+
+    def indexed(self) -> list[tuple[int, str, float]]:
+        """(shard, member, deadline_ms) of every segment not yet settled."""
+        out: list[tuple[int, str, float]] = []
+        for k, s in enumerate(self.keyspace.shards):
+            got = cast(list[tuple[bytes, float]],
+                       self.client.zrange(f"{s.prefix}:segidx", 0, -1, withscores=True))
+            out.extend((k, member.decode(), float(score)) for member, score in got)
+        return out
+
+    def expire_due(self, now_ms: float | None = None) -> SettleResult:
+        """Settle every segment past its deadline with all of its rows failed (reason
+        ``timeout``): its batch never settled it. Returns what was done."""
+        import pyarrow as pa
+
+        if now_ms is None:
+            sec, usec = self.client.time()
+            now_ms = sec * 1000 + usec / 1000
+        res = SettleResult()
+        for shard, member, deadline in self.indexed():
+            if deadline > now_ms:
+                continue
+            source, partition = int(member.split(":", 1)[0]), int(member.rsplit(":", 2)[1])
+            blob = self.get(partition, member)
+            frames: list[tuple[bytes, str]] = []
+            rows = 0
+            if blob:
+                table = pa.ipc.open_stream(blob).read_all()
+                rows = table.num_rows
+                made = frames_of_rows(
+                    table, np.arange(rows), shard=shard, source=source,
+                    partition=partition, max_replays=self.config.max_replays,
+                    max_payload=self.config.max_record_bytes,
+                )  # fmt: skip
+                frames = [(f, "segment timed out: its batch never settled") for f in made]
+            reply = self.settle(shard, [(member, rows, frames, [])], [], salt=0, reason="timeout")
+            res.add(reply)
+            log.warning("segment timed out member=%s rows=%d", member, rows)
+        return res

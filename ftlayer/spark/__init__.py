@@ -1,0 +1,51 @@
+"""Fault-tolerant PySpark ``foreachBatch`` pipelines: Storm-style guaranteed processing.
+
+::
+
+    ft = FaultTolerance(FTConfig(namespace="orders", redis_url=url))
+    pipeline = (ft.pipeline(source=0)
+                .map_batches(price, "id long, customer long, total double")
+                .partition_by(["customer"], 8)
+                .sink_batches(write))
+    query = stream.writeStream.foreachBatch(pipeline).start()
+    ...
+    report = ft.drain(timeout_s=60, query=query)
+
+Invariants:
+
+* A batch function returns only after every task of its Spark job finished and the batch
+  was settled, so Spark commits the batch's offsets only when each of its records is
+  complete or persisted with a live timeout (invariant 1).
+* Every record is acked only after its stages returned and the sink's write returned. A
+  failing record (an ``Outcome``'s ``failed`` rows, a row that makes a stage raise,
+  ``FailRecord`` in a row stage) is failed with its error text in its failure history and
+  replayed in a later batch under a new id, or dead-lettered after ``max_replays``; it is
+  never acked to make a problem go away.
+* Of Spark's attempts of a task, exactly one counts (invariant 11): the vectorized path
+  reads the summaries of the attempts whose rows were consumed (ftlayer.spark.vector_tasks).
+* Only msgpack (and Arrow IPC segments) reach Redis; executors rebuild their Redis client
+  from the config (ftlayer.spark.worker); no live client is pickled.
+
+Modules: ``driver`` (FaultTolerance), ``pipeline`` (the builder), ``plan`` (what tasks
+run), ``outcome`` (per-row outcomes, bisection), ``vector_tasks`` / ``batch_scope`` (the
+vectorized path: executors / driver), ``row_tasks`` (the row path), ``results``.
+"""
+
+from ftlayer.spark.driver import FaultTolerance
+from ftlayer.spark.outcome import Outcome, StageContractError
+from ftlayer.spark.pipeline import OnError, Pipeline
+from ftlayer.spark.plan import UNCONFIRMED, Unconfirmed
+from ftlayer.spark.results import BatchResult, DrainResult, StageCounts
+
+__all__ = [
+    "UNCONFIRMED",
+    "BatchResult",
+    "DrainResult",
+    "FaultTolerance",
+    "OnError",
+    "Outcome",
+    "Pipeline",
+    "StageContractError",
+    "StageCounts",
+    "Unconfirmed",
+]

@@ -1,0 +1,374 @@
+"""Driver side of the vectorized path: plan a batch as DataFrame operations, run it, and
+settle it with batch-scope acking.
+
+The plan is only DataFrame API calls: ``mapInArrow`` per segment and Spark's own
+``repartition(n, *cols)`` for every keyed shuffle, so replays land where Spark places
+their key, no record is pickled, and the same code runs under Spark Connect.
+
+Settling (after every task of the batch finished, before the batch function returns, so
+Spark commits the batch's offsets only then -- invariant 1):
+
+* the summaries of the attempts whose rows were consumed are gathered (the last stage's
+  come back as its output rows; earlier stages' through their tokens, from Redis);
+* their folds, XORed with the ids of the replays the batch injected, must give 0. Then
+  every record of the batch is complete except the residues the tasks reported;
+* residues become per-record entries, each segment is deleted (one script call per shard
+  that holds segments), completed replays are completed and failed ones failed (one
+  flush per shard, under a token owned by this batch run);
+* if the fold is not 0 (a task's output lost or counted twice), nothing is assumed
+  complete: every row of every segment is kept pending with a live timeout and the
+  replays stay pending, so they all replay (at-least-once), and the batch says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+import numpy as np
+import pyarrow as pa
+
+from ftlayer.acker import ShardBatch
+from ftlayer.errors import ConfigError
+from ftlayer.ids import is_fresh, new_ids, segment_of, shard_of
+from ftlayer.payloads import arrow_codecs, decode_record
+from ftlayer.segments import frames_of_rows
+from ftlayer.spark.plan import MAX_MESSAGES, Segment
+from ftlayer.spark.results import BatchResult, StageCounts
+from ftlayer.spark.vector_tasks import (
+    CUR_COL,
+    ID_FIELDS,
+    SRC_COL,
+    SUMMARY_COL,
+    VectorPlan,
+    run_vector_task,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from ftlayer.layer import FTLayer
+
+__all__ = ["VectorRun", "plan_batch", "spark_schema"]
+
+log = logging.getLogger(__name__)
+
+
+def spark_schema(schema: pa.Schema) -> Any:
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema, prefer_timestamp_ntz=False)
+
+
+def arrow_schema(schema: Any) -> pa.Schema:
+    """An Arrow schema from a StructType or a DDL string, all fields nullable (marker
+    rows carry nulls in every user column)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    if isinstance(schema, str):
+        schema = StructType.fromDDL(schema)
+    out = to_arrow_schema(schema, timezone="UTC")
+    return pa.schema([f.with_nullable(True) for f in out])
+
+
+def plan_batch(
+    segments: tuple[Segment, ...],
+    input_schema: Any,
+    *,
+    config: Any,
+    source: int,
+    batch_key: str,
+    on_error: str,
+) -> VectorPlan:
+    """The plan of one run of a vectorized batch (a fresh salt per run)."""
+    inputs = [arrow_schema(input_schema)]
+    outputs = []
+    for i, seg in enumerate(segments):
+        schemas = tuple(arrow_schema(op.schema) for kind, op in seg.ops)
+        if any(kind != "batches" for kind, _ in seg.ops):
+            raise ConfigError("a vectorized pipeline takes batch stages only (map_batches)")
+        outputs.append(schemas)
+        exit_schema = schemas[-1] if schemas else inputs[-1]
+        if seg.shuffle_n:
+            missing = [c for c in seg.shuffle_cols if c not in exit_schema.names]
+            if missing:
+                raise ConfigError(
+                    f"partition_by columns {missing} are not in segment {i}'s output "
+                    f"{exit_schema.names}"
+                )
+            inputs.append(exit_schema)
+    salt = int(new_ids(1)[0] & np.uint64(0x7FFF_FFFF_FFFF_FFFF))
+    return VectorPlan(config, source, batch_key, salt, segments, on_error, tuple(inputs),
+                      tuple(outputs))  # fmt: skip
+
+
+@dataclass
+class _Summary:
+    raw: dict[str, Any]
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.raw["stage"], self.raw["partition"]
+
+    def ids(self, name: str) -> np.ndarray:
+        return np.frombuffer(self.raw[name], dtype=">u8").astype(np.uint64)
+
+
+@dataclass
+class VectorRun:
+    """One run of one vectorized batch, from its DataFrame plan to its settlement."""
+
+    plan: VectorPlan
+    layer: FTLayer | None
+    result: BatchResult
+    injected: dict[int, int] = field(default_factory=dict)  # replay src -> cur
+    calls: int = 0
+
+    # -- building the DataFrame ------------------------------------------------------------
+    def dataframe(self, df: DataFrame, key: tuple[str, ...], partitions: int | None,
+                  replay_limit: int) -> DataFrame:  # fmt: skip
+        plan = self.plan
+        source_df = df.select(*plan.inputs[0].names)
+        if self.layer is not None:
+            self.calls += len(self.layer.keyspace)
+            self.layer.segments.drop_batch(plan.source, plan.batch_key)
+            replays = self._replays(df, replay_limit)
+            if replays is not None:
+                from pyspark.sql import functions as F  # noqa: N812
+
+                source_df = source_df.select(
+                    "*", F.lit(None).cast("long").alias(SRC_COL),
+                    F.lit(None).cast("long").alias(CUR_COL),
+                ).unionByName(replays)  # fmt: skip
+        if key and partitions:
+            source_df = source_df.repartition(partitions, *key)
+        out = source_df
+        for i in range(len(plan.segments)):
+            if i:
+                prev = plan.segments[i - 1]
+                out = out.repartition(prev.shuffle_n, *prev.shuffle_cols)
+            out = out.mapInArrow(partial(run_vector_task, plan, i), self._out_schema(i))
+        return out
+
+    def _out_schema(self, i: int) -> Any:
+        plan = self.plan
+        if i == len(plan.segments) - 1:
+            return spark_schema(pa.schema([pa.field(SUMMARY_COL, pa.binary())]))
+        fields = list(plan.inputs[i + 1])
+        if plan.config.enabled:
+            fields += ID_FIELDS
+        return spark_schema(pa.schema(fields))
+
+    def _replays(self, df: DataFrame, limit: int) -> DataFrame | None:
+        """Claim this source's replays and make them a DataFrame with their ids."""
+        assert self.layer is not None
+        claimed = self.layer.claim_replays(self.plan.source, limit)
+        self.calls += len(self.layer.keyspace)
+        if not claimed:
+            return None
+        schema = self.plan.inputs[0]
+        codecs = arrow_codecs(schema)
+        rows, srcs, curs, bad = [], [], [], []
+        for c in claimed:
+            desc = c.frame.describe()
+            try:
+                record = decode_record(c.frame.payload, codecs, desc)
+                if not isinstance(record, dict):
+                    raise ValueError(f"a replay of a vectorized source must be a map: {desc}")
+                pa.Table.from_pylist([record], schema=schema)  # the row fits the schema
+            except Exception as e:
+                bad.append((c.record_id, f"undecodable replay payload: {e}"))
+                continue
+            rows.append(record)
+            srcs.append(c.record_id[0])
+            curs.append(c.record_id[1])
+        for rid, text in bad:
+            self.result.undecodable += 1
+            if len(self.result.errors) < MAX_MESSAGES:
+                self.result.errors.append(text)
+            log.error("replay rejected batch_id=%s %s", self.result.batch_id, text)
+            self.layer.fail([rid], error=text)
+            self.calls += 1
+        if not rows:
+            return None
+        self.injected = dict(zip(srcs, curs, strict=True))
+        table = pa.Table.from_pylist(rows, schema=schema)
+        table = table.append_column(SRC_COL, pa.array(np.array(srcs, np.uint64).view(np.int64)))
+        table = table.append_column(CUR_COL, pa.array(np.array(curs, np.uint64).view(np.int64)))
+        log.info("replays claimed batch_id=%s source=%d claimed=%d undecodable=%d",
+                 self.result.batch_id, self.plan.source, len(claimed), len(bad))  # fmt: skip
+        return df.sparkSession.createDataFrame(table)
+
+    # -- settling --------------------------------------------------------------------------
+    def settle(self, finals: list[bytes]) -> BatchResult:
+        summaries = [_Summary(msgpack.unpackb(f, raw=False)) for f in finals]
+        ok = self._gather(summaries)
+        self._count(summaries)
+        if self.layer is None:
+            return self.result
+        fold = 0
+        for s in summaries:
+            fold ^= int(s.raw["fold"])
+        for cur in self.injected.values():
+            fold ^= cur
+        if fold != 0 or not ok:
+            self.result.fold_ok = False
+            log.error(
+                "batch fold is not 0 batch_id=%s fold=%016x consistent=%s: keeping every "
+                "record of the batch pending (they replay)", self.result.batch_id, fold, ok,
+            )  # fmt: skip
+        self._settle_segments(summaries)
+        self._settle_replays(summaries)
+        self.result.redis_calls = self.calls + sum(
+            1 for s in summaries if s.raw["stage"] < len(self.plan.segments) - 1 or
+            s.raw["segment"]
+        )  # fmt: skip
+        return self.result
+
+    def _gather(self, summaries: list[_Summary]) -> bool:
+        """Fetch upstream summaries by token, stage by stage. False when one is missing
+        or two attempts of one task both counted."""
+        ok = True
+        frontier = [t for s in summaries for t in s.raw["upstream"]]
+        while frontier and self.layer is not None:
+            got = self.layer.segments.summaries(frontier)
+            self.calls += len({self.layer.segments.token_shard(t) for t in frontier})
+            frontier = []
+            for token, raw in got.items():
+                if raw is None:
+                    log.error("task summary missing token=%x", token)
+                    ok = False
+                    continue
+                s = _Summary(msgpack.unpackb(raw, raw=False))
+                summaries.append(s)
+                frontier.extend(s.raw["upstream"])
+        keys = [s.key for s in summaries]
+        if len(set(keys)) != len(keys):
+            log.error("two attempts of one task counted in batch_id=%s", self.result.batch_id)
+            ok = False
+        return ok
+
+    def _count(self, summaries: list[_Summary]) -> None:
+        r = self.result
+        for s in summaries:
+            raw = s.raw
+            r.tasks += 1
+            r.fresh += raw["fresh"]
+            r.replayed += raw["replayed"]
+            r.written += raw["written"]
+            r.failed += len(raw["failed_src"]) // 8
+            r.unconfirmed += len(raw["unc_src"]) // 8
+            for label, (rin, rout, failed, unc, extra) in raw["counts"].items():
+                r.stages.setdefault(label, StageCounts()).add(
+                    StageCounts(rin, rout, failed, unc, extra)
+                )
+            for text in raw["errors"]:
+                if len(r.errors) < MAX_MESSAGES:
+                    r.errors.append(text)
+
+    def _residues(
+        self, summaries: list[_Summary]
+    ) -> tuple[dict[int, str], dict[int, int]]:
+        """Failed source ids with their first error; unconfirmed ones with a current id."""
+        failed: dict[int, str] = {}
+        unconfirmed: dict[int, int] = {}
+        for s in summaries:
+            texts = s.raw["texts"]
+            idx = np.frombuffer(s.raw["failed_err"], dtype=">u4")
+            for src, i in zip(s.ids("failed_src").tolist(), idx.tolist(), strict=True):
+                failed.setdefault(src, texts[i])
+            for src, cur in zip(s.ids("unc_src").tolist(), s.ids("unc_cur").tolist(),
+                                strict=True):  # fmt: skip
+                unconfirmed.setdefault(src, cur)
+        for src in failed:
+            unconfirmed.pop(src, None)
+        return failed, unconfirmed
+
+    def _settle_segments(self, summaries: list[_Summary]) -> None:
+        assert self.layer is not None
+        store, cfg, plan = self.layer.segments, self.layer.config, self.plan
+        failed, unconfirmed = self._residues(summaries)
+        keep_all = not self.result.fold_ok
+        by_partition: dict[int, tuple[list[tuple[int, int]], list[tuple[int, int]]]] = {}
+        for src_map, slot in ((failed, 0), (unconfirmed, 1)):
+            srcs = np.fromiter(src_map.keys(), np.uint64, len(src_map))
+            fresh = srcs[is_fresh(srcs)]
+            parts, rows = segment_of(fresh)
+            for p, row, src in zip(parts.tolist(), rows.tolist(), fresh.tolist(), strict=True):
+                by_partition.setdefault(p, ([], []))[slot].append((row, src))
+        per_shard: dict[int, list[Any]] = {}
+        tokens: dict[int, list[int]] = {}
+        for s in summaries:
+            if s.raw["stage"] < len(plan.segments) - 1:
+                tokens.setdefault(store.token_shard(s.raw["token"]), []).append(s.raw["token"])
+            member = s.raw["segment"]
+            if not member:
+                continue
+            partition, rows = s.raw["partition"], s.raw["segment_rows"]
+            shard = store.shard_of_partition(partition)
+            fails, pends = by_partition.get(partition, ([], []))
+            fail_frames: list[tuple[bytes, str]] = []
+            pend_frames: list[tuple[bytes, bytes]] = []
+            if fails or pends or keep_all:
+                blob = store.get(partition, member)
+                self.calls += 1
+                if blob is None:  # the sidecar timed it out: all of its rows replay
+                    continue
+                table = pa.ipc.open_stream(blob).read_all()
+                make: Callable[..., list[bytes]] = partial(
+                    frames_of_rows, table, shard=shard, source=plan.source,
+                    partition=partition, max_replays=cfg.max_replays,
+                    max_payload=cfg.max_record_bytes,
+                )  # fmt: skip
+                if keep_all:
+                    frames = make(np.arange(rows))
+                    pend_frames = [(f, os.urandom(8)) for f in frames]
+                else:
+                    if fails:
+                        frames = make(np.array([r for r, _ in fails]))
+                        fail_frames = [(f, failed[src]) for f, (_, src) in
+                                       zip(frames, fails, strict=True)]  # fmt: skip
+                    if pends:
+                        values = np.array([unconfirmed[src] for _, src in pends], np.uint64)
+                        frames = make(np.array([r for r, _ in pends]), values=values)
+                        pend_frames = [(f, int(v).to_bytes(8, "big")) for f, v in
+                                       zip(frames, values.tolist(), strict=True)]  # fmt: skip
+            per_shard.setdefault(shard, []).append((member, rows, fail_frames, pend_frames))
+        batch = store.batch_prefix(plan.source, plan.batch_key)
+        for shard in sorted(per_shard.keys() | tokens.keys()):
+            reply = store.settle(shard, per_shard.get(shard, []), tokens.get(shard, []),
+                                 salt=plan.salt, batch=batch)  # fmt: skip
+            self.calls += 1
+            if reply[5]:
+                log.warning("segments settled already batch_id=%s shard=%d skipped=%d",
+                            self.result.batch_id, shard, reply[5])  # fmt: skip
+
+    def _settle_replays(self, summaries: list[_Summary]) -> None:
+        """Complete the replays that finished in this batch, fail those that failed."""
+        if not self.injected or not self.result.fold_ok:
+            return  # kept pending: their timeouts replay them
+        assert self.layer is not None
+        failed, unconfirmed = self._residues(summaries)
+        shards = self.layer.config.shards
+        batches: dict[int, ShardBatch] = {}
+        done: dict[int, list[tuple[int, int]]] = {}
+        for src, cur in self.injected.items():
+            k = shard_of(src, shards)
+            if src in failed:
+                batches.setdefault(k, ShardBatch()).fails.append((src, "explicit", failed[src]))
+            elif src not in unconfirmed:
+                done.setdefault(k, []).append((src, cur))
+        for k, pairs in done.items():
+            b = batches.setdefault(k, ShardBatch())
+            b.xor_srcs = np.array([s for s, _ in pairs], np.uint64)
+            b.xor_deltas = np.array([c for _, c in pairs], np.uint64)
+        if batches:
+            self.layer.acker.apply(batches, token=f"{self.plan.salt:x}:replays")
+            self.calls += len(batches)
+

@@ -1,0 +1,96 @@
+"""The plan of a pipeline, as its tasks run it: segments of chained stages, each ending in
+a keyed shuffle or the sink. Plain frozen data and user functions: pickled to executors.
+
+Row stages (``map``/``flat_map``/``filter``) take one record; batch stages take one Arrow
+record batch (or a pandas DataFrame) and may answer per-row outcomes (``Outcome``).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ftlayer.errors import FailRecord
+
+__all__ = [
+    "MAX_MESSAGES",
+    "UNCONFIRMED",
+    "BatchStage",
+    "Op",
+    "Segment",
+    "SinkPer",
+    "Unconfirmed",
+    "error_text",
+    "stage_name",
+]
+
+MAX_MESSAGES = 20
+"""Error texts and rejected-record descriptions a task reports back (counts are exact)."""
+_ERROR_CHARS = 2000
+
+SinkPer = Literal["record", "partition", "batch"]
+
+
+@dataclass(frozen=True)
+class BatchStage:
+    """A vectorized stage: ``fn(batch) -> batch | Outcome`` with output ``schema`` (a DDL
+    string or StructType). ``pandas=True``: ``fn`` takes and returns pandas DataFrames."""
+
+    fn: Callable[[Any], Any]
+    schema: Any
+    pandas: bool = False
+
+
+Op = tuple[str, Any]
+"""A stage: ("map" | "flat_map" | "filter", function) or ("batches", BatchStage)."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Chained stages, then an exit: a ``partition_by`` shuffle or the sink."""
+
+    ops: tuple[Op, ...]
+    shuffle_cols: tuple[str, ...] = ()
+    shuffle_n: int = 0
+    shuffle_types: tuple[str, ...] | None = None
+    sink: Callable[[Any], Any] | None = None
+    sink_per: SinkPer = "record"
+    sink_pandas: bool = False
+
+    @property
+    def vectorized(self) -> bool:
+        return self.sink_per == "batch" or any(kind == "batches" for kind, _ in self.ops)
+
+
+class Unconfirmed:
+    """A sink's answer that some writes were not confirmed (an async sink that never
+    acknowledged them). Their records stay pending -- neither acked nor failed -- so they
+    time out and are replayed, like records lost in flight. A per-record sink returns
+    ``UNCONFIRMED``; a per-partition sink returns ``Unconfirmed(positions)`` with the
+    positions, in the list it was given, of the records it could not confirm."""
+
+    __slots__ = ("positions",)
+
+    def __init__(self, positions: Iterable[int] = ()) -> None:
+        self.positions = frozenset(positions)
+
+    def __repr__(self) -> str:
+        return f"Unconfirmed({sorted(self.positions)})"
+
+
+UNCONFIRMED = Unconfirmed()
+
+
+def error_text(where: str, e: BaseException) -> str:
+    """One line naming the stage, the exception and where it was raised."""
+    if isinstance(e, FailRecord):
+        return f"{where}: FailRecord: {e}"
+    tb = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
+    at = f" (at {tb[0].filename}:{tb[0].lineno})" if tb else ""
+    return f"{where}: {type(e).__name__}: {e}{at}"[:_ERROR_CHARS]
+
+
+def stage_name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
