@@ -1,15 +1,24 @@
-"""What fault tolerance costs a real PySpark ``foreachBatch`` pipeline.
+"""What record-level fault tolerance costs against what the user would write instead.
 
-One pipeline -- a map stage, a keyed shuffle (``partition_by``), a second map stage and
-a per-partition sink -- over the same cached DataFrame of N records on ``local[2]``, run
-as: FT OFF (the no-op handler), FT ON, and FT ON with 5 % of record attempts failing
-explicitly (their replays included in the time: the run ends when nothing is pending).
-After a warm-up round, runs alternate (off, on, on-5 %, off, ...) and medians are
-reported, with the same work
-written as plain PySpark (RDD map / partitionBy / map / foreachPartition) beside it as the
-ceiling. Goals: ``ratio_on_off`` >= 0.90, ``ratio_5pct_off`` >= 0.80.
+One pipeline -- a map stage, a keyed shuffle into 4 partitions, a second map stage and a
+sink that consumes every record -- over the same cached DataFrame of N records, in ONE
+local[2] Spark session, written as:
 
-    python -m benchmarks.pipeline_overhead [--records 100000] [--repeat 3] [--json]
+* ``dataframe``: DataFrame expressions (the JVM only);
+* ``arrow``: ``mapInArrow`` stages with pyarrow.compute (the yardstick);
+* ``pandas``: ``mapInPandas`` stages;
+* ``rdd``: row-at-a-time Python over ``df.rdd`` with a Python shuffle;
+* ``ft_off`` / ``ft_on``: ftlayer's vectorized stages (the same pyarrow.compute functions)
+  with fault tolerance off / on;
+* ``ft_on_failing``: FT on with 5 % of record attempts failing (``Outcome(failed=...)``),
+  their replays drained inside the measured time (the run ends when nothing is pending);
+* ``row_ft_on``: ftlayer's row API with FT on (once, not repeated: it is slow).
+
+After a warm-up round, rounds alternate the variants and medians are reported. Goals:
+``ft_on`` >= 0.9x ``arrow``, ``ft_on_failing`` >= 0.8x, ``ft_off`` >= 0.97x.
+``--scale`` also reports how records/s of ``arrow`` and ``ft_on`` grow with N.
+
+    python -m benchmarks.pipeline_overhead [--records 1000000] [--repeat 5] [--json]
 """
 
 from __future__ import annotations
@@ -17,66 +26,181 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from benchmarks._common import machine, median, redis_for_benchmark, save, save_chart
-from ftlayer import FailRecord, FTConfig
-from ftlayer.spark import FaultTolerance
+from ftlayer import FTConfig
+from ftlayer.spark import FaultTolerance, Outcome
 
 PARTITIONS = 4
+FAIL_RATE = 0.05
+S1 = "id long, key long, total double"
+S2 = "id long, key long, vat double"
+GOALS = {"ft_on": 0.9, "ft_on_failing": 0.8, "ft_off": 0.97}
+VARIANTS = ["dataframe", "arrow", "pandas", "rdd", "ft_off", "ft_on", "ft_on_failing"]
 
 
-class Stage1:
-    """The first per-record stage; fails ``rate`` of the attempts explicitly."""
+# -- the work, shared by every variant that runs Python -----------------------------------
+def stage1(b: pa.RecordBatch) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [b.column(0), b.column(1), pc.multiply(b.column(2), 1.2)], names=["id", "key", "total"]
+    )
+
+
+def stage2(b: pa.RecordBatch) -> pa.RecordBatch:
+    vat = pc.round(pc.multiply(b.column(2), 0.2), 2)
+    return pa.RecordBatch.from_arrays([b.column(0), b.column(1), vat], names=["id", "key", "vat"])
+
+
+def consume(b: pa.RecordBatch) -> float:
+    """The sink's write: read every record."""
+    return pc.sum(b.column(2)).as_py() or 0.0
+
+
+class FailingStage1:
+    """stage1, failing ``rate`` of the record attempts (a fresh draw per attempt)."""
 
     def __init__(self, rate: float) -> None:
         self.rate = rate
 
-    def __call__(self, r: dict[str, Any]) -> dict[str, Any]:
-        if self.rate and random.random() < self.rate:
-            raise FailRecord("injected")
+    def __call__(self, b: pa.RecordBatch) -> Outcome:
+        failed = np.random.default_rng().random(b.num_rows) < self.rate
+        return Outcome(stage1(b), failed=failed, errors="injected failure")
+
+
+def _sink(b: pa.RecordBatch) -> None:
+    consume(b)
+
+
+# -- the variants --------------------------------------------------------------------------
+def _arrow_stage1(it: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for b in it:
+        yield stage1(b)
+
+
+def _arrow_stage2_sink(it: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    n, total = 0, 0.0
+    for b in it:
+        out = stage2(b)
+        total += consume(out)
+        n += out.num_rows
+    yield pa.RecordBatch.from_pylist([{"n": n, "total": total}])
+
+
+def _pandas_stage1(it: Iterator[Any]) -> Iterator[Any]:
+    for df in it:
+        yield df.assign(total=df["amount"] * 1.2)[["id", "key", "total"]]
+
+
+def _pandas_stage2_sink(it: Iterator[Any]) -> Iterator[Any]:
+    import pandas as pd
+
+    n, total = 0, 0.0
+    for df in it:
+        vat = (df["total"] * 0.2).round(2)
+        total += float(vat.sum())
+        n += len(df)
+    yield pd.DataFrame({"n": [n], "total": [total]})
+
+
+def run_dataframe(df: Any, n: int) -> None:
+    from pyspark.sql import functions as F  # noqa: N812
+
+    out = (df.select("id", "key", (F.col("amount") * 1.2).alias("total"))
+             .repartition(PARTITIONS, "key")
+             .select(F.round(F.col("total") * 0.2, 2).alias("vat"))
+             .agg(F.count("*"), F.sum("vat")).collect())  # fmt: skip
+    assert out[0][0] == n
+
+
+def run_arrow(df: Any, n: int) -> None:
+    out = (df.mapInArrow(_arrow_stage1, S1).repartition(PARTITIONS, "key")
+             .mapInArrow(_arrow_stage2_sink, "n long, total double").collect())  # fmt: skip
+    assert sum(r[0] for r in out) == n
+
+
+def run_pandas(df: Any, n: int) -> None:
+    out = (df.mapInPandas(_pandas_stage1, S1).repartition(PARTITIONS, "key")
+             .mapInPandas(_pandas_stage2_sink, "n long, total double").collect())  # fmt: skip
+    assert sum(r[0] for r in out) == n
+
+
+def run_rdd(df: Any, n: int) -> None:
+    def s1(row: Any) -> dict[str, Any]:
+        return {"id": row["id"], "key": row["key"], "total": row["amount"] * 1.2}
+
+    def s2_sink(it: Iterator[tuple[int, dict[str, Any]]]) -> Iterator[int]:
+        k = 0
+        for _, r in it:
+            round(r["total"] * 0.2, 2)
+            k += 1
+        yield k
+
+    out = (df.rdd.map(s1).map(lambda r: (r["key"], r)).partitionBy(PARTITIONS)
+             .mapPartitions(s2_sink).collect())  # fmt: skip
+    assert sum(out) == n
+
+
+def _vector_pipeline(ft: FaultTolerance, rate: float) -> Any:
+    first: Callable[[pa.RecordBatch], Any] = FailingStage1(rate) if rate else stage1
+    return (ft.pipeline(source=0).map_batches(first, S1)
+              .partition_by(["key"], PARTITIONS).map_batches(stage2, S2)
+              .sink_batches(_sink))  # fmt: skip
+
+
+def _row_pipeline(ft: FaultTolerance) -> Any:
+    def s1(r: dict[str, Any]) -> dict[str, Any]:
         return {"id": r["id"], "key": r["key"], "total": r["amount"] * 1.2}
 
+    def s2(r: dict[str, Any]) -> dict[str, Any]:
+        return {**r, "vat": round(r["total"] * 0.2, 2)}
 
-def stage2(r: dict[str, Any]) -> dict[str, Any]:
-    return {**r, "vat": round(r["total"] * 0.2, 2)}
+    def sink(records: list[dict[str, Any]]) -> None:
+        sum(r["vat"] for r in records)
 
-
-def sink(records: list[dict[str, Any]]) -> None:
-    sum(r["vat"] for r in records)  # the write: consume every record
-
-
-def _plain(df: Any) -> None:
-    """The same work without ftlayer: the ceiling."""
-    (df.rdd.map(lambda row: Stage1(0)(row.asDict()))
-       .map(lambda r: (r["key"], r)).partitionBy(PARTITIONS)
-       .map(lambda kv: stage2(kv[1])).foreachPartition(lambda it: sink(list(it))))  # fmt: skip
+    return (ft.pipeline(source=0).map(s1).partition_by(["key"], PARTITIONS, types=["bigint"])
+              .map(s2).sink(sink, per="partition"))  # fmt: skip
 
 
-def _ft_run(ft: FaultTolerance, df: Any, rate: float, n: int) -> None:
-    pipeline = (
-        ft.pipeline(source=0)
-        .map(Stage1(rate))
-        .partition_by(["key"], PARTITIONS, types=["bigint"])
-        .map(stage2)
-        .sink(sink, per="partition")
-    )
-    result = ft.run_batch(pipeline, df, 0)
-    assert result.fresh == n
-    if ft.config.enabled:
-        report = ft.drain(timeout_s=300, pipeline=pipeline)
-        assert report.drained, report
-        st = ft.layer.stats()  # type: ignore[union-attr]
-        assert st.pending == 0 and st.completed + st.dead_lettered == n, st
+class FTRunner:
+    """Runs one ftlayer variant on a fresh namespace and checks its outcome."""
+
+    def __init__(self, redis_url: str) -> None:
+        self.redis_url = redis_url
+        self.calls: list[tuple[int, int]] = []  # (redis calls of the batch, records)
+
+    def __call__(self, df: Any, n: int, status: str, rate: float = 0.0, row: bool = False):
+        cfg = FTConfig(namespace=f"po-{uuid.uuid4().hex[:6]}", status=status,  # type: ignore[arg-type]
+                       redis_url=self.redis_url, max_replays=10, timeout_s=60)  # fmt: skip
+        ft = FaultTolerance(cfg, replay_limit=1_000_000)
+        try:
+            pipeline = _row_pipeline(ft) if row else _vector_pipeline(ft, rate)
+            result = ft.run_batch(pipeline, df, 0)
+            # FT off has no task summaries upstream of the sink: count what was written
+            assert (result.written if status == "off" else result.fresh) == n, result
+            if status == "on" and not rate and not row:
+                self.calls.append((result.redis_calls, n))
+            if status == "on":
+                report = ft.drain(timeout_s=600, pipeline=pipeline)
+                assert report.drained, report
+                st = ft.layer.stats()  # type: ignore[union-attr]
+                assert st.pending == 0 and st.completed + st.dead_lettered == n, st
+        finally:
+            if ft.layer is not None:
+                ft.layer.clear()
+            ft.close()
 
 
-def run(records: int, repeat: int, url: str | None) -> dict[str, Any]:
+def _session() -> Any:
     from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F  # noqa: N812
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (SparkSession.builder.master("local[2]").appName("ftlayer-bench")
@@ -85,51 +209,77 @@ def run(records: int, repeat: int, url: str | None) -> dict[str, Any]:
              .config("spark.sql.shuffle.partitions", str(PARTITIONS))
              .config("spark.pyspark.python", sys.executable).getOrCreate())  # fmt: skip
     spark.sparkContext.setLogLevel("ERROR")
-    df = (
-        spark.range(records)
-        .select("id", (F.col("id") % 64).alias("key"), (F.col("id") % 500).alias("amount"))
-        .repartition(PARTITIONS)
-        .cache()
-    )
+    return spark
+
+
+def _input(spark: Any, n: int) -> Any:
+    from pyspark.sql import functions as F  # noqa: N812
+
+    df = (spark.range(n)
+          .select("id", (F.col("id") % 64).alias("key"), (F.col("id") % 500).alias("amount"))
+          .repartition(PARTITIONS).cache())  # fmt: skip
     df.count()
-    times: dict[str, list[float]] = {"plain": [], "off": [], "on": [], "on_5pct": []}
+    return df
+
+
+def _time(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def run(records: int, repeat: int, url: str | None, scale: list[int], row: bool) -> dict:
+    spark = _session()
     try:
         with redis_for_benchmark(url) as client:
             kw = client.connection_pool.connection_kwargs
-            redis_url = url or f"redis://{kw['host']}:{kw['port']}/0"
-            for rep in range(repeat + 1):  # round 0 warms the JVM and workers: not counted
-                for name in list(times):
-                    ft = None
-                    if name != "plain":
-                        cfg = FTConfig(namespace=f"po-{uuid.uuid4().hex[:6]}",
-                                       status="off" if name == "off" else "on",
-                                       redis_url=redis_url, max_replays=10)  # fmt: skip
-                        ft = FaultTolerance(cfg)
-                    t0 = time.perf_counter()
-                    if ft is None:
-                        _plain(df)
-                    else:
-                        _ft_run(ft, df, 0.05 if name == "on_5pct" else 0.0, records)
+            ft = FTRunner(url or f"redis://{kw['host']}:{kw['port']}/0")
+            variants: dict[str, Callable[[Any, int], None]] = {
+                "dataframe": run_dataframe, "arrow": run_arrow, "pandas": run_pandas,
+                "rdd": run_rdd,
+                "ft_off": lambda df, n: ft(df, n, "off"),
+                "ft_on": lambda df, n: ft(df, n, "on"),
+                "ft_on_failing": lambda df, n: ft(df, n, "on", FAIL_RATE),
+            }  # fmt: skip
+            df = _input(spark, records)
+            times: dict[str, list[float]] = {k: [] for k in variants}
+            for rep in range(repeat + 1):  # round 0 warms the JVM and the workers
+                for name, fn in variants.items():
+                    dt = _time(lambda fn=fn: fn(df, records))
                     if rep:
-                        times[name].append(time.perf_counter() - t0)
-                    if ft is not None:
-                        if ft.layer is not None:
-                            ft.layer.clear()
-                        ft.close()
+                        times[name].append(dt)
+            rate = {k: records / median(v) for k, v in times.items()}
+            if row:
+                rate["row_ft_on"] = records / _time(lambda: ft(df, records, "on", row=True))
+            df.unpersist()
+            growth = {}
+            for n in scale:
+                d = _input(spark, n)
+                runs = {"arrow": [], "ft_on": []}  # type: dict[str, list[float]]
+                for rep in range(3):
+                    for name in runs:
+                        dt = _time(lambda name=name, d=d, n=n: variants[name](d, n))
+                        if rep:
+                            runs[name].append(dt)
+                growth[str(n)] = {k: round(n / median(v)) for k, v in runs.items()}
+                d.unpersist()
     finally:
         spark.stop()
-    rate = {k: records / median(v) for k, v in times.items()}
+    calls, n_calls = (ft.calls[-1] if ft.calls else (0, 1))
+    arrow = rate["arrow"]
     return {
         "records": records,
         "repeat": repeat,
-        "plain_pyspark_records_per_s": round(rate["plain"]),
-        "ft_off_records_per_s": round(rate["off"]),
-        "ft_on_records_per_s": round(rate["on"]),
-        "ft_on_5pct_records_per_s": round(rate["on_5pct"]),
-        "ratio_on_off": round(rate["on"] / rate["off"], 3),
-        "ratio_5pct_off": round(rate["on_5pct"] / rate["off"], 3),
-        "ratio_off_plain": round(rate["off"] / rate["plain"], 3),
-        "runs_s": {k: [round(x, 2) for x in v] for k, v in times.items()},
+        "records_per_s": {k: round(v) for k, v in rate.items()},
+        "ratio_ft_on_vs_arrow": round(rate["ft_on"] / arrow, 3),
+        "ratio_ft_on_failing_vs_arrow": round(rate["ft_on_failing"] / arrow, 3),
+        "ratio_ft_off_vs_arrow": round(rate["ft_off"] / arrow, 3),
+        "goals": GOALS,
+        "redis_calls_per_batch": calls,
+        "redis_calls_per_record": calls / n_calls,
+        "scaling_records_per_s": growth,
+        "runs_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
+        "command": "python -m benchmarks.pipeline_overhead " + " ".join(sys.argv[1:]),
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
     }
@@ -137,29 +287,37 @@ def run(records: int, repeat: int, url: str | None) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--records", type=int, default=100_000)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--redis-url", default=None)
+    ap.add_argument("--scale", default="", help="comma-separated N, e.g. 100000,1000000,5000000")
+    ap.add_argument("--no-row", action="store_true", help="skip the (slow) row API run")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    result = run(args.records, args.repeat, args.redis_url)
+    scale = [int(x) for x in args.scale.split(",") if x]
+    result = run(args.records, args.repeat, args.redis_url, scale, not args.no_row)
     save("pipeline_overhead", result)
-    keys = ["plain_pyspark_records_per_s", "ft_off_records_per_s", "ft_on_records_per_s",
-            "ft_on_5pct_records_per_s"]  # fmt: skip
+    rates = result["records_per_s"]
 
     def draw(plt: Any) -> None:
-        plt.bar(["plain PySpark", "FT off", "FT on", "FT on, 5 % fail"],
-                [result[k] for k in keys], color=["grey", "C0", "C1", "C3"])  # fmt: skip
-        plt.ylabel("records/s (median)")
-        plt.title(f"foreachBatch pipeline, {args.records:,} records, local[2]")
+        plt.barh(list(rates)[::-1], list(rates.values())[::-1])
+        plt.xlabel("records/s (median)")
+        plt.title(f"map → keyed shuffle → map → sink, {args.records:,} records, local[2]")
 
     save_chart("pipeline_overhead", draw)
     if args.json:
         print(json.dumps(result))
         return
-    print(f"pipeline overhead, {result['records']:,} records, median of {result['repeat']}")
-    for k in [*keys, "ratio_on_off", "ratio_5pct_off", "ratio_off_plain"]:
-        print(f"  {k:<30} {result[k]:>12}")
+    print(f"pipeline, {result['records']:,} records, median of {result['repeat']} rounds")
+    for k, v in rates.items():
+        print(f"  {k:<16} {v:>12,} records/s  {v / rates['arrow']:6.3f}x arrow")
+    for k, goal in GOALS.items():
+        got = result[f"ratio_{k}_vs_arrow"]
+        print(f"  {k} / arrow = {got:.3f}   goal >= {goal}   {'met' if got >= goal else 'NOT met'}")
+    print(f"  redis calls per batch {result['redis_calls_per_batch']}, per record "
+          f"{result['redis_calls_per_record']:.2e}")  # fmt: skip
+    for n, r in result["scaling_records_per_s"].items():
+        print(f"  scale {int(n):>10,}: arrow {r['arrow']:>10,}  ft_on {r['ft_on']:>10,}")
 
 
 if __name__ == "__main__":

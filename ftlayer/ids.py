@@ -19,7 +19,6 @@ __all__ = [
     "child_ids",
     "mix64",
     "new_ids",
-    "root_ids",
     "segment_of",
     "shard_of",
     "xor_fold",
@@ -85,14 +84,6 @@ def segment_of(src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def is_fresh(src: np.ndarray) -> np.ndarray:
     """Which source ids are batch-local fresh ids (bit 63), not persisted replay ids."""
     return (src & _FRESH) != 0
-
-
-def root_ids(src: np.ndarray, salt: int) -> np.ndarray:
-    """The current ids a batch run emits its fresh rows with: random-looking, fixed by
-    (source id, the run's salt), so every attempt of a task emits the same ones."""
-    out = mix64(src ^ _U(salt))
-    out[out == 0] = 1
-    return out
 
 
 def child_ids(parent_cur: np.ndarray, stage_salt: int) -> np.ndarray:

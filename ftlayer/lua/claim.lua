@@ -5,26 +5,47 @@
 -- again (nothing lost); while it only waits in the queue it burns no attempt.
 -- Returns a flat list: frame, original partition, frame, original partition, ...
 -- (frames carry the new source id and the claimed current id).
+-- Redis is called in bulk (one HMGET / HSET / SADD per CHUNK records), not per record.
 
 local source, want, curs = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local deadline = deadline_for(tonumber(ARGV[4]), tonumber(ARGV[5]))
 local items = redis.call('LPOP', PREFIX .. ':replay:' .. source, want)
 local out = {}
 if not items then return out end
-for i, item in ipairs(items) do
-  local src = string.sub(item, 1, 8)
-  local frame = redis.call('HGET', REC, src)
-  if frame then
-    local cur = string.sub(curs, (i - 1) * 8 + 1, i * 8)
-    local chi, clo = struct.unpack('>i4i4', cur)
-    redis.call('HSET', ACKS, src, struct.pack(ENTRY, chi, clo, deadline, NOW, source_of(frame)))
-    add_timeout(src, deadline)
-    out[#out + 1] = string.sub(frame, 1, 16) .. cur .. string.sub(frame, 25)
-    out[#out + 1] = (struct.unpack('>i4', item, 13))
-  else
-    count('replays_vanished')
+local CHUNK = 1000
+local tkey = tmo_key(deadline)
+local vanished = 0
+for first = 1, #items, CHUNK do
+  local last = math.min(first + CHUNK - 1, #items)
+  local srcs = {}
+  for i = first, last do srcs[#srcs + 1] = string.sub(items[i], 1, 8) end
+  local frames = redis.call('HMGET', REC, unpack(srcs))
+  local acks, live = {}, {}
+  for j, frame in ipairs(frames) do
+    if frame then
+      local i = first + j - 1
+      local src = srcs[j]
+      local cur = string.sub(curs, (i - 1) * 8 + 1, i * 8)
+      local chi, clo = struct.unpack('>i4i4', cur)
+      acks[#acks + 1] = src
+      acks[#acks + 1] = struct.pack(ENTRY, chi, clo, deadline, NOW, source_of(frame))
+      live[#live + 1] = src
+      out[#out + 1] = string.sub(frame, 1, 16) .. cur .. string.sub(frame, 25)
+      out[#out + 1] = (struct.unpack('>i4', items[i], 13))
+    else
+      vanished = vanished + 1
+    end
+  end
+  if #live > 0 then
+    redis.call('HSET', ACKS, unpack(acks))
+    redis.call('SADD', tkey, unpack(live))
   end
 end
+if #out > 0 and not indexed[deadline] then
+  redis.call('ZADD', TIDX, deadline, string.format('%d', deadline))
+  indexed[deadline] = true
+end
+count('replays_vanished', vanished)
 count('replays_claimed', #out / 2)
 flush_counts()
 return out

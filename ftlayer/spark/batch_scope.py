@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from ftlayer.acker import ShardBatch
 from ftlayer.errors import ConfigError
-from ftlayer.ids import is_fresh, new_ids, segment_of, shard_of
+from ftlayer.ids import RecordId, is_fresh, new_ids, segment_of, shard_of
 from ftlayer.payloads import arrow_codecs, decode_record
 from ftlayer.segments import frames_of_rows
 from ftlayer.spark.plan import MAX_MESSAGES, Segment
@@ -181,14 +181,27 @@ class VectorRun:
                 record = decode_record(c.frame.payload, codecs, desc)
                 if not isinstance(record, dict):
                     raise ValueError(f"a replay of a vectorized source must be a map: {desc}")
-                pa.Table.from_pylist([record], schema=schema)  # the row fits the schema
             except Exception as e:
                 bad.append((c.record_id, f"undecodable replay payload: {e}"))
                 continue
             rows.append(record)
             srcs.append(c.record_id[0])
             curs.append(c.record_id[1])
-        for rid, text in bad:
+        try:
+            table = pa.Table.from_pylist(rows, schema=schema)
+        except (pa.ArrowException, TypeError, ValueError):  # find the rows that do not fit
+            fit = []
+            for i, record in enumerate(rows):
+                try:
+                    pa.Table.from_pylist([record], schema=schema)
+                    fit.append(i)
+                except (pa.ArrowException, TypeError, ValueError) as e:
+                    rid = RecordId(srcs[i], curs[i])
+                    bad.append((rid, f"replay does not fit the input schema: {e}"))
+            rows = [rows[i] for i in fit]
+            srcs, curs = [srcs[i] for i in fit], [curs[i] for i in fit]
+            table = pa.Table.from_pylist(rows, schema=schema)
+        for rid, text in bad:  # each failed with its own error (rare: one call each)
             self.result.undecodable += 1
             if len(self.result.errors) < MAX_MESSAGES:
                 self.result.errors.append(text)
@@ -198,7 +211,6 @@ class VectorRun:
         if not rows:
             return None
         self.injected = dict(zip(srcs, curs, strict=True))
-        table = pa.Table.from_pylist(rows, schema=schema)
         table = table.append_column(SRC_COL, pa.array(np.array(srcs, np.uint64).view(np.int64)))
         table = table.append_column(CUR_COL, pa.array(np.array(curs, np.uint64).view(np.int64)))
         log.info("replays claimed batch_id=%s source=%d claimed=%d undecodable=%d",

@@ -3,6 +3,7 @@
 Every row crossing a shuffle carries two int64 columns, ``__ft_src`` and ``__ft_cur``
 (its RecordId). A task runs its segment's batch stages chained, and folds with numpy the
 XOR of every id it acks and every id it emits into ONE 64-bit value for the whole task
+(ids born and acked inside the task cancel, so only its edges count)
 (batch scope: Storm folds per source id; we fold further, because a record that ends in
 this batch must return to 0 across the batch's tasks anyway). Rows that fail, and sink
 rows whose writes were not confirmed, are acked in the fold and reported by source id as
@@ -34,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from ftlayer.config import FTConfig
-from ftlayer.ids import batch_source_ids, child_ids, mix64, root_ids, xor_fold
+from ftlayer.ids import batch_source_ids, child_ids, mix64, xor_fold
 from ftlayer.spark.outcome import run_stage
 from ftlayer.spark.plan import MAX_MESSAGES, Segment, stage_name
 from ftlayer.spark.worker import task_context, worker_layer
@@ -135,9 +136,16 @@ def _run_chain(
     src: np.ndarray | None,
     cur: np.ndarray | None,
 ) -> pa.RecordBatch | None:
-    """Run one segment's stages over one input batch; the batch to shuffle, or None."""
+    """Run one segment's stages over one input batch; the batch to shuffle, or None.
+
+    XOR events only at the task's edges: ids born and acked inside the task cancel in
+    its fold, so chained stages generate none. Each input is acked when it enters (the
+    caller folds its id in), each row leaving through the shuffle is emitted with a new
+    id derived from its input's (folded in here). ``origin`` maps rows to their input."""
     seg = plan.segments[stage]
     bisect = plan.on_error != "fail_batch"
+    ft = src is not None and cur is not None
+    origin = np.arange(batch.num_rows, dtype=np.int64)
     for j, (_, op) in enumerate(seg.ops):
         label = stage_label(stage, j, op.fn)
         res = run_stage(op.fn, batch, label, schema=plan.outputs[stage][j], pandas=op.pandas,
@@ -145,19 +153,19 @@ def _run_chain(
         n_out = 0 if res.output is None else res.output.num_rows
         task.count(label, batch.num_rows, n_out, len(res.failed), 0, res.extra_calls)
         _note_failures(task, res.errors)
-        if src is not None and cur is not None:
-            task.fold ^= xor_fold(cur)  # every input is acked; failures are residues
-            if len(res.failed):
-                task.failed_src.append(src[res.failed])
-                task.failed_err.extend(res.errors)
-            src = src[res.parents]
-            cur = child_ids(cur[res.parents], plan.stage_salt(stage, j))
-            task.fold ^= xor_fold(cur)
+        if ft and len(res.failed):
+            task.failed_src.append(src[origin[res.failed]])  # type: ignore[index]
+            task.failed_err.extend(res.errors)
         if res.output is None or n_out == 0:
             return None
+        origin = origin[res.parents]
         batch = res.output
     if seg.sink is None:
-        return batch if src is None or cur is None else _with_ids(batch, src, cur)
+        if src is None or cur is None:
+            return batch
+        out_cur = child_ids(cur[origin], plan.stage_salt(stage, 0))
+        task.fold ^= xor_fold(out_cur)
+        return _with_ids(batch, src[origin], out_cur)
     label = stage_label(stage, len(seg.ops), seg.sink, sink=True)
     res = run_stage(seg.sink, batch, label, schema=None, pandas=seg.sink_pandas,
                     is_sink=True, bisect=bisect)  # fmt: skip
@@ -165,13 +173,12 @@ def _run_chain(
     _note_failures(task, res.errors)
     task.written += batch.num_rows - len(res.failed) - len(res.unconfirmed)
     if src is not None and cur is not None:
-        task.fold ^= xor_fold(cur)
         if len(res.failed):
-            task.failed_src.append(src[res.failed])
+            task.failed_src.append(src[origin[res.failed]])
             task.failed_err.extend(res.errors)
         if len(res.unconfirmed):
-            task.unc_src.append(src[res.unconfirmed])
-            task.unc_cur.append(cur[res.unconfirmed])
+            task.unc_src.append(src[origin[res.unconfirmed]])
+            task.unc_cur.append(cur[origin[res.unconfirmed]] | np.uint64(1))
     return None
 
 
@@ -209,16 +216,16 @@ def run_vector_task(
             if n_fresh:
                 part = user if n_fresh == batch.num_rows else user.filter(pa.array(is_fresh))
                 ids = batch_source_ids(partition, task.fresh, n_fresh)
-                roots = root_ids(ids, plan.salt)
                 task.fresh += n_fresh
-                task.fold ^= xor_fold(roots)  # the init of each fresh record
                 fresh.append(part)
-                out = _run_chain(plan, stage, task, part, ids, roots)
+                # a fresh record's init and its ack by the first stage cancel: no root id
+                out = _run_chain(plan, stage, task, part, ids, ids ^ np.uint64(plan.salt))
                 if out is not None:
                     yield out
             if n_fresh < batch.num_rows:  # replays: inited in Redis when claimed
                 keep = ~is_fresh
                 task.replayed += int(keep.sum())
+                task.fold ^= xor_fold(cur[keep])  # their ack
                 out = _run_chain(plan, stage, task, user.filter(pa.array(keep)), src[keep],
                                  cur[keep])  # fmt: skip
                 if out is not None:
@@ -231,6 +238,7 @@ def run_vector_task(
             user, src, cur = user.filter(pa.array(keep)), src[keep], cur[keep]
             if user.num_rows == 0:
                 continue
+        task.fold ^= xor_fold(cur)  # every input is acked as it enters
         out = _run_chain(plan, stage, task, user, src, cur)
         if out is not None:
             yield out
