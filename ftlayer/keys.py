@@ -62,6 +62,11 @@ class ShardKeys:
     def dlq(self) -> str:
         return f"{self.prefix}:dlq"
 
+    @property
+    def segidx(self) -> str:
+        """Unsettled segments of vectorized batches (member -> deadline)."""
+        return f"{self.prefix}:segidx"
+
     def tmo(self, deadline_ms: int) -> str:
         return f"{self.prefix}:tmo:{deadline_ms}"
 

@@ -60,6 +60,9 @@ class FTStats:
     dead_letters: int = 0
     """Dead letters held now (``dead_lettered`` counts every one ever; re-drive and purge
     remove them from here)."""
+    unsettled_segments: int = 0
+    """Segments of vectorized batches not settled yet: their batch is running, or died
+    and the segment waits for its timeout (its rows are not in ``pending`` until then)."""
     oldest_pending_age_s: float | None = None
     """Upper bound on the age of the oldest record with a live timeout, from the earliest
     deadline (exact to within T/(B-1)); None when nothing has a timeout."""
@@ -152,16 +155,21 @@ class FTLayer:
         return totals[0], totals[1], totals[2]
 
     def expire_due(self, max_replays: int | None = None) -> ExpireResult:
-        """One rotation: fail what timed out, collect orphans (see RedisTimeoutLayer).
+        """One rotation: fail what timed out, collect orphans (see RedisTimeoutLayer),
+        settle segments whose batch never settled them (see SegmentStore.expire_due).
         ``max_replays`` overrides the records' own replay budgets."""
-        return self.timeouts.expire_due(max_replays)
+        res = self.timeouts.expire_due(max_replays)
+        seg = self.segments.expire_due()
+        res.segments, res.calls = seg.segments, res.calls + seg.calls + 1
+        res.timed_out += seg.replayed + seg.dead_lettered
+        return res
 
     def reset_timeout(self, record_ids: Iterable[RecordId | int]) -> int:
         return self.timeouts.reset_timeout([r if isinstance(r, int) else r[0] for r in record_ids])
 
     def start_rotator(self) -> Rotator:
         """Rotate in a background thread of this process (the sidecar's job)."""
-        return Rotator(self.timeouts).start()
+        return Rotator(self.timeouts, self.expire_due).start()
 
     # -- backpressure --------------------------------------------------------------------
     def pending_by_source(self) -> dict[int, int]:
@@ -206,16 +214,18 @@ class FTLayer:
                 pipe.hlen(shard.rec)
                 pipe.hlen(shard.dlq)
                 pipe.zrange(shard.tmoidx, 0, 0, withscores=True)
+                pipe.zcard(shard.segidx)
             replies = pipe.execute()
         st = FTStats()
         raw: dict[str, int] = {}
         earliest = None
-        for i in range(0, len(replies), 4):
+        for i in range(0, len(replies), 5):
             for k, v in replies[i].items():
                 name = k.decode()
                 raw[name] = raw.get(name, 0) + int(v)
             st.pending += int(replies[i + 1])
             st.dead_letters += int(replies[i + 2])
+            st.unsettled_segments += int(replies[i + 4])
             if replies[i + 3]:
                 d = float(replies[i + 3][0][1])
                 earliest = d if earliest is None else min(earliest, d)

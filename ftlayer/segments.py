@@ -217,7 +217,7 @@ class SegmentStore(NamespacePart):
         out: list[tuple[int, str, float]] = []
         for k, s in enumerate(self.keyspace.shards):
             got = cast(list[tuple[bytes, float]],
-                       self.client.zrange(f"{s.prefix}:segidx", 0, -1, withscores=True))
+                       self.client.zrange(s.segidx, 0, -1, withscores=True))
             out.extend((k, member.decode(), float(score)) for member, score in got)
         return out
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
@@ -31,6 +32,9 @@ class ExpireResult:
     timed_out: int = 0
     orphans: int = 0
     calls: int = 0
+    segments: int = 0
+    """Segments of vectorized batches that never settled, settled by this rotation
+    (their rows are counted in ``timed_out``)."""
 
 
 class RedisTimeoutLayer(NamespacePart):
@@ -87,8 +91,11 @@ class Rotator:
     within the promised bound; the sidecar runs one of these.
     """
 
-    def __init__(self, timeouts: RedisTimeoutLayer) -> None:
+    def __init__(
+        self, timeouts: RedisTimeoutLayer, expire: Callable[[], ExpireResult] | None = None
+    ) -> None:
         self.timeouts = timeouts
+        self._expire = expire or timeouts.expire_due
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.rotations = 0
@@ -117,7 +124,7 @@ class Rotator:
             if self._stop.wait(wait):
                 return
             try:
-                self.last = self.timeouts.expire_due()
+                self.last = self._expire()
                 self.rotations += 1
             except redis.RedisError as e:
                 self.errors += 1

@@ -324,7 +324,8 @@ class FaultTolerance:
         while True:
             self.layer.expire_due()
             st = self.layer.stats()
-            if st.pending == 0 or time.monotonic() >= deadline:
+            busy = st.pending + st.unsettled_segments
+            if busy == 0 or time.monotonic() >= deadline:
                 break
             last = self._last if pipeline is None else (pipeline, *self._spark_schema())
             if last is not None and st.queued_replays:
@@ -334,9 +335,10 @@ class FaultTolerance:
                 batches += 1
                 if result.replayed or result.undecodable:
                     continue
-            log.info("draining pending=%d queued_replays=%d", st.pending, st.queued_replays)
+            log.info("draining pending=%d queued_replays=%d unsettled_segments=%d",
+                     st.pending, st.queued_replays, st.unsettled_segments)  # fmt: skip
             time.sleep(pause)
-        drained = st.pending == 0
+        drained = st.pending == 0 and st.unsettled_segments == 0
         out = DrainResult(
             drained,
             st.pending,

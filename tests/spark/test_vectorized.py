@@ -1,0 +1,704 @@
+"""The vectorized path end to end (map_batches / map_pandas / sink_batches): real Spark
+(local[2]), real Redis (one server, and a 3-master cluster), no mocks.
+
+Every test checks the outcome from the sink's side -- which source ids reached it, how
+often -- against the dead letters and the FT layer's stats: nothing lost (every id reached
+the sink or is a dead letter), nothing left pending, and no segment (``:seg:``) or task
+summary (``:sum:``) left in Redis once the batches settled. Each test names, in a comment,
+the product breaks it catches.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from probe import Probe
+from pyspark import TaskContext, cloudpickle
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F  # noqa: N812
+
+from ftlayer.segments import SUMMARY_TTL_MS
+from ftlayer.spark import FaultTolerance, Outcome
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = pytest.mark.spark
+
+S1 = "map_batches[0.0] stage1"
+S2 = "map_batches[1.0] stage2"
+
+
+# -- helpers (run in Spark's workers: they only touch Redis through a Probe) -------------
+def first_times(probe: Probe, tag: str, ids: np.ndarray) -> np.ndarray:
+    """For each id, True when this is the first time ``tag`` saw it (one round trip)."""
+    if len(ids) == 0:
+        return np.zeros(0, bool)
+    with probe.r.pipeline(transaction=False) as p:
+        for i in ids.tolist():
+            p.sadd(f"{probe.prefix}:{tag}", i)
+        return np.array(p.execute(), dtype=bool)
+
+
+def times_seen(probe: Probe, tag: str, ids: np.ndarray) -> np.ndarray:
+    """For each id, how many times ``tag`` has seen it, this time included."""
+    if len(ids) == 0:
+        return np.zeros(0, np.int64)
+    with probe.r.pipeline(transaction=False) as p:
+        for i in ids.tolist():
+            p.hincrby(f"{probe.prefix}:{tag}", str(i), 1)
+        return np.array(p.execute(), dtype=np.int64)
+
+
+def push(probe: Probe, what: str, values: list[Any]) -> None:
+    if values:
+        probe.r.rpush(f"{probe.prefix}:{what}", *[str(v) for v in values])
+
+
+def ids_of(batch: pa.RecordBatch) -> np.ndarray:
+    return batch.column("id").to_numpy()
+
+
+def source_df(spark: SparkSession, n: int, keys: int = 29, parts: int = 3) -> DataFrame:
+    return (
+        spark.range(n)
+        .select("id", (F.col("id") % keys).alias("key"), (F.col("id") % 100).alias("amount"))
+        .repartition(parts)
+    )
+
+
+# -- helpers (driver side) ---------------------------------------------------------------
+def leftover_keys(ft: FaultTolerance, part: str) -> list[bytes]:
+    assert ft.layer is not None
+    pattern = f"ft:{{{ft.config.namespace}:*{part}*"
+    return list(ft.layer.client.scan_iter(match=pattern, count=1000))
+
+
+def assert_settled(ft: FaultTolerance) -> None:
+    """No segment and no task summary of this namespace is left in Redis."""
+    assert leftover_keys(ft, ":seg:") == []
+    assert leftover_keys(ft, ":sum:") == []
+
+
+def dead_letters(ft: FaultTolerance) -> dict[int, Any]:
+    assert ft.layer is not None
+    return {d.frame.decode()["id"]: d for d in ft.layer.persistence.dead_letters()}
+
+
+# -- 1 and 9: explicit per-row failures through a keyed shuffle, single server / cluster --
+@pytest.mark.parametrize("backend", ["single", "cluster"])
+def test_explicit_failures_replay_through_a_shuffle(
+    spark: SparkSession,
+    make_ft: Any,
+    probe: Probe,
+    backend: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Catches: failed rows acked instead of replayed (lost), failed rows' outputs not
+    dropped (written twice), residues mapped to the wrong segment row (the wrong record
+    replays: lost + duplicate), per-row error texts misaligned with their rows, replays
+    never completed (pending > 0), replay budget off by one, segments or summaries not
+    deleted at settlement, and (cluster) keys of one script call in different slots."""
+    where = (
+        {} if backend == "single" else {"redis_url": request.getfixturevalue("redis_cluster").url}
+    )
+    ft = make_ft(max_replays=3, timeout_s=5.0, **where)
+    n = 3000
+    ids_all = np.arange(n)
+    poison = set(ids_all[ids_all % 997 == 5].tolist())
+    a7 = set(ids_all[(ids_all % 7 == 3)].tolist()) - poison  # fail once in stage 1
+    b11 = set(ids_all[(ids_all % 11 == 4)].tolist()) - poison  # fail once in stage 2
+
+    def stage1(b: pa.RecordBatch) -> Outcome:
+        ids = ids_of(b)
+        bad = ids % 997 == 5
+        cand = np.flatnonzero((ids % 7 == 3) & ~bad)
+        first = cand[first_times(probe, "s1", ids[cand])]
+        # unsorted indices with one error each, to check errors stay with their rows
+        failed = np.concatenate([np.flatnonzero(bad), first])[::-1]
+        errors = [f"poison {i}" if i % 997 == 5 else f"first try {i}" for i in ids[failed]]
+        out = pa.RecordBatch.from_arrays(
+            [b.column("id"), b.column("key"), pc.multiply(b.column("amount"), 1.5)],
+            names=["id", "key", "total"],
+        )
+        return Outcome(out, failed=failed, errors=errors)
+
+    def stage2(b: pa.RecordBatch) -> Outcome:
+        ids = ids_of(b)
+        cand = np.flatnonzero(ids % 11 == 4)
+        mask = np.zeros(len(ids), bool)
+        mask[cand[first_times(probe, "s2", ids[cand])]] = True
+        out = pa.RecordBatch.from_arrays(
+            [b.column("id"), b.column("key"), pc.multiply(b.column("total"), 0.2)],
+            names=["id", "key", "vat"],
+        )
+        return Outcome(out, failed=mask, errors="stage 2 rejects it once")
+
+    def sink(b: pa.RecordBatch) -> None:
+        push(probe, "sink", ids_of(b).tolist())
+
+    pipeline = (
+        ft.pipeline(source=0)
+        .map_batches(stage1, "id long, key long, total double")
+        .partition_by(["key"], 4)
+        .map_batches(stage2, "id long, key long, vat double")
+        .sink_batches(sink)
+    )
+    first = ft.run_batch(pipeline, source_df(spark, n), 0)
+    assert first.fold_ok and first.fresh == n and first.replayed == 0
+    assert first.stages[S1].failed == len(poison | a7)
+    assert first.stages[S2].failed == len(b11 - a7)
+    assert first.failed == len(poison | a7 | b11)
+    assert first.written == n - first.failed
+    st = ft.layer.stats()
+    assert st.pending == st.queued_replays == first.failed  # failed rows replay at once
+
+    report = ft.drain(timeout_s=120)
+    assert report.drained and report.pending == 0, report
+    dead = dead_letters(ft)
+    assert set(dead) == poison
+    for i, d in dead.items():
+        assert len(d.history) == 4, d.history  # first try + max_replays
+        assert all(h.error == f"poison {i}" for h in d.history), d.history
+    got = Counter(probe.ids())
+    assert set(got) | poison == set(range(n)), "lost records"
+    assert set(got) & poison == set()
+    assert max(got.values()) == 1, "a record reached the sink twice"
+    st = ft.layer.stats()
+    assert st.pending == 0 and st.dead_letters == len(poison)
+    assert st.failed_explicit == 4 * len(poison) + len(a7) + len(b11)
+    assert st.completed == n - len(poison)
+    assert_settled(ft)
+
+
+# -- 2: a row that makes a batch function raise is isolated by bisection -------------------
+def test_a_raising_row_fails_alone_by_bisection(
+    spark: SparkSession, make_ft: Any, probe: Probe
+) -> None:
+    """Catches: an exception failing the whole batch (or task) instead of its row, the
+    halves' outputs misassembled after bisection (rows lost or doubled), the exception
+    text missing from the failure history, bisection in the sink writing rows twice, and
+    bisections not counted (or counted far beyond one row's log2(n) levels)."""
+    ft = make_ft(max_replays=1, timeout_s=5.0)
+    n, bad1, bad2 = 3000, 1234, 2345
+
+    def stage1(b: pa.RecordBatch) -> pa.RecordBatch:
+        if (ids_of(b) == bad1).any():
+            raise ValueError(f"poison row {bad1}")
+        return pa.RecordBatch.from_arrays(
+            [b.column("id"), b.column("key"), pc.add(b.column("amount"), 1)],
+            names=["id", "key", "total"],
+        )
+
+    def sink(b: pa.RecordBatch) -> None:
+        if (ids_of(b) == bad2).any():  # raises before it writes anything
+            raise RuntimeError(f"sink refuses {bad2}")
+        push(probe, "sink", ids_of(b).tolist())
+
+    pipeline = (
+        ft.pipeline()
+        .map_batches(stage1, "id long, key long, total double")
+        .partition_by(["key"], 4)
+        .sink_batches(sink)
+    )
+    res = ft.run_batch(pipeline, source_df(spark, n), 0)
+    assert res.fold_ok and res.failed == 2 and res.written == n - 2
+    s1, snk = res.stages[S1], res.stages["sink[1.0] sink"]
+    assert s1.failed == 1 and s1.rows_out == n - 1
+    # one poison row in a task of ~n/3 rows: two calls per halving level
+    assert 0 < s1.bisections <= 2 * math.ceil(math.log2(n)), s1
+    assert snk.failed == 1 and 0 < snk.bisections <= 2 * math.ceil(math.log2(n)), snk
+    assert any(f"ValueError: poison row {bad1}" in e for e in res.errors), res.errors
+    report = ft.drain(timeout_s=60)
+    assert report.drained and report.dead_lettered == 2, report
+    dead = dead_letters(ft)
+    assert set(dead) == {bad1, bad2}
+    assert len(dead[bad1].history) == 2 and len(dead[bad2].history) == 2
+    history = dead[bad1].history
+    assert all(f"{S1}: ValueError: poison row {bad1}" in h.error for h in history), history
+    assert all(f"RuntimeError: sink refuses {bad2}" in h.error for h in dead[bad2].history)
+    got = Counter(probe.ids())
+    assert set(got) == set(range(n)) - {bad1, bad2}
+    assert max(got.values()) == 1
+    assert ft.layer.stats().pending == 0
+    assert_settled(ft)
+
+
+# -- 3: fan-out and filtering with parents= -------------------------------------------------
+def test_fan_out_and_filtering_with_parents(
+    spark: SparkSession, make_ft: Any, probe: Probe
+) -> None:
+    """Catches: children's ids not folded (records stay pending or complete too early),
+    filtered rows (0 children) left pending, a failed child not failing its source record,
+    the replay of a fanned-out record not re-emitting all of its children, and stage
+    counts that do not match rows in/out."""
+    ft = make_ft(timeout_s=5.0)
+    n = 2000
+    ids_all = np.arange(n)
+    kept = set(ids_all[ids_all % 5 != 0].tolist())
+    flaky = {i for i in kept if i % 13 == 1}  # child 1 fails once in stage 2
+
+    def stage1(b: pa.RecordBatch) -> Outcome:
+        ids = ids_of(b)
+        parents = np.repeat(np.flatnonzero(ids % 5 != 0), 2)
+        out = pa.RecordBatch.from_arrays(
+            [
+                pa.array(ids[parents]),
+                b.column("key").take(pa.array(parents)),
+                pa.array(np.tile([0, 1], len(parents) // 2)),
+            ],
+            names=["id", "key", "copy"],
+        )
+        return Outcome(out, parents=parents)
+
+    def stage2(b: pa.RecordBatch) -> Outcome:
+        ids, copy = ids_of(b), b.column("copy").to_numpy()
+        cand = np.flatnonzero((ids % 13 == 1) & (copy == 1))
+        failed = cand[first_times(probe, "child", ids[cand])]
+        return Outcome(b, failed=failed, errors="child 1 fails once")
+
+    def sink(b: pa.RecordBatch) -> None:
+        push(
+            probe,
+            "sink",
+            [f"{i}:{c}" for i, c in zip(ids_of(b), b.column("copy").to_numpy(), strict=True)],
+        )
+
+    pipeline = (
+        ft.pipeline()
+        .map_batches(stage1, "id long, key long, copy long")
+        .partition_by(["key"], 3)
+        .map_batches(stage2, "id long, key long, copy long")
+        .sink_batches(sink)
+    )
+    res = ft.run_batch(pipeline, source_df(spark, n), 0)
+    assert res.fold_ok and res.fresh == n and res.failed == len(flaky)
+    assert (res.stages[S1].rows_in, res.stages[S1].rows_out) == (n, 2 * len(kept))
+    assert res.stages[S2].rows_in == 2 * len(kept)
+    assert res.stages[S2].rows_out == 2 * len(kept) - len(flaky)
+    assert res.written == 2 * len(kept) - len(flaky)
+    st = ft.layer.stats()
+    # only the sources of failed children are pending: filtered ones completed
+    assert st.pending == st.queued_replays == len(flaky)
+    assert st.completed == n - len(flaky)
+
+    report = ft.drain(timeout_s=60)
+    assert report.drained and report.dead_lettered == 0, report
+    got = Counter(x.decode() for x in probe.r.lrange(f"{probe.prefix}:sink", 0, -1))
+    want = Counter({f"{i}:{c}": 1 for i in kept for c in (0, 1)})
+    for i in flaky:  # the replay re-emits both children; child 0 was written already
+        want[f"{i}:0"] = 2
+    assert got == want
+    st = ft.layer.stats()
+    assert st.pending == 0 and st.completed == n
+    assert_settled(ft)
+
+
+def test_fan_out_alone_leaves_nothing_pending(
+    spark: SparkSession, make_ft: Any, probe: Probe
+) -> None:
+    """Catches: a batch of only fan-out and filtering (no failure) leaving anything
+    pending, or the fold not returning to 0 when children outnumber parents."""
+    ft = make_ft(timeout_s=30.0)
+    n = 1500
+
+    def stage1(b: pa.RecordBatch) -> Outcome:
+        ids = ids_of(b)
+        reps = (ids % 4).astype(np.int64)  # 0, 1, 2 or 3 children each
+        parents = np.repeat(np.arange(len(ids)), reps)
+        out = pa.RecordBatch.from_arrays(
+            [pa.array(ids[parents]), b.column("key").take(pa.array(parents))],
+            names=["id", "key"],
+        )
+        return Outcome(out, parents=parents)
+
+    def sink(b: pa.RecordBatch) -> None:
+        push(probe, "sink", ids_of(b).tolist())
+
+    pipeline = ft.pipeline().map_batches(stage1, "id long, key long").sink_batches(sink)
+    res = ft.run_batch(pipeline, source_df(spark, n), 0)
+    want = Counter({i: i % 4 for i in range(n) if i % 4})
+    assert res.fold_ok and res.failed == 0 and res.written == sum(want.values())
+    assert Counter(probe.ids()) == want
+    st = ft.layer.stats()
+    assert st.pending == 0 and st.completed == n
+    assert_settled(ft)
+
+
+# -- 4: unconfirmed sink writes stay pending, time out and replay ---------------------------
+def test_unconfirmed_sink_rows_time_out_and_replay(
+    spark: SparkSession, make_ft: Any, probe: Probe
+) -> None:
+    """Catches: unconfirmed rows acked (lost), or failed instead of left pending (they
+    would replay at once, not after their timeout), the ack value of a pending residue
+    wrong (it never completes when replayed: drain times out), a replay that is
+    unconfirmed again completed or lost, and the summary of a pipeline without a shuffle
+    (returned as the task's result) mishandled."""
+    ft = make_ft(timeout_s=2.0)
+    n = 1800
+    unc = {i for i in range(n) if i % 9 == 0}
+    twice = {i for i in unc if i % 27 == 0}  # unconfirmed again when replayed
+
+    def stage1(b: pa.RecordBatch) -> pa.RecordBatch:
+        return b.select(["id", "key"])
+
+    def sink(b: pa.RecordBatch) -> Outcome:
+        ids = ids_of(b)
+        cand = np.flatnonzero(ids % 9 == 0)
+        seen = times_seen(probe, "unc", ids[cand])
+        lost = cand[seen <= np.where(ids[cand] % 27 == 0, 2, 1)]
+        keep = np.ones(len(ids), bool)
+        keep[lost] = False
+        push(probe, "sink", ids[keep].tolist())
+        return Outcome(unconfirmed=lost)
+
+    pipeline = ft.pipeline().map_batches(stage1, "id long, key long").sink_batches(sink)
+    res = ft.run_batch(pipeline, source_df(spark, n), 0)
+    assert res.fold_ok and res.unconfirmed == len(unc) and res.failed == 0
+    assert res.written == n - len(unc)
+    st = ft.layer.stats()
+    assert st.pending == len(unc) and st.queued_replays == 0, "left pending, not acked/failed"
+    assert st.failed_explicit == 0
+
+    report = ft.drain(timeout_s=60)
+    assert report.drained and report.dead_lettered == 0, report
+    st = ft.layer.stats()
+    assert st.failed_timeout == len(unc) + len(twice)
+    assert st.failed_explicit == 0 and st.pending == 0
+    got = Counter(probe.ids())
+    assert set(got) == set(range(n)) and max(got.values()) == 1
+    assert_settled(ft)
+
+
+# -- 5: replays land where Spark places their key --------------------------------------------
+def test_replays_land_where_spark_places_their_key(
+    spark: SparkSession, make_ft: Any, probe: Probe
+) -> None:
+    """Catches: replays entering a keyed source, or crossing a partition_by, at another
+    partition than fresh rows of their key (e.g. a Python-side partitioner that differs
+    from Spark's Murmur3 hash, or replays bypassing the repartition). Spark's own
+    ``repartition(n, "key")`` is the oracle."""
+    ft = make_ft(timeout_s=5.0)
+    n = 3000
+    replayed = {i for i in range(n) if i % 6 == 1}
+
+    def stage1(b: pa.RecordBatch) -> Outcome:
+        ids = ids_of(b)
+        pid = TaskContext.get().partitionId()
+        push(probe, "s1", [f"{k}:{pid}" for k in b.column("key").to_pylist()])
+        cand = np.flatnonzero(ids % 6 == 1)
+        failed = cand[first_times(probe, "failed", ids[cand])]
+        return Outcome(b.select(["id", "key"]), failed=failed, errors="once")
+
+    def sink(b: pa.RecordBatch) -> None:
+        pid = TaskContext.get().partitionId()
+        ids = ids_of(b)
+        push(probe, "sink", ids.tolist())
+        push(
+            probe,
+            "s2",
+            [f"{k}:{pid}:{i}" for k, i in zip(b.column("key").to_pylist(), ids, strict=True)],
+        )
+
+    pipeline = (
+        ft.pipeline(key="key", partitions=3)
+        .map_batches(stage1, "id long, key long")
+        .partition_by(["key"], 4)
+        .sink_batches(sink)
+    )
+    df = spark.range(n).select("id", (F.col("id") * 7919 % 101).alias("key"))
+    res = ft.run_batch(pipeline, df, 0)
+    assert res.failed == len(replayed)
+    report = ft.drain(timeout_s=60)
+    assert report.drained, report
+    assert sorted(probe.ids()) == list(range(n))
+
+    keys = sorted({i * 7919 % 101 for i in range(n)})
+
+    def oracle(parts: int) -> dict[int, int]:
+        kdf = spark.createDataFrame([(k,) for k in keys], "key long").repartition(parts, "key")
+        pairs = kdf.rdd.mapPartitionsWithIndex(lambda p, it: [(r.key, p) for r in it]).collect()
+        return dict(pairs)
+
+    for what, parts in (("s1", 3), ("s2", 4)):
+        want = oracle(parts)
+        assert len(set(want.values())) > 1  # the keys do spread over partitions
+        seen: dict[int, set[int]] = {}
+        rows = probe.strings(what)
+        for s in rows:
+            k, p = s.split(":")[:2]
+            seen.setdefault(int(k), set()).add(int(p))
+        assert {k: {p} for k, p in want.items()} == seen, what
+    # the replayed rows themselves were placed and checked after the shuffle
+    placed = {int(s.split(":")[2]) for s in probe.strings("s2")}
+    assert replayed <= placed
+    assert len(probe.strings("s1")) == n + len(replayed)
+    assert_settled(ft)
+
+
+# -- 6: a task that crashes mid-batch ---------------------------------------------------------
+def test_crashed_tasks_retried_by_spark_lose_nothing(
+    spark: SparkSession, make_ft: Any, probe: Probe, task_retries: int
+) -> None:
+    """Catches: the summary of a crashed attempt counted (fold not 0, or rows counted
+    twice), a retried attempt's ids differing from the first's (fold not 0: everything
+    kept pending), the crashed attempt's rows lost, and replays injected into a batch
+    whose task crashed never completing. At-least-once: duplicates come only from the
+    crashed sink's already-written half."""
+    ft = make_ft(timeout_s=5.0)
+    n = 4000
+    flaky = {i for i in range(n) if i % 10 == 3}
+
+    def stage1(b: pa.RecordBatch) -> Outcome:
+        if probe.r.set(f"{probe.prefix}:crash:stage1", 1, nx=True):
+            os._exit(1)  # the first task to get here dies, nothing flushed
+        ids = ids_of(b)
+        cand = np.flatnonzero(ids % 10 == 3)
+        failed = cand[first_times(probe, "failed", ids[cand])]
+        return Outcome(b.select(["id", "key"]), failed=failed, errors="once")
+
+    def sink(b: pa.RecordBatch) -> None:
+        ids = ids_of(b).tolist()
+        half = len(ids) // 2
+        push(probe, "sink", ids[:half])
+        if probe.r.set(f"{probe.prefix}:crash:sink", 1, nx=True):
+            os._exit(1)  # dies after writing half of its rows
+        if any(i in flaky for i in ids) and probe.r.set(f"{probe.prefix}:crash:replay", 1, nx=True):
+            os._exit(1)  # a task of a batch holding replays dies the same way
+        push(probe, "sink", ids[half:])
+
+    pipeline = (
+        ft.pipeline()
+        .map_batches(stage1, "id long, key long")
+        .partition_by(["key"], 4)
+        .sink_batches(sink)
+    )
+    res = ft.run_batch(pipeline, source_df(spark, n, parts=4), 0)
+    assert res.fold_ok, res
+    assert res.fresh == n and res.failed == len(flaky)
+    report = ft.drain(timeout_s=90)
+    assert report.drained and report.pending == 0 and report.dead_lettered == 0, report
+    for what in ("stage1", "sink", "replay"):
+        assert probe.r.get(f"{probe.prefix}:crash:{what}"), f"no crash in {what}"
+    assert all(r.fold_ok for r in ft.results)
+    got = Counter(probe.ids())
+    lost = set(range(n)) - set(got)
+    dups = sum(c - 1 for c in got.values())
+    print(f"crash test: lost={len(lost)} duplicates={dups}")
+    assert lost == set()
+    assert max(got.values()) <= 2
+    assert dups <= n // 2  # only what a crashed sink attempt wrote before it died
+    assert ft.layer.stats().pending == 0
+    assert_settled(ft)
+
+
+# -- 7: FT off ----------------------------------------------------------------------------
+def test_ft_off_runs_the_same_pipeline_without_redis(
+    spark: SparkSession, make_ft: Any, probe: Probe, redis_server: Any
+) -> None:
+    """Catches: status="off" still touching Redis (segments, summaries, replays), or
+    giving different sink output than FT on for the same deterministic pipeline."""
+    n = 2000
+    outputs: dict[str, Counter[str]] = {}
+    for status in ("off", "on"):
+        ft = make_ft(status=status)
+        tag = Probe(probe.url, f"{probe.prefix}{status}")
+
+        def stage1(b: pa.RecordBatch) -> Outcome:
+            ids = ids_of(b)
+            parents = np.repeat(np.arange(len(ids)), np.where(ids % 5 == 0, 0, 2))
+            out = pa.RecordBatch.from_arrays(
+                [pa.array(ids[parents]), b.column("key").take(pa.array(parents))],
+                names=["id", "key"],
+            )
+            return Outcome(out, parents=parents, failed=ids % 7 == 3, errors="always")
+
+        def sink(b: pa.RecordBatch, tag: Probe = tag) -> None:
+            push(tag, "sink", ids_of(b).tolist())
+
+        pipeline = (
+            ft.pipeline()
+            .map_batches(stage1, "id long, key long")
+            .partition_by(["key"], 3)
+            .map_batches(lambda b: b, "id long, key long")
+            .sink_batches(sink)
+        )
+        res = ft.run_batch(pipeline, source_df(spark, n), 0)
+        outputs[status] = Counter(x.decode() for x in tag.r.lrange(f"{tag.prefix}:sink", 0, -1))
+        tag.r.delete(f"{tag.prefix}:sink")
+        want = {i for i in range(n) if i % 5 != 0 and i % 7 != 3}
+        assert res.written == 2 * len(want), (status, res)
+        assert outputs[status] == Counter({str(i): 2 for i in want})
+        if status == "off":
+            assert ft.layer is None and res.redis_calls == 0
+            ns = ft.config.namespace
+            assert list(redis_server.client().scan_iter(match=f"*{ns}*")) == []
+        else:
+            assert_settled(ft)
+    assert outputs["off"] == outputs["on"]
+
+
+# -- 8: pandas stages and a pandas sink ------------------------------------------------------
+def test_map_pandas_and_a_pandas_sink(spark: SparkSession, make_ft: Any, probe: Probe) -> None:
+    """Catches: pandas outputs not converted to the declared schema, pandas masks for
+    failed= / parents= mishandled, and a pandas sink's failed rows not replayed."""
+    ft = make_ft(timeout_s=5.0)
+    n = 2000
+
+    def price(pdf: pd.DataFrame) -> Outcome:
+        out = pd.DataFrame({"id": pdf["id"], "key": pdf["key"], "total": pdf["amount"] * 1.1})
+        cand = (pdf["id"] % 17 == 2).to_numpy()
+        mask = np.zeros(len(pdf), bool)
+        mask[np.flatnonzero(cand)[first_times(probe, "p1", pdf["id"].to_numpy()[cand])]] = True
+        return Outcome(out, failed=mask, errors="pandas stage rejects it once")
+
+    def drop_thirds(pdf: pd.DataFrame) -> Outcome:
+        keep = (pdf["id"] % 3 != 0).to_numpy()
+        out = pdf[keep].assign(total=lambda d: d["total"].round(2)).reset_index(drop=True)
+        return Outcome(out, parents=np.flatnonzero(keep))
+
+    def sink(pdf: pd.DataFrame) -> Outcome:
+        ids = pdf["id"].to_numpy()
+        cand = np.flatnonzero(ids % 19 == 4)
+        failed = cand[first_times(probe, "psink", ids[cand])]
+        ok = np.ones(len(pdf), bool)
+        ok[failed] = False
+        push(
+            probe, "sink", [f"{i}:{t:.2f}" for i, t in zip(ids[ok], pdf["total"][ok], strict=True)]
+        )
+        return Outcome(failed=failed, errors="pandas sink rejects it once")
+
+    pipeline = (
+        ft.pipeline()
+        .map_pandas(price, "id long, key long, total double")
+        .partition_by(["key"], 3)
+        .map_pandas(drop_thirds, "id long, key long, total double")
+        .sink_batches(sink, pandas=True)
+    )
+    res = ft.run_batch(pipeline, source_df(spark, n), 0)
+    assert res.fold_ok and res.failed > 0
+    report = ft.drain(timeout_s=60)
+    assert report.drained and report.dead_lettered == 0, report
+    want = Counter({f"{i}:{round((i % 100) * 1.1, 2):.2f}": 1 for i in range(n) if i % 3})
+    assert Counter(probe.strings("sink")) == want
+    st = ft.layer.stats()
+    assert st.pending == 0 and st.completed == n
+    # once in the first stage, once in the sink (some rows both)
+    assert st.failed_explicit == len(range(2, n, 17)) + sum(1 for i in range(4, n, 19) if i % 3)
+    assert_settled(ft)
+
+
+# -- 10: a batch re-run under the same id after its Spark job failed ---------------------
+def test_a_failed_batch_rerun_under_the_same_id(
+    spark: SparkSession, make_ft: Any, probe: Probe
+) -> None:
+    """Catches: the segments of a failed run settled as complete (or replayed) alongside
+    the re-run's (records written three times, or pending forever), replays claimed by
+    the failed run lost instead of timing out, and segments of the failed run left in
+    Redis after the re-run settled the batch."""
+    ft = make_ft(timeout_s=2.0)
+    n = 2000
+
+    def stage1(b: pa.RecordBatch) -> Outcome:
+        ids = ids_of(b)
+        cand = np.flatnonzero(ids % 8 == 5)
+        failed = cand[first_times(probe, "failed", ids[cand])]
+        return Outcome(b.select(["id", "key"]), failed=failed, errors="once")
+
+    def broken(b: pa.RecordBatch) -> pa.RecordBatch:
+        if (b.column("key").to_numpy() == 3).any():
+            raise RuntimeError("the batch's job fails")
+        return b
+
+    def sink(b: pa.RecordBatch) -> None:
+        push(probe, "sink", ids_of(b).tolist())
+
+    def build(stage2: Any) -> Any:
+        return (
+            ft.pipeline(on_error="fail_batch")
+            .map_batches(stage1, "id long, key long")
+            .partition_by(["key"], 4)
+            .map_batches(stage2, "id long, key long")
+            .sink_batches(sink)
+        )
+
+    good, bad = build(lambda b: b), build(broken)
+    first = ft.run_batch(good, spark.range(n).select("id", (F.col("id") % 29).alias("key")), 6)
+    assert first.failed == len(range(5, n, 8))  # queued: batch 7 claims them
+    df7 = spark.range(n, 2 * n).select("id", (F.col("id") % 29).alias("key")).repartition(3)
+    with pytest.raises(Exception, match="the batch's job fails"):
+        ft.run_batch(bad, df7, 7)
+    assert ft.layer.segments.indexed(), "the failed run left segments"
+    orphans = set(leftover_keys(ft, ":sum:"))  # summaries of the failed run's source tasks
+    again = ft.run_batch(good, df7, 7)
+    assert again.fold_ok and again.fresh == n
+    report = ft.drain(timeout_s=60)
+    assert report.drained and report.dead_lettered == 0, report
+    got = Counter(probe.ids())
+    assert set(range(2 * n)) - set(got) == set(), "lost records"
+    assert max(got.values()) <= 2, "a record was written more than twice"
+    # only records of batch 7's failed run (fresh or claimed replays) may be written twice
+    twice = {i for i, c in got.items() if c == 2}
+    assert twice <= set(range(n, 2 * n)) | set(range(5, n, 8))
+    assert ft.layer.stats().pending == 0
+    assert ft.layer.segments.indexed() == []
+    assert leftover_keys(ft, ":seg:") == []
+    # The re-run does not delete the failed run's task summaries: by design
+    # (ftlayer/segments.py, SUMMARY_TTL_MS) they expire after 24 h. Nothing else is left.
+    left = set(leftover_keys(ft, ":sum:"))
+    assert left <= orphans, left - orphans
+    assert all(0 < ft.layer.client.pttl(k) <= SUMMARY_TTL_MS for k in left)
+
+
+# -- documented: a segment whose batch never settles times out -----------------------------
+def test_a_segment_whose_batch_never_settles_times_out(
+    spark: SparkSession, make_ft: Any, probe: Probe
+) -> None:
+    """ftlayer/segments.py: "A segment its batch never settles times out as a whole: the
+    sidecar settles it with every row failed (reason ``timeout``), so they replay."
+    Catches: unsettled segments (a failed batch that is never re-run) left in Redis
+    forever, their rows never replayed, with nothing pending to say so."""
+    ft = make_ft(timeout_s=1.0, rotate=True)
+    n = 600
+
+    def stage1(b: pa.RecordBatch) -> pa.RecordBatch:
+        return b.select(["id", "key"])
+
+    def broken(b: pa.RecordBatch) -> pa.RecordBatch:
+        if not probe.r.exists(f"{probe.prefix}:healed"):
+            raise RuntimeError("the batch's job fails")
+        return b
+
+    def sink(b: pa.RecordBatch) -> None:
+        push(probe, "sink", ids_of(b).tolist())
+
+    pipeline = (
+        ft.pipeline(on_error="fail_batch")
+        .map_batches(stage1, "id long, key long")
+        .partition_by(["key"], 2)
+        .map_batches(broken, "id long, key long")
+        .sink_batches(sink)
+    )
+    with pytest.raises(Exception, match="the batch's job fails"):
+        ft.run_batch(pipeline, source_df(spark, n), 0)
+    assert ft.layer.segments.indexed(), "the failed run left segments"
+    probe.r.set(f"{probe.prefix}:healed", 1)
+    deadline = time.monotonic() + 10  # well past timeout_s * buckets / (buckets - 1)
+    while time.monotonic() < deadline and ft.layer.segments.indexed():
+        ft.layer.expire_due()
+        time.sleep(0.2)
+    assert ft.layer.segments.indexed() == [], "the unsettled segments never timed out"
+    report = ft.drain(timeout_s=60)
+    assert report.drained, report
+    assert set(probe.ids()) == set(range(n))
+    assert leftover_keys(ft, ":seg:") == []
+    left = leftover_keys(ft, ":sum:")  # the failed run's: they expire (SUMMARY_TTL_MS)
+    assert all(0 < ft.layer.client.pttl(k) <= SUMMARY_TTL_MS for k in left)
