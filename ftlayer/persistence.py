@@ -90,13 +90,19 @@ class RedisPersistenceLayer(NamespacePart):
 
     def claim(self, source: int, limit: int) -> list[ClaimedRecord]:
         """Take up to ``limit`` queued replays of ``source``, each with a fresh current id
-        that its init already covers, and a fresh timeout (see lua/claim.lua)."""
+        that its init already covers, and a fresh timeout (see lua/claim.lua). The queue
+        lengths are read first (one round trip), so a shard is asked for no more than it
+        holds and the current ids drawn match what can be claimed."""
         cfg = self.config
         out: list[ClaimedRecord] = []
-        for shard in self.keyspace.shards:
-            want = limit - len(out)
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard in self.keyspace.shards:
+                pipe.llen(shard.replay(source))
+            queued = [int(n) for n in pipe.execute()]
+        for shard, n in zip(self.keyspace.shards, queued, strict=True):
+            want = min(limit - len(out), n)
             if want <= 0:
-                break
+                continue
             curs = new_ids(want).astype(">u8").tobytes()
             reply = self.scripts.claim(
                 keys=shard.script_keys,

@@ -169,7 +169,8 @@ class VectorRun:
         """Claim this source's replays and make them a DataFrame with their ids."""
         assert self.layer is not None
         claimed = self.layer.claim_replays(self.plan.source, limit)
-        self.calls += len(self.layer.keyspace)
+        self.calls += 1 + len({shard_of(c.record_id[0], self.layer.config.shards)
+                               for c in claimed})  # fmt: skip
         if not claimed:
             return None
         schema = self.plan.inputs[0]
