@@ -13,16 +13,20 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = [
+    "LOCAL_BIT",
+    "MARKER_PARTITION",
     "IdPool",
     "RecordId",
     "batch_source_ids",
-    "child_ids",
+    "edge_hashes",
+    "fold_sum",
+    "is_local",
+    "marker_id",
     "mix64",
     "new_ids",
-    "segment_of",
+    "persisted_ids",
     "shard_of",
-    "xor_fold",
-    "is_fresh",
+    "split_local",
 ]
 
 _POOL = 4096
@@ -49,9 +53,14 @@ def new_ids(n: int) -> np.ndarray:
     return ids
 
 
-# -- ids of the vectorized path, as numpy columns -----------------------------------------
+# -- ids of the vectorized path, as one numpy column ---------------------------------------
+# Bit 63 marks a batch-local id (a fresh row's locator, or a marker row); every id stored in
+# Redis has it clear (lua/_common.lua's new_source_id, persisted_ids), so the two never meet.
 _U = np.uint64
-_FRESH = _U(1 << 63)
+LOCAL_BIT = _U(1 << 63)
+_PARTITION_BITS, _ROW_BITS = 23, 40
+MARKER_PARTITION = (1 << _PARTITION_BITS) - 1
+"""The partition field of marker rows (no source task has this index)."""
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
@@ -67,38 +76,46 @@ def mix64(x: np.ndarray) -> np.ndarray:
 def batch_source_ids(partition: int, start: int, n: int) -> np.ndarray:
     """Source ids of the fresh rows ``start .. start+n-1`` of one source task of a
     vectorized batch: bit 63 set, the partition in bits 40..62, the row's index in its
-    segment in bits 0..39. Unique within a batch run and the same in every attempt of the
-    task (Spark's retries and speculative copies agree); never stored in Redis as ids."""
-    if not 0 <= partition < 1 << 23 or start + n > 1 << 40:
+    segment in bits 0..39. Unique within a batch run and the same in every attempt that
+    reads its input in the same order; never stored in Redis as ids."""
+    if not 0 <= partition < MARKER_PARTITION or start + n > 1 << _ROW_BITS:
         raise ValueError(f"partition {partition} or row {start + n} out of range for ids")
     return np.arange(start, start + n, dtype=np.uint64) | _U((partition << 40) | (1 << 63))
 
 
-def segment_of(src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(source partition, row index) of fresh source ids (see :func:`batch_source_ids`)."""
-    return ((src >> _U(40)) & _U((1 << 23) - 1)).astype(np.int64), (
-        src & _U((1 << 40) - 1)
-    ).astype(np.int64)
+def marker_id(token: int) -> int:
+    """The id a marker row carries: a batch-local id whose partition field is
+    MARKER_PARTITION and whose low 40 bits are the task attempt's token."""
+    return int(LOCAL_BIT) | (MARKER_PARTITION << _ROW_BITS) | (token & ((1 << _ROW_BITS) - 1))
 
 
-def is_fresh(src: np.ndarray) -> np.ndarray:
-    """Which source ids are batch-local fresh ids (bit 63), not persisted replay ids."""
-    return (src & _FRESH) != 0
+def split_local(src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(partition, low 40 bits) of batch-local ids: (source partition, row index) of a
+    fresh row, (MARKER_PARTITION, token) of a marker."""
+    part = ((src >> _U(_ROW_BITS)) & _U(MARKER_PARTITION)).astype(np.int64)
+    return part, (src & _U((1 << _ROW_BITS) - 1)).astype(np.int64)
 
 
-def child_ids(parent_cur: np.ndarray, stage_salt: int) -> np.ndarray:
-    """Current ids of a stage's output rows from their parents' current ids, the row's
-    position among the outputs and the stage: deterministic, distinct between siblings."""
-    with np.errstate(over="ignore"):
-        ordinal = np.arange(len(parent_cur), dtype=np.uint64) * _U(0xD1B54A32D192ED03)
-    out = mix64(parent_cur ^ ordinal ^ _U(stage_salt))
-    out[out == 0] = 1
-    return out
+def is_local(src: np.ndarray) -> np.ndarray:
+    """Which ids are batch-local (fresh rows, markers), not persisted replay ids."""
+    return (src & LOCAL_BIT) != 0
 
 
-def xor_fold(ids: np.ndarray) -> int:
-    """XOR of every id of a uint64 array (0 for none)."""
-    return int(np.bitwise_xor.reduce(ids)) if len(ids) else 0
+def persisted_ids(n: int, shard: int) -> np.ndarray:
+    """``n`` random ids to store records under: in ``shard`` (low 16 bits), bit 63 clear."""
+    return (new_ids(n) & _U(0x7FFF_FFFF_FFFF_0000)) | _U(shard)
+
+
+def edge_hashes(src: np.ndarray, salt: int) -> np.ndarray:
+    """What a row of source ``src`` counts when it crosses the shuffle edge with ``salt``:
+    odd, so that no multiple below 2**64 of one value sums to 0 (siblings sharing a source
+    id cannot cancel, as they could under XOR)."""
+    return mix64(src ^ _U(salt)) | _U(1)
+
+
+def fold_sum(values: np.ndarray) -> int:
+    """Sum of a uint64 array modulo 2**64 (0 for none)."""
+    return int(values.sum(dtype=np.uint64)) if len(values) else 0
 
 
 def shard_of(source_id: int, shards: int) -> int:

@@ -26,7 +26,8 @@ from typing import Any, cast
 import numpy as np
 
 from ftlayer.acker import MAX_ERROR_BYTES as _MAX_ERROR
-from ftlayer.ids import new_ids
+from ftlayer.connection import is_cluster
+from ftlayer.ids import new_ids, persisted_ids
 from ftlayer.payloads import arrow_codecs, encode_record
 from ftlayer.scripts import NamespacePart
 from serialization import encode_frame
@@ -54,7 +55,7 @@ def frames_of_rows(
     source id in ``shard`` (low 16 bits), and ``values`` (or random ids) as current ids."""
     codecs = arrow_codecs(table.schema)
     records = table.take(rows).to_pylist()
-    ids = (new_ids(len(rows)) & np.uint64(~0xFFFF & (2**64 - 1))) | np.uint64(shard)
+    ids = persisted_ids(len(rows), shard)
     curs = new_ids(len(rows)) if values is None else values
     return [
         encode_frame(
@@ -130,11 +131,13 @@ class SegmentStore(NamespacePart):
         return f"{cls.batch_prefix(source, batch_key)}{partition}:{token:x}"
 
     def new_token(self, shard: int) -> int:
-        """A random id naming one task attempt's summary; its low 16 bits give its shard."""
-        return int(new_ids(1)[0] & np.uint64(0x7FFF_FFFF_FFFF_0000)) | shard
+        """A random 40-bit id naming one task attempt's summary (it rides in a marker
+        row's id, see ftlayer.ids.marker_id), chosen so that it falls in ``shard``."""
+        n = len(self.keyspace)
+        return int(new_ids(1)[0] & np.uint64((1 << 40) - 1)) // n * n + shard
 
     def token_shard(self, token: int) -> int:
-        return (token & 0xFFFF) % len(self.keyspace)
+        return token % len(self.keyspace)
 
     def put(
         self,
@@ -146,17 +149,23 @@ class SegmentStore(NamespacePart):
         salt: int,
         batch: str,
     ) -> int:
-        """Store a source task's segment and summary (one call). 0: the segment was
-        settled already by this run (a late attempt), or there are no fresh rows."""
+        """Store a source task's segment and summary in one round trip (two calls on a
+        cluster, where scripts cannot be pipelined). 0: no segment was indexed (no fresh
+        rows, or this run settled the batch already: a late attempt)."""
         cfg = self.config
-        keys = self.keyspace[self.shard_of_partition(partition)].script_keys
-        return int(
-            self.scripts.segment_put(
-                keys=keys,
-                args=[member, segment, f"{token:x}", summary, cfg.interval_ms, cfg.buckets,
-                      SUMMARY_TTL_MS, str(salt), batch],
-            )
-        )  # fmt: skip
+        shard = self.keyspace[self.shard_of_partition(partition)]
+        args = [member, "1" if segment else "", f"{token:x}", summary, cfg.interval_ms,
+                cfg.buckets, SUMMARY_TTL_MS, str(salt), batch]  # fmt: skip
+        key = f"{shard.prefix}:seg:{member}"
+        if is_cluster(self.client):
+            if segment:
+                self.client.set(key, segment, px=SUMMARY_TTL_MS)
+            return int(self.scripts.segment_put(keys=shard.script_keys, args=args))
+        with self.client.pipeline(transaction=False) as pipe:
+            if segment:  # the TTL holds until the script indexes it
+                pipe.set(key, segment, px=SUMMARY_TTL_MS)
+            self.scripts.segment_put(keys=shard.script_keys, args=args, client=pipe)
+            return int(pipe.execute()[-1])
 
     def put_summary(self, token: int, summary: bytes) -> None:
         shard = self.keyspace[self.token_shard(token)]

@@ -83,11 +83,12 @@ local function budget_of(frame, override)
 end
 
 -- A new random source id in the same shard: the low 16 bits (which pick the shard, see
--- ftlayer/ids.py) are kept, the other 48 come from SHA-1 of the old id, the attempt and
+-- ftlayer/ids.py) are kept, the other 47 come from SHA-1 of the old id, the attempt and
 -- the server clock (math.random is seeded identically on every call, so it is unusable).
+-- Bit 63 stays clear: it marks batch-local ids of the vectorized path (ftlayer/ids.py).
 local function new_source_id(src, salt)
   local h = redis.sha1hex(src .. ':' .. salt .. ':' .. NOW_US)
-  local hi = tonumber(string.sub(h, 1, 8), 16)
+  local hi = tonumber(string.sub(h, 1, 8), 16) % 2147483648
   local _, lo_old = struct.unpack('>I4I4', src)
   local lo = tonumber(string.sub(h, 9, 12), 16) * 65536 + (lo_old % 65536)
   if hi == 0 and lo == 0 then hi = 1 end

@@ -10,8 +10,9 @@ Spark commits the batch's offsets only then -- invariant 1):
 
 * the summaries of the attempts whose rows were consumed are gathered (the last stage's
   come back as its output rows; earlier stages' through their tokens, from Redis);
-* their folds, XORed with the ids of the replays the batch injected, must give 0. Then
-  every record of the batch is complete except the residues the tasks reported;
+* their folds must sum to 0 (mod 2**64: every row sent through a shuffle was received
+  once, see ftlayer.spark.vector_tasks). Then every record of the batch is complete
+  except the residues the tasks reported;
 * residues become per-record entries, each segment is deleted (one script call per shard
   that holds segments), completed replays are completed and failed ones failed (one
   flush per shard, under a token owned by this batch run);
@@ -35,13 +36,12 @@ import pyarrow as pa
 
 from ftlayer.acker import ShardBatch
 from ftlayer.errors import ConfigError
-from ftlayer.ids import RecordId, is_fresh, new_ids, segment_of, shard_of
+from ftlayer.ids import RecordId, is_local, new_ids, shard_of, split_local
 from ftlayer.payloads import arrow_codecs, decode_record
 from ftlayer.segments import frames_of_rows
 from ftlayer.spark.plan import MAX_MESSAGES, Segment
 from ftlayer.spark.results import BatchResult, StageCounts
 from ftlayer.spark.vector_tasks import (
-    CUR_COL,
     ID_FIELDS,
     SRC_COL,
     SUMMARY_COL,
@@ -127,7 +127,7 @@ class VectorRun:
     plan: VectorPlan
     layer: FTLayer | None
     result: BatchResult
-    injected: dict[int, int] = field(default_factory=dict)  # replay src -> cur
+    injected: dict[int, int] = field(default_factory=dict)  # replay src -> its current id
     calls: int = 0
 
     # -- building the DataFrame ------------------------------------------------------------
@@ -143,9 +143,8 @@ class VectorRun:
                 from pyspark.sql import functions as F  # noqa: N812
 
                 source_df = source_df.select(
-                    "*", F.lit(None).cast("long").alias(SRC_COL),
-                    F.lit(None).cast("long").alias(CUR_COL),
-                ).unionByName(replays)  # fmt: skip
+                    "*", F.lit(None).cast("long").alias(SRC_COL)
+                ).unionByName(replays)
         if key and partitions:
             source_df = source_df.repartition(partitions, *key)
         out = source_df
@@ -213,7 +212,6 @@ class VectorRun:
             return None
         self.injected = dict(zip(srcs, curs, strict=True))
         table = table.append_column(SRC_COL, pa.array(np.array(srcs, np.uint64).view(np.int64)))
-        table = table.append_column(CUR_COL, pa.array(np.array(curs, np.uint64).view(np.int64)))
         log.info("replays claimed batch_id=%s source=%d claimed=%d undecodable=%d",
                  self.result.batch_id, self.plan.source, len(claimed), len(bad))  # fmt: skip
         return df.sparkSession.createDataFrame(table)
@@ -225,11 +223,7 @@ class VectorRun:
         self._count(summaries)
         if self.layer is None:
             return self.result
-        fold = 0
-        for s in summaries:
-            fold ^= int(s.raw["fold"])
-        for cur in self.injected.values():
-            fold ^= cur
+        fold = sum(int(s.raw["fold"]) for s in summaries) % (1 << 64)
         if fold != 0 or not ok:
             self.result.fold_ok = False
             log.error(
@@ -285,23 +279,17 @@ class VectorRun:
                 if len(r.errors) < MAX_MESSAGES:
                     r.errors.append(text)
 
-    def _residues(
-        self, summaries: list[_Summary]
-    ) -> tuple[dict[int, str], dict[int, int]]:
-        """Failed source ids with their first error; unconfirmed ones with a current id."""
+    def _residues(self, summaries: list[_Summary]) -> tuple[dict[int, str], set[int]]:
+        """Failed source ids with their first error; unconfirmed ones (failed wins)."""
         failed: dict[int, str] = {}
-        unconfirmed: dict[int, int] = {}
+        unconfirmed: set[int] = set()
         for s in summaries:
             texts = s.raw["texts"]
             idx = np.frombuffer(s.raw["failed_err"], dtype=">u4")
             for src, i in zip(s.ids("failed_src").tolist(), idx.tolist(), strict=True):
                 failed.setdefault(src, texts[i])
-            for src, cur in zip(s.ids("unc_src").tolist(), s.ids("unc_cur").tolist(),
-                                strict=True):  # fmt: skip
-                unconfirmed.setdefault(src, cur)
-        for src in failed:
-            unconfirmed.pop(src, None)
-        return failed, unconfirmed
+            unconfirmed.update(s.ids("unc_src").tolist())
+        return failed, unconfirmed - failed.keys()
 
     def _settle_segments(self, summaries: list[_Summary]) -> None:
         assert self.layer is not None
@@ -309,10 +297,10 @@ class VectorRun:
         failed, unconfirmed = self._residues(summaries)
         keep_all = not self.result.fold_ok
         by_partition: dict[int, tuple[list[tuple[int, int]], list[tuple[int, int]]]] = {}
-        for src_map, slot in ((failed, 0), (unconfirmed, 1)):
-            srcs = np.fromiter(src_map.keys(), np.uint64, len(src_map))
-            fresh = srcs[is_fresh(srcs)]
-            parts, rows = segment_of(fresh)
+        for src_set, slot in ((failed.keys(), 0), (unconfirmed, 1)):
+            srcs = np.fromiter(src_set, np.uint64, len(src_set))
+            fresh = srcs[is_local(srcs)]
+            parts, rows = split_local(fresh)
             for p, row, src in zip(parts.tolist(), rows.tolist(), fresh.tolist(), strict=True):
                 by_partition.setdefault(p, ([], []))[slot].append((row, src))
         per_shard: dict[int, list[Any]] = {}
@@ -340,18 +328,15 @@ class VectorRun:
                     max_payload=cfg.max_record_bytes,
                 )  # fmt: skip
                 if keep_all:
-                    frames = make(np.arange(rows))
-                    pend_frames = [(f, os.urandom(8)) for f in frames]
+                    pend_frames = [(f, os.urandom(8)) for f in make(np.arange(rows))]
                 else:
                     if fails:
                         frames = make(np.array([r for r, _ in fails]))
                         fail_frames = [(f, failed[src]) for f, (_, src) in
                                        zip(frames, fails, strict=True)]  # fmt: skip
-                    if pends:
-                        values = np.array([unconfirmed[src] for _, src in pends], np.uint64)
-                        frames = make(np.array([r for r, _ in pends]), values=values)
-                        pend_frames = [(f, int(v).to_bytes(8, "big")) for f, v in
-                                       zip(frames, values.tolist(), strict=True)]  # fmt: skip
+                    if pends:  # pending with a live timeout: any non-zero ack value
+                        frames = make(np.array([r for r, _ in pends]))
+                        pend_frames = [(f, os.urandom(8)) for f in frames]
             per_shard.setdefault(shard, []).append((member, rows, fail_frames, pend_frames))
         batch = store.batch_prefix(plan.source, plan.batch_key)
         for shard in sorted(per_shard.keys() | tokens.keys()):

@@ -1,26 +1,30 @@
-"""Executor side of the vectorized path: ``mapInArrow`` tasks with ids as columns.
+"""Executor side of the vectorized path: ``mapInArrow`` tasks with ids as a column.
 
-Every row crossing a shuffle carries two int64 columns, ``__ft_src`` and ``__ft_cur``
-(its RecordId). A task runs its segment's batch stages chained, and folds with numpy the
-XOR of every id it acks and every id it emits into ONE 64-bit value for the whole task
-(ids born and acked inside the task cancel, so only its edges count)
-(batch scope: Storm folds per source id; we fold further, because a record that ends in
-this batch must return to 0 across the batch's tasks anyway). Rows that fail, and sink
-rows whose writes were not confirmed, are acked in the fold and reported by source id as
-*residues*: only those ever become per-record Redis entries.
+Every row crossing a shuffle carries one int64 column, ``__ft_src``: the id of its source
+record (batch-local for fresh rows: partition and row index of its segment; the persisted
+id for replays). A task runs its segment's batch stages chained and folds, with numpy,
+what crossed its edges into ONE 64-bit value for the whole task: each row it sends into a
+shuffle adds ``h_e(src)``, each row it receives subtracts it (ftlayer.ids.edge_hashes), so
+the batch's folds sum to 0 mod 2**64 exactly when every row sent was received once. This
+is Storm's XOR ledger at batch scope: a record's current ids inside a task cancel and are
+never made; at an edge the current id is implicit in (source id, edge), and a sum instead
+of an XOR keeps siblings with one source id from cancelling each other. Rows that fail,
+and sink rows whose writes were not confirmed, are reported by source id as *residues*:
+only those ever become per-record Redis entries.
 
 A task's summary (fold, residues, counts) must count exactly when its output does
 (invariant 11: one attempt counts). A task whose output goes through a shuffle stores its
-summary in Redis under a random token and emits one *marker row* (``__ft_src = 0``,
-``__ft_cur = token``) with its data; the task that consumes the marker passes the token
-on, and the last stage's tasks return their summaries as their output rows, which the
-driver collects. So the driver reads the summaries of exactly the attempts whose rows were
-consumed. A source task stores its fresh rows as one segment (Arrow IPC) in the same
-Redis call as its summary (see ftlayer.segments).
+summary in Redis under a random token and emits one *marker row* with its data (null
+user columns, the token inside a batch-local ``__ft_src``, see ftlayer.ids.marker_id);
+the task that consumes the marker passes the token on, and the last stage's tasks return
+their summaries as their output rows, which the driver collects. So the driver reads the
+summaries of exactly the attempts whose rows were consumed. A source task stores its
+fresh rows as one segment (Arrow IPC) in the same Redis round trip as its summary (see
+ftlayer.segments).
 
-Ids of fresh rows are a function of (run salt, partition, row index), children's of
-(parent id, position, stage): every attempt of a task emits the same ids for the same
-input, so Spark's retries and speculative copies agree.
+Ids of fresh rows are a function of (partition, row index): every attempt of a task that
+reads its input in the same order emits the same ids, and the summary that counts names
+the segment written by the same attempt, so residues always point at the right rows.
 """
 
 from __future__ import annotations
@@ -35,19 +39,27 @@ import numpy as np
 import pyarrow as pa
 
 from ftlayer.config import FTConfig
-from ftlayer.ids import batch_source_ids, child_ids, mix64, xor_fold
+from ftlayer.ids import (
+    MARKER_PARTITION,
+    batch_source_ids,
+    edge_hashes,
+    fold_sum,
+    is_local,
+    marker_id,
+    mix64,
+    split_local,
+)
 from ftlayer.spark.outcome import run_stage
 from ftlayer.spark.plan import MAX_MESSAGES, Segment, stage_name
 from ftlayer.spark.worker import task_context, worker_layer
 
-__all__ = ["CUR_COL", "SRC_COL", "SUMMARY_COL", "VectorPlan", "run_vector_task", "stage_label"]
+__all__ = ["SRC_COL", "SUMMARY_COL", "VectorPlan", "run_vector_task", "stage_label"]
 
 log = logging.getLogger(__name__)
 
 SRC_COL = "__ft_src"
-CUR_COL = "__ft_cur"
 SUMMARY_COL = "__ft_summary"
-ID_FIELDS = [pa.field(SRC_COL, pa.int64()), pa.field(CUR_COL, pa.int64())]
+ID_FIELDS = [pa.field(SRC_COL, pa.int64())]
 _U8 = np.dtype(">u8")
 
 
@@ -66,8 +78,9 @@ class VectorPlan:
     outputs: tuple[tuple[pa.Schema, ...], ...]
     """Output schema of each batch stage of each segment."""
 
-    def stage_salt(self, segment: int, op: int) -> int:
-        return int(mix64(np.array([self.salt ^ (segment << 20) ^ (op + 1)], np.uint64))[0])
+    def edge_salt(self, segment: int) -> int:
+        """The salt of the shuffle edge leaving ``segment``."""
+        return int(mix64(np.array([self.salt ^ (segment + 1)], np.uint64))[0])
 
 
 def stage_label(segment: int, op: int, fn: Any, sink: bool = False) -> str:
@@ -88,7 +101,6 @@ class _Task:
     failed_src: list[np.ndarray] = field(default_factory=list)
     failed_err: list[str] = field(default_factory=list)
     unc_src: list[np.ndarray] = field(default_factory=list)
-    unc_cur: list[np.ndarray] = field(default_factory=list)
     upstream: list[int] = field(default_factory=list)
     counts: dict[str, list[int]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -108,11 +120,11 @@ class _Task:
         return msgpack.packb(
             {
                 "stage": self.stage, "partition": self.partition, "attempt": self.attempt,
-                "token": token, "fold": self.fold, "fresh": self.fresh,
+                "token": token, "fold": self.fold % (1 << 64), "fresh": self.fresh,
                 "replayed": self.replayed, "written": self.written, "segment": segment,
                 "segment_rows": segment_rows, "failed_src": ids(self.failed_src),
                 "failed_err": idx.astype(">u4").tobytes(), "texts": list(texts),
-                "unc_src": ids(self.unc_src), "unc_cur": ids(self.unc_cur),
+                "unc_src": ids(self.unc_src),
                 "upstream": self.upstream, "counts": self.counts, "errors": self.errors,
             },
             use_bin_type=True,
@@ -123,28 +135,18 @@ def _u64(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.asarray(col.fill_null(0).to_numpy(zero_copy_only=False)).view(np.uint64)
 
 
-def _with_ids(batch: pa.RecordBatch, src: np.ndarray, cur: np.ndarray) -> pa.RecordBatch:
-    arrays = [*batch.columns, pa.array(src.view(np.int64)), pa.array(cur.view(np.int64))]
+def _with_ids(batch: pa.RecordBatch, src: np.ndarray) -> pa.RecordBatch:
+    arrays = [*batch.columns, pa.array(src.view(np.int64))]
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([*batch.schema, *ID_FIELDS]))
 
 
 def _run_chain(
-    plan: VectorPlan,
-    stage: int,
-    task: _Task,
-    batch: pa.RecordBatch,
-    src: np.ndarray | None,
-    cur: np.ndarray | None,
+    plan: VectorPlan, stage: int, task: _Task, batch: pa.RecordBatch, src: np.ndarray | None
 ) -> pa.RecordBatch | None:
     """Run one segment's stages over one input batch; the batch to shuffle, or None.
-
-    XOR events only at the task's edges: ids born and acked inside the task cancel in
-    its fold, so chained stages generate none. Each input is acked when it enters (the
-    caller folds its id in), each row leaving through the shuffle is emitted with a new
-    id derived from its input's (folded in here). ``origin`` maps rows to their input."""
+    ``origin`` maps each row to the input row it derives from (for its source id)."""
     seg = plan.segments[stage]
     bisect = plan.on_error != "fail_batch"
-    ft = src is not None and cur is not None
     origin = np.arange(batch.num_rows, dtype=np.int64)
     for j, (_, op) in enumerate(seg.ops):
         label = stage_label(stage, j, op.fn)
@@ -153,32 +155,31 @@ def _run_chain(
         n_out = 0 if res.output is None else res.output.num_rows
         task.count(label, batch.num_rows, n_out, len(res.failed), 0, res.extra_calls)
         _note_failures(task, res.errors)
-        if ft and len(res.failed):
-            task.failed_src.append(src[origin[res.failed]])  # type: ignore[index]
+        if src is not None and len(res.failed):
+            task.failed_src.append(src[origin[res.failed]])
             task.failed_err.extend(res.errors)
         if res.output is None or n_out == 0:
             return None
         origin = origin[res.parents]
         batch = res.output
     if seg.sink is None:
-        if src is None or cur is None:
+        if src is None:
             return batch
-        out_cur = child_ids(cur[origin], plan.stage_salt(stage, 0))
-        task.fold ^= xor_fold(out_cur)
-        return _with_ids(batch, src[origin], out_cur)
+        out = src[origin]
+        task.fold += fold_sum(edge_hashes(out, plan.edge_salt(stage)))  # sent
+        return _with_ids(batch, out)
     label = stage_label(stage, len(seg.ops), seg.sink, sink=True)
     res = run_stage(seg.sink, batch, label, schema=None, pandas=seg.sink_pandas,
                     is_sink=True, bisect=bisect)  # fmt: skip
     task.count(label, batch.num_rows, 0, len(res.failed), len(res.unconfirmed), res.extra_calls)
     _note_failures(task, res.errors)
     task.written += batch.num_rows - len(res.failed) - len(res.unconfirmed)
-    if src is not None and cur is not None:
+    if src is not None:
         if len(res.failed):
             task.failed_src.append(src[origin[res.failed]])
             task.failed_err.extend(res.errors)
         if len(res.unconfirmed):
             task.unc_src.append(src[origin[res.unconfirmed]])
-            task.unc_cur.append(cur[origin[res.unconfirmed]] | np.uint64(1))
     return None
 
 
@@ -202,15 +203,14 @@ def run_vector_task(
         if batch.num_rows == 0:
             continue
         if not ft:
-            out = _run_chain(plan, stage, task, batch.select(names), None, None)
+            out = _run_chain(plan, stage, task, batch.select(names), None)
             if out is not None:
                 yield out
             continue
         has_ids = SRC_COL in batch.schema.names
         src = _u64(batch.column(SRC_COL)) if has_ids else np.zeros(batch.num_rows, np.uint64)
-        cur = _u64(batch.column(CUR_COL)) if has_ids else src
         user = batch.select(names)
-        if stage == 0:
+        if stage == 0:  # fresh rows (no id yet) and claimed replays (their persisted ids)
             is_fresh = src == 0
             n_fresh = int(is_fresh.sum())
             if n_fresh:
@@ -218,28 +218,26 @@ def run_vector_task(
                 ids = batch_source_ids(partition, task.fresh, n_fresh)
                 task.fresh += n_fresh
                 fresh.append(part)
-                # a fresh record's init and its ack by the first stage cancel: no root id
-                out = _run_chain(plan, stage, task, part, ids, ids ^ np.uint64(plan.salt))
+                out = _run_chain(plan, stage, task, part, ids)
                 if out is not None:
                     yield out
-            if n_fresh < batch.num_rows:  # replays: inited in Redis when claimed
+            if n_fresh < batch.num_rows:
                 keep = ~is_fresh
                 task.replayed += int(keep.sum())
-                task.fold ^= xor_fold(cur[keep])  # their ack
-                out = _run_chain(plan, stage, task, user.filter(pa.array(keep)), src[keep],
-                                 cur[keep])  # fmt: skip
+                out = _run_chain(plan, stage, task, user.filter(pa.array(keep)), src[keep])
                 if out is not None:
                     yield out
             continue
-        markers = src == 0
+        markers = split_local(src)[0] == MARKER_PARTITION
+        markers &= is_local(src)
         if markers.any():
-            task.upstream.extend(int(t) for t in cur[markers])
+            task.upstream.extend(split_local(src[markers])[1].tolist())
             keep = ~markers
-            user, src, cur = user.filter(pa.array(keep)), src[keep], cur[keep]
+            user, src = user.filter(pa.array(keep)), src[keep]
             if user.num_rows == 0:
                 continue
-        task.fold ^= xor_fold(cur)  # every input is acked as it enters
-        out = _run_chain(plan, stage, task, user, src, cur)
+        task.fold -= fold_sum(edge_hashes(src, plan.edge_salt(stage - 1)))  # received
+        out = _run_chain(plan, stage, task, user, src)
         if out is not None:
             yield out
     yield from _finish(plan, stage, task, fresh, final)
@@ -262,11 +260,7 @@ def _finish(
         rows = sum(b.num_rows for b in fresh)
         if rows:
             member = store.member(plan.source, plan.batch_key, task.partition, token)
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, fresh[0].schema) as writer:
-                for b in fresh:
-                    writer.write_batch(b)
-            blob = sink.getvalue().to_pybytes()
+            blob = _segment_bytes(fresh)
         summary = task.pack(token, member, rows)
         batch = store.batch_prefix(plan.source, plan.batch_key)
         # without a shuffle the summary travels as the task's result, else through Redis
@@ -283,8 +277,21 @@ def _finish(
         store.put_summary(token, summary)
     schema = pa.schema([*plan.inputs[stage + 1], *ID_FIELDS])
     arrays = [pa.nulls(1, f.type) for f in plan.inputs[stage + 1]]
-    arrays += [pa.array([0], pa.int64()), pa.array([token], pa.int64())]
+    arrays.append(pa.array(np.array([marker_id(token)], np.uint64).view(np.int64)))
     yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+_IPC = pa.ipc.IpcWriteOptions(compression="lz4")
+
+
+def _segment_bytes(batches: list[pa.RecordBatch]) -> bytes:
+    """A segment: the fresh rows as one LZ4-compressed Arrow IPC stream (cheaper to write,
+    send and store than the raw buffers; ``pa.ipc.open_stream`` reads it back)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batches[0].schema, options=_IPC) as writer:
+        for b in batches:
+            writer.write_batch(b)
+    return sink.getvalue().to_pybytes()
 
 
 def _summary_batch(summary: bytes) -> pa.RecordBatch:
