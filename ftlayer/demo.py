@@ -2,12 +2,13 @@
 
 It starts an embedded Redis (unless given a URL) and an ``ftlayer serve`` sidecar process,
 writes generated orders as JSON files, and streams them (one file per micro-batch) on
-``local[2]`` through an FT-wrapped ``foreachBatch`` pipeline: a map stage, a keyed shuffle
-(``partition_by``), a placement check, and a sink that appends to a Redis list. Injected:
-explicit failures (``FailRecord``), drops (the sink never confirms: the records time out
-and are replayed by the sidecar) and crashes (a task dies in its first attempt and Spark
-retries it). Then it drains and reports; ``lost`` is counted from the sink's contents --
-source records whose effect never arrived and that are not dead-lettered.
+``local[2]`` through an FT-wrapped ``foreachBatch`` pipeline of vectorized stages: a map
+stage, a keyed shuffle (``partition_by``: Spark's own), a placement check, and a sink that
+appends to a Redis list. Injected: explicit failures (``Outcome(failed=...)``), drops (the
+sink never confirms: the records time out and are replayed by the sidecar) and crashes (a
+task dies in its first attempt and Spark retries it). Then it drains and reports; ``lost``
+is counted from the sink's contents -- source records whose effect never arrived and that
+are not dead-lettered.
 """
 
 from __future__ import annotations
@@ -32,13 +33,13 @@ import redis
 
 from ftlayer.config import FTConfig
 from ftlayer.embedded import EmbeddedRedis
-from ftlayer.errors import FailRecord
 from partitioners import HashPartitioner
 
 __all__ = ["DemoReport", "report_table", "run_demo"]
 
 PARTITIONS = 4
 KEYS = 64
+ORDER = "id long, key long, total double"
 
 
 @dataclass
@@ -76,16 +77,21 @@ def _redis(url: str) -> redis.Redis:
 
 @dataclass(frozen=True)
 class _Injector:
-    """The map stage: crashes a share of tasks in their first attempt, fails a share of
-    record attempts with FailRecord."""
+    """The map stage (a batch stage): crashes a share of tasks in their first attempt,
+    fails a share of record attempts (``Outcome(failed=...)``)."""
 
     url: str
     prefix: str
     fail_rate: float
     crash_rate: float
 
-    def __call__(self, order: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, batch: Any) -> Any:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
         from pyspark import TaskContext
+
+        from ftlayer.spark import Outcome
 
         tc = TaskContext.get()
         if tc is not None and tc.attemptNumber() == 0 and self.crash_rate > 0:
@@ -93,47 +99,59 @@ class _Injector:
             if random.Random(f"{self.prefix}{task}").random() < self.crash_rate:
                 if _redis(self.url).sadd(f"{self.prefix}:crashed", task):
                     raise TaskCrash(f"injected crash of task {task}")
-        if random.random() < self.fail_rate:
-            raise FailRecord(f"injected failure of order {order['id']}")
-        return {"id": order["id"], "key": order["key"], "total": round(order["amount"] * 1.2, 2)}
+        failed = np.flatnonzero(np.random.default_rng().random(batch.num_rows) < self.fail_rate)
+        ids = batch.column("id").to_pylist()
+        out = pa.RecordBatch.from_arrays(
+            [batch.column("id"), batch.column("key"),
+             pc.round(pc.multiply(batch.column("amount"), 1.2), 2)],
+            names=["id", "key", "total"],
+        )  # fmt: skip
+        errors = [f"injected failure of order {ids[i]}" for i in failed]
+        return Outcome(out, failed=failed, errors=errors)
 
 
 @dataclass(frozen=True)
 class _PlacementCheck:
-    """After ``partition_by(["key"], n)``: is the record in the partition Spark assigns
+    """After ``partition_by(["key"], n)``: is each record in the partition Spark assigns
     its key? Counts the ones that are not (fresh or replayed alike)."""
 
     url: str
     prefix: str
 
-    def __call__(self, order: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, batch: Any) -> Any:
         from pyspark import TaskContext
 
         tc = TaskContext.get()
-        want = HashPartitioner(PARTITIONS, ["bigint"]).partition((order["key"],))
-        if tc is not None and tc.partitionId() != want:
-            _redis(self.url).incr(f"{self.prefix}:misplaced")
-        return order
+        part = HashPartitioner(PARTITIONS, ["bigint"])
+        wrong = sum(
+            1 for k in batch.column("key").to_pylist()
+            if tc is not None and tc.partitionId() != part.partition((k,))
+        )  # fmt: skip
+        if wrong:
+            _redis(self.url).incrby(f"{self.prefix}:misplaced", wrong)
+        return batch
 
 
 @dataclass(frozen=True)
 class _Sink:
-    """Appends each partition's order ids to a Redis list; a share of the writes is never
+    """Appends each batch's order ids to a Redis list; a share of the writes is never
     confirmed (lost in flight), so those records time out and are replayed."""
 
     url: str
     prefix: str
     drop_rate: float
 
-    def __call__(self, orders: list[dict[str, Any]]) -> Any:
-        from ftlayer.spark import Unconfirmed
+    def __call__(self, batch: Any) -> Any:
+        import numpy as np
 
-        dropped = [i for i in range(len(orders)) if random.random() < self.drop_rate]
-        skip = set(dropped)
-        ids = [str(o["id"]) for i, o in enumerate(orders) if i not in skip]
+        from ftlayer.spark import Outcome
+
+        dropped = np.random.default_rng().random(batch.num_rows) < self.drop_rate
+        ids = [str(i) for i, d in zip(batch.column("id").to_pylist(), dropped, strict=True)
+               if not d]  # fmt: skip
         if ids:
             _redis(self.url).rpush(f"{self.prefix}:sink", *ids)
-        return Unconfirmed(dropped)
+        return Outcome(unconfirmed=np.flatnonzero(dropped))
 
 
 # -- driver side ---------------------------------------------------------------------------
@@ -238,10 +256,10 @@ def _run(spark: Any, ft: Any, url: str, prefix: str, work: Path, records: int, b
 
     pipeline = (
         ft.pipeline(source=0)
-        .map(_Injector(url, prefix, fail_rate, crash_rate))
-        .partition_by(["key"], PARTITIONS, types=["bigint"])
-        .map(_PlacementCheck(url, prefix))
-        .sink(_Sink(url, prefix, drop_rate), per="partition")
+        .map_batches(_Injector(url, prefix, fail_rate, crash_rate), ORDER)
+        .partition_by(["key"], PARTITIONS)
+        .map_batches(_PlacementCheck(url, prefix), ORDER)
+        .sink_batches(_Sink(url, prefix, drop_rate))
     )
     schema = StructType([StructField(c, LongType()) for c in ("id", "key", "amount")])
     stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1)

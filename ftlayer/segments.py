@@ -188,12 +188,25 @@ class SegmentStore(NamespacePart):
         return self.client.get(f"{prefix}:seg:{member}")  # type: ignore[return-value]
 
     def drop_batch(self, source: int, batch_key: str) -> int:
-        """Drop segments an earlier run of this batch id left (one call per shard)."""
-        prefix = self.batch_prefix(source, batch_key)
-        return sum(
-            int(self.scripts.segment_drop(keys=s.script_keys, args=[prefix]))
-            for s in self.keyspace.shards
-        )
+        """Drop segments an earlier run of this batch id left."""
+        return self._each_shard(self.batch_prefix(source, batch_key), "drop")
+
+    def touch_batch(self, source: int, batch_key: str) -> int:
+        """Push the deadlines of this batch's segments a full timeout ahead."""
+        return self._each_shard(self.batch_prefix(source, batch_key), "touch")
+
+    def _each_shard(self, prefix: str, action: str) -> int:
+        """lua/segment_batch.lua on every shard (one round trip on a single server)."""
+        args = [prefix, action, self.config.interval_ms, self.config.buckets]
+        if is_cluster(self.client):
+            return sum(
+                int(self.scripts.segment_batch(keys=s.script_keys, args=args))
+                for s in self.keyspace.shards
+            )
+        with self.client.pipeline(transaction=False) as pipe:
+            for s in self.keyspace.shards:
+                self.scripts.segment_batch(keys=s.script_keys, args=args, client=pipe)
+            return sum(int(n) for n in pipe.execute())
 
     def settle(
         self,

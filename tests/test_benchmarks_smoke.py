@@ -37,9 +37,17 @@ def test_rotation_smoke(tmp_path: Path) -> None:
 
 
 def test_pipeline_overhead_smoke(tmp_path: Path) -> None:
-    r = _bench(tmp_path, "benchmarks.pipeline_overhead", "--records", "2000", "--repeat", "1")
-    assert r["records"] == 2000 and r["ft_on_records_per_s"] > 0
-    assert set(r["runs_s"]) == {"plain", "off", "on", "on_5pct"}
+    r = _bench(tmp_path, "benchmarks.pipeline_overhead", "--records", "2000", "--repeat", "1",
+               "--scale", "1000")  # fmt: skip
+    rates = r["records_per_s"]
+    assert r["records"] == 2000
+    assert set(rates) == {"dataframe", "arrow", "pandas", "rdd", "ft_off", "ft_on",
+                          "ft_on_failing", "row_ft_on"}  # fmt: skip
+    assert all(v > 0 for v in rates.values())
+    for k in ("ratio_ft_on_vs_arrow", "ratio_ft_on_failing_vs_arrow", "ratio_ft_off_vs_arrow"):
+        assert r[k] > 0, k
+    assert r["redis_calls_per_batch"] > 0 and 0 < r["redis_calls_per_record"] < 1
+    assert set(r["scaling_records_per_s"]["1000"]) == {"arrow", "ft_on"}
     assert (tmp_path / "pipeline_overhead.png").exists()
 
 

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -33,8 +35,10 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import numpy as np
 import pyarrow as pa
+import redis
 
 from ftlayer.acker import ShardBatch
+from ftlayer.connection import is_cluster
 from ftlayer.errors import ConfigError
 from ftlayer.ids import RecordId, is_local, new_ids, shard_of, split_local
 from ftlayer.payloads import arrow_codecs, decode_record
@@ -65,14 +69,19 @@ def spark_schema(schema: pa.Schema) -> Any:
     return from_arrow_schema(schema, prefer_timestamp_ntz=False)
 
 
-def arrow_schema(schema: Any) -> pa.Schema:
+_DDL: dict[str, Any] = {}
+
+
+def arrow_schema(schema: Any, spark: Any) -> pa.Schema:
     """An Arrow schema from a StructType or a DDL string, all fields nullable (marker
-    rows carry nulls in every user column)."""
+    rows carry nulls in every user column). DDL is parsed by the session (the JVM, or the
+    Spark Connect server: there is no local JVM there), once per string."""
     from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StructType
 
     if isinstance(schema, str):
-        schema = StructType.fromDDL(schema)
+        if schema not in _DDL:
+            _DDL[schema] = spark._parse_ddl(schema)
+        schema = _DDL[schema]
     out = to_arrow_schema(schema, timezone="UTC")
     return pa.schema([f.with_nullable(True) for f in out])
 
@@ -80,6 +89,7 @@ def arrow_schema(schema: Any) -> pa.Schema:
 def plan_batch(
     segments: tuple[Segment, ...],
     input_schema: Any,
+    spark: Any,
     *,
     config: Any,
     source: int,
@@ -87,10 +97,10 @@ def plan_batch(
     on_error: str,
 ) -> VectorPlan:
     """The plan of one run of a vectorized batch (a fresh salt per run)."""
-    inputs = [arrow_schema(input_schema)]
+    inputs = [arrow_schema(input_schema, spark)]
     outputs = []
     for i, seg in enumerate(segments):
-        schemas = tuple(arrow_schema(op.schema) for kind, op in seg.ops)
+        schemas = tuple(arrow_schema(op.schema, spark) for kind, op in seg.ops)
         if any(kind != "batches" for kind, _ in seg.ops):
             raise ConfigError("a vectorized pipeline takes batch stages only (map_batches)")
         outputs.append(schemas)
@@ -134,9 +144,10 @@ class VectorRun:
     def dataframe(self, df: DataFrame, key: tuple[str, ...], partitions: int | None,
                   replay_limit: int) -> DataFrame:  # fmt: skip
         plan = self.plan
-        source_df = df.select(*plan.inputs[0].names)
+        names = plan.inputs[0].names
+        source_df = df if df.columns == names else df.select(*names)
         if self.layer is not None:
-            self.calls += len(self.layer.keyspace)
+            self.calls += 1 if not is_cluster(self.layer.client) else len(self.layer.keyspace)
             self.layer.segments.drop_batch(plan.source, plan.batch_key)
             replays = self._replays(df, replay_limit)
             if replays is not None:
@@ -215,6 +226,37 @@ class VectorRun:
         log.info("replays claimed batch_id=%s source=%d claimed=%d undecodable=%d",
                  self.result.batch_id, self.plan.source, len(claimed), len(bad))  # fmt: skip
         return df.sparkSession.createDataFrame(table)
+
+    @contextmanager
+    def keepalive(self) -> Iterator[None]:
+        """While the block runs (the batch's Spark job), a thread pushes the deadlines of
+        this run's segments and claimed replays a full timeout ahead every half rotation
+        interval, so a batch longer than ``timeout_s`` is not timed out under a live
+        driver. A driver that dies stops, and they time out. Errors are logged, never
+        raised: a missed beat only risks a replay, never a loss."""
+        layer = self.layer
+        if layer is None:
+            yield
+            return
+        stop = threading.Event()
+        plan, replays = self.plan, list(self.injected)
+
+        def beat() -> None:
+            while not stop.wait(layer.config.rotation_interval_s / 2):
+                try:
+                    layer.segments.touch_batch(plan.source, plan.batch_key)
+                    if replays:
+                        layer.reset_timeout(replays)
+                except redis.RedisError as e:
+                    log.warning("batch keepalive failed batch=%s error=%s", plan.batch_key, e)
+
+        thread = threading.Thread(target=beat, name="ftlayer-batch-keepalive", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=10)
 
     # -- settling --------------------------------------------------------------------------
     def settle(self, finals: list[bytes]) -> BatchResult:

@@ -65,6 +65,12 @@ def _identity(k: int) -> int:
     return k
 
 
+def _rebuild(config: FTConfig, replay_limit: int, backpressure_timeout_s: float) -> Any:
+    return FaultTolerance(
+        config, replay_limit=replay_limit, backpressure_timeout_s=backpressure_timeout_s
+    )
+
+
 class FaultTolerance:
     """The driver side: claims replays, applies backpressure, runs batches, drains.
 
@@ -102,8 +108,12 @@ class FaultTolerance:
                 self._rotator = self.layer.start_rotator()
         log.info("fault tolerance ready %s", config.summary())
 
-    def __getstate__(self) -> dict[str, Any]:
-        raise TypeError("FaultTolerance holds a live Redis client and cannot be pickled")
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled, a FaultTolerance travels as its config and rebuilds itself where it
+        lands, with its own Redis client (Spark Connect runs a ``foreachBatch`` function
+        in a Python process of the server). The copy reports its batches there; it never
+        rotates (the original, or a sidecar, does)."""
+        return (_rebuild, (self.task_config, self.replay_limit, self.backpressure_timeout_s))
 
     def pipeline(
         self,
@@ -137,6 +147,11 @@ class FaultTolerance:
         plan = self._plan(pipeline, df.schema)
         self._backpressure(pipeline.source, batch_id)
         fresh = self._keyed(pipeline, df)
+        if type(fresh).__module__.startswith("pyspark.sql.connect"):
+            raise ConfigError(
+                "row stages (map, flat_map, filter, sink) need df.rdd, which Spark Connect "
+                "does not have: write the pipeline with map_batches / sink_batches"
+            )
         rdd = fresh.rdd
         n = rdd.getNumPartitions()
         groups = self._claim(pipeline, plan, max(n, 1), result)
@@ -170,12 +185,15 @@ class FaultTolerance:
         result = BatchResult(batch_id)
         self._backpressure(pipeline.source, batch_id)
         plan = plan_batch(
-            pipeline.segments, df.schema, config=self.task_config, source=pipeline.source,
+            pipeline.segments, df.schema, df.sparkSession, config=self.task_config,
+            source=pipeline.source,
             batch_key=str(batch_id), on_error=pipeline.on_error,
         )  # fmt: skip
         run = VectorRun(plan, self.layer, result)
         out = run.dataframe(df, pipeline.key, pipeline.partitions, self.replay_limit)
-        run.settle([row[0] for row in out.collect()])
+        with run.keepalive():  # a live driver keeps its batch from timing out
+            finals = [row[0] for row in out.collect()]
+        run.settle(finals)
         return self._done(result, started)
 
     def _plan(self, pipeline: Pipeline, schema: Any) -> TaskPlan:

@@ -139,12 +139,21 @@ def test_backpressure_waits_bounded_and_drain_reports_what_remains(
     assert ft.layer.stats().pending == 3  # still there: reported, not dropped
 
 
-def test_ft_off_needs_no_redis_and_fault_tolerance_is_not_picklable(
+def test_ft_off_needs_no_redis_and_a_pickled_fault_tolerance_rebuilds_from_its_config(
     spark: SparkSession, make_ft: Any, probe: Probe
 ) -> None:
     off = FaultTolerance(make_ft().config.__class__(status="off"))
     assert off.layer is None
     result = off.run_batch(off.pipeline().sink(probe.write, per="partition"), spark.range(5), 0)
     assert result.written == 5 and off.drain().drained
-    with pytest.raises(TypeError, match="cannot be pickled"):
-        pickle.dumps(make_ft())
+    # Spark Connect pickles the foreachBatch function (a Pipeline holding its
+    # FaultTolerance) into a server process: the copy reconnects from the config
+    ft = make_ft(rotate=True, replay_limit=77)
+    copy = pickle.loads(pickle.dumps(ft))
+    try:
+        assert copy is not ft and copy.task_config == ft.task_config
+        assert copy.replay_limit == 77 and copy._rotator is None
+        assert copy.layer is not None and copy.layer.client is not ft.layer.client
+        assert copy.layer.stats().pending == 0  # a live client of its own
+    finally:
+        copy.close()

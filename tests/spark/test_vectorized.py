@@ -702,3 +702,36 @@ def test_a_segment_whose_batch_never_settles_times_out(
     assert leftover_keys(ft, ":seg:") == []
     left = leftover_keys(ft, ":sum:")  # the failed run's: they expire (SUMMARY_TTL_MS)
     assert all(0 < ft.layer.client.pttl(k) <= SUMMARY_TTL_MS for k in left)
+
+
+# -- a batch longer than the timeout --------------------------------------------------------
+def test_a_live_batch_longer_than_its_timeout_is_not_timed_out(
+    spark: SparkSession, make_ft: Any, probe: Probe
+) -> None:
+    """The driver touches its batch's segments while the Spark job runs, so a rotation
+    that runs meanwhile (here every 0.5 s) does not time out rows of a live batch.
+    Catches: no heartbeat (every row of the slow batch times out and is written twice),
+    a heartbeat that touches other batches' segments or never stops."""
+    n = 600
+    ft = make_ft(timeout_s=1.0, rotate=True)
+
+    def slow_sink(b: pa.RecordBatch) -> None:
+        time.sleep(2.5)  # each sink task outlives the timeout (1 to 1.5 s) twice over
+        push(probe, "sink", ids_of(b).tolist())
+
+    pipeline = (ft.pipeline(source=0).map_batches(stage_copy, "id long, key long, amount long")
+                .partition_by(["key"], 2).sink_batches(slow_sink))  # fmt: skip
+    result = ft.run_batch(pipeline, source_df(spark, n), 0)
+    assert result.fold_ok and result.written == n
+    time.sleep(1.6)  # a rotation after the batch: nothing of it may be left to expire
+    report = ft.drain(timeout_s=30, pipeline=pipeline)
+    st = ft.layer.stats()
+    sink = Counter(int(x) for x in probe.r.lrange(f"{probe.prefix}:sink", 0, -1))
+    assert st.failed_timeout == 0, st
+    assert report.drained and st.pending == 0 and st.unsettled_segments == 0
+    assert set(sink) == set(range(n)) and max(sink.values()) == 1
+    assert_settled(ft)
+
+
+def stage_copy(b: pa.RecordBatch) -> pa.RecordBatch:
+    return b

@@ -1,0 +1,100 @@
+"""A vectorized pipeline under Spark Connect, run as its own process by test_connect.py
+(``SparkSession.builder.remote("local[2]")`` starts a Connect server in this process's JVM,
+which the test process already gives to its classic session).
+
+    python connect_job.py <redis_url> <namespace>
+
+Prints one JSON object: what the sink received, the drain, the error of a row pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import redis
+
+from ftlayer import ConfigError, FTConfig
+from ftlayer.spark import FaultTolerance, Outcome
+
+N_DIRECT, N_STREAM = 3000, 2000
+
+
+class FailOnce:
+    """Fails ids divisible by 40 on their first attempt (remembered in Redis)."""
+
+    def __init__(self, url: str, key: str) -> None:
+        self.url, self.key = url, key
+
+    def __call__(self, b: pa.RecordBatch) -> Outcome:
+        ids = b.column("id").to_numpy()
+        r = redis.Redis.from_url(self.url)
+        cand = np.flatnonzero(ids % 40 == 0)
+        with r.pipeline(transaction=False) as p:
+            for i in cand:
+                p.sadd(self.key, int(ids[i]))
+            first = p.execute()
+        failed = [int(i) for i, new in zip(cand, first, strict=True) if new]
+        out = pa.RecordBatch.from_arrays(
+            [b.column("id"), pc.bit_wise_and(b.column("id"), 7)], names=["id", "key"]
+        )
+        return Outcome(out, failed=failed, errors="first attempt fails")
+
+
+class Sink:
+    def __init__(self, url: str, key: str) -> None:
+        self.url, self.key = url, key
+
+    def __call__(self, b: pa.RecordBatch) -> None:
+        redis.Redis.from_url(self.url).rpush(self.key, *b.column("id").to_pylist())
+
+
+def main() -> None:
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F  # noqa: N812
+
+    url, ns = sys.argv[1], sys.argv[2]
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (SparkSession.builder.remote("local[2]")
+             .config("spark.sql.shuffle.partitions", "4").getOrCreate())  # fmt: skip
+    out: dict[str, Any] = {"connect": type(spark).__module__}
+    ft = FaultTolerance(FTConfig(namespace=ns, redis_url=url, timeout_s=2, max_replays=3))
+    pipeline = (ft.pipeline(source=0).map_batches(FailOnce(url, f"{ns}:seen"), "id long, key long")
+                .partition_by(["key"], 4).sink_batches(Sink(url, f"{ns}:sink")))  # fmt: skip
+    direct = ft.run_batch(pipeline, spark.range(N_DIRECT).select("id"), "direct")
+    out["direct"] = {"fresh": direct.fresh, "failed": direct.failed, "fold_ok": direct.fold_ok}
+    try:
+        df = spark.range(N_DIRECT, N_DIRECT + N_STREAM).select("id")
+        ft.run_batch(ft.pipeline(source=1).map(lambda r: r).sink(lambda r: None), df, 0)
+    except ConfigError as e:
+        out["row_error"] = str(e)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [{"id": i} for i in range(N_DIRECT, N_DIRECT + N_STREAM)]
+        for k in range(4):  # four files: four micro-batches
+            with open(os.path.join(tmp, f"part-{k}.json"), "w") as f:
+                f.write("\n".join(json.dumps(r) for r in rows[k::4]) + "\n")
+        stream = (spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).json(tmp)
+                  .select(F.col("id")))  # fmt: skip
+        query = (stream.writeStream.foreachBatch(pipeline)
+                 .option("checkpointLocation", os.path.join(tmp, "_checkpoint"))
+                 .trigger(availableNow=True).start())  # fmt: skip
+        query.awaitTermination(300)
+        out["stream_exception"] = str(query.exception()) if query.exception() else None
+    report = ft.drain(timeout_s=120, pipeline=pipeline)
+    st = ft.layer.stats()  # type: ignore[union-attr]
+    sink = [int(x) for x in redis.Redis.from_url(url).lrange(f"{ns}:sink", 0, -1)]
+    out.update(drained=report.drained, pending=st.pending, dead_letters=st.dead_letters,
+               failed_explicit=st.failed_explicit, sink=sink)  # fmt: skip
+    ft.close()
+    spark.stop()
+    print("RESULT " + json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
