@@ -55,6 +55,10 @@ class Outcome:
     unconfirmed: Indices | None = None
 
 
+_NONE = np.empty(0, np.int64)
+_NONE.flags.writeable = False
+
+
 @dataclass
 class StageResult:
     """A stage's answer over one input batch of ``n_in`` rows, as arrays."""
@@ -63,8 +67,9 @@ class StageResult:
     parents: np.ndarray  # int64, one per output row
     failed: np.ndarray  # int64 input row indices
     errors: list[str]  # one per failed row
-    unconfirmed: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    unconfirmed: np.ndarray = field(default_factory=lambda: _NONE)
     extra_calls: int = 0  # calls spent bisecting
+    identity: bool = False  # output row i derives from input row i, for every i
 
 
 def _indices(value: Indices | None, n_in: int, what: str) -> np.ndarray:
@@ -108,6 +113,12 @@ def _to_arrow(output: Any, schema: pa.Schema | None, pandas: bool) -> pa.RecordB
 def _normalize(
     raw: Any, n_in: int, schema: pa.Schema | None, pandas: bool, is_sink: bool
 ) -> StageResult:
+    if not isinstance(raw, Outcome):  # the common case: a plain batch, one row per row
+        batch = None if is_sink else _to_arrow(raw, schema, pandas)
+        if batch is None or batch.num_rows == n_in:
+            n_out = 0 if batch is None else n_in
+            return StageResult(batch, np.arange(n_out, dtype=np.int64), _NONE, [],
+                               identity=batch is not None)  # fmt: skip
     out = raw if isinstance(raw, Outcome) else Outcome(output=raw)
     batch = None if is_sink else _to_arrow(out.output, schema, pandas)
     failed = np.unique(_indices(out.failed, n_in, "failed"))

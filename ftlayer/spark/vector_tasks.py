@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import msgpack
@@ -40,11 +41,9 @@ import pyarrow as pa
 
 from ftlayer.config import FTConfig
 from ftlayer.ids import (
-    MARKER_PARTITION,
     batch_source_ids,
     edge_hashes,
     fold_sum,
-    is_local,
     marker_id,
     mix64,
     split_local,
@@ -78,9 +77,16 @@ class VectorPlan:
     outputs: tuple[tuple[pa.Schema, ...], ...]
     """Output schema of each batch stage of each segment."""
 
-    def edge_salt(self, segment: int) -> int:
-        """The salt of the shuffle edge leaving ``segment``."""
-        return int(mix64(np.array([self.salt ^ (segment + 1)], np.uint64))[0])
+    @cached_property
+    def edge_salts(self) -> tuple[int, ...]:
+        """The salt of the shuffle edge leaving each segment."""
+        seeds = np.array([self.salt ^ (i + 1) for i in range(len(self.segments))], np.uint64)
+        return tuple(int(x) for x in mix64(seeds))
+
+    @cached_property
+    def id_schemas(self) -> tuple[pa.Schema, ...]:
+        """The schema of the rows leaving each segment through a shuffle, ids included."""
+        return tuple(pa.schema([*s, *ID_FIELDS]) for s in (*self.inputs[1:], pa.schema([])))
 
 
 def stage_label(segment: int, op: int, fn: Any, sink: bool = False) -> str:
@@ -131,13 +137,18 @@ class _Task:
         )  # fmt: skip
 
 
-def _u64(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    return np.asarray(col.fill_null(0).to_numpy(zero_copy_only=False)).view(np.uint64)
+def _u64(col: pa.Array) -> np.ndarray:
+    """The ids of a column as uint64 (nulls, the fresh rows of a source batch, as 0)."""
+    if col.null_count:
+        col = col.fill_null(0)
+    return np.asarray(col.to_numpy(zero_copy_only=False)).view(np.uint64)
 
 
-def _with_ids(batch: pa.RecordBatch, src: np.ndarray) -> pa.RecordBatch:
-    arrays = [*batch.columns, pa.array(src.view(np.int64))]
-    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([*batch.schema, *ID_FIELDS]))
+_MARKER_HIGH = np.uint64(int(marker_id(0)) >> 40)
+
+
+def _markers(src: np.ndarray) -> np.ndarray:
+    return (src >> np.uint64(40)) == _MARKER_HIGH
 
 
 def _run_chain(
@@ -147,7 +158,7 @@ def _run_chain(
     ``origin`` maps each row to the input row it derives from (for its source id)."""
     seg = plan.segments[stage]
     bisect = plan.on_error != "fail_batch"
-    origin = np.arange(batch.num_rows, dtype=np.int64)
+    origin: np.ndarray | None = None  # None: row i derives from input row i
     for j, (_, op) in enumerate(seg.ops):
         label = stage_label(stage, j, op.fn)
         res = run_stage(op.fn, batch, label, schema=plan.outputs[stage][j], pandas=op.pandas,
@@ -156,18 +167,20 @@ def _run_chain(
         task.count(label, batch.num_rows, n_out, len(res.failed), 0, res.extra_calls)
         _note_failures(task, res.errors)
         if src is not None and len(res.failed):
-            task.failed_src.append(src[origin[res.failed]])
+            task.failed_src.append(src[_at(origin, res.failed)])
             task.failed_err.extend(res.errors)
         if res.output is None or n_out == 0:
             return None
-        origin = origin[res.parents]
+        if not res.identity:
+            origin = _at(origin, res.parents)
         batch = res.output
     if seg.sink is None:
         if src is None:
             return batch
-        out = src[origin]
-        task.fold += fold_sum(edge_hashes(out, plan.edge_salt(stage)))  # sent
-        return _with_ids(batch, out)
+        out = src if origin is None else src[origin]
+        task.fold += fold_sum(edge_hashes(out, plan.edge_salts[stage]))  # sent
+        return pa.RecordBatch.from_arrays([*batch.columns, pa.array(out.view(np.int64))],
+                                          schema=plan.id_schemas[stage])  # fmt: skip
     label = stage_label(stage, len(seg.ops), seg.sink, sink=True)
     res = run_stage(seg.sink, batch, label, schema=None, pandas=seg.sink_pandas,
                     is_sink=True, bisect=bisect)  # fmt: skip
@@ -176,11 +189,16 @@ def _run_chain(
     task.written += batch.num_rows - len(res.failed) - len(res.unconfirmed)
     if src is not None:
         if len(res.failed):
-            task.failed_src.append(src[origin[res.failed]])
+            task.failed_src.append(src[_at(origin, res.failed)])
             task.failed_err.extend(res.errors)
         if len(res.unconfirmed):
-            task.unc_src.append(src[origin[res.unconfirmed]])
+            task.unc_src.append(src[_at(origin, res.unconfirmed)])
     return None
+
+
+def _at(origin: np.ndarray | None, rows: np.ndarray) -> np.ndarray:
+    """The input rows of ``rows`` (``origin`` None: the identity)."""
+    return rows if origin is None else origin[rows]
 
 
 def _note_failures(task: _Task, errors: list[str]) -> None:
@@ -228,15 +246,14 @@ def run_vector_task(
                 if out is not None:
                     yield out
             continue
-        markers = split_local(src)[0] == MARKER_PARTITION
-        markers &= is_local(src)
+        markers = _markers(src)
         if markers.any():
             task.upstream.extend(split_local(src[markers])[1].tolist())
             keep = ~markers
             user, src = user.filter(pa.array(keep)), src[keep]
             if user.num_rows == 0:
                 continue
-        task.fold -= fold_sum(edge_hashes(src, plan.edge_salt(stage - 1)))  # received
+        task.fold -= fold_sum(edge_hashes(src, plan.edge_salts[stage - 1]))  # received
         out = _run_chain(plan, stage, task, user, src)
         if out is not None:
             yield out
