@@ -46,11 +46,11 @@ def test_readme_example_runs_as_written() -> None:
 
 
 def test_readme_pipeline_is_the_tested_one() -> None:
-    """The README's pipeline is the one tests/spark runs (from docs/spark-pipeline.md)."""
+    """The README's pipeline is the one tests/spark runs (from docs/vectorized.md)."""
     block = re.compile(r"```python\n(.*?)```", re.S)
     readme = (ROOT / "README.md").read_text()
     pipeline = readme[readme.index("## A fault-tolerant") :]
-    doc = (ROOT / "docs" / "spark-pipeline.md").read_text()
+    doc = (ROOT / "docs" / "vectorized.md").read_text()
     assert block.search(pipeline).group(1) == block.search(doc).group(1)
     assert len(block.search(pipeline).group(1).strip().splitlines()) < 25
 
