@@ -5,9 +5,10 @@ rows that failed (with a reason each), the parent input row of every output row 
 filtering) and, for sinks, the rows whose writes were not confirmed. When the function
 raises, :func:`run_stage` isolates the rows that make it raise by bisection: it re-runs the
 two halves of the batch, recursively, until the rows that still raise stand alone; those
-fail with the exception text and every other row goes on. The cost: a batch with k poison
-rows out of n re-runs about 2n rows for the first and at most n·log2(n)/... more in the worst
-case of poison rows spread over every half; a batch without one costs nothing extra.
+fail with the exception text and every other row goes on. The cost: a batch without a
+poison row costs nothing extra; one poison row among n costs 2·log2(n) extra calls over
+about 2n rows; k poison rows spread out cost up to 2k·log2(n/k) calls and, at worst, n·log2(n)
+rows (docs/vectorized.md has the table).
 
 Invariant: every input row of a stage ends in exactly one of: parent of >= 0 outputs,
 failed, unconfirmed (sinks). Outputs of a failed row are dropped with it.
