@@ -227,6 +227,11 @@ def _input(spark: Any, n: int) -> Any:
     return df
 
 
+def _quartiles(xs: list[float]) -> list[float]:
+    """First and third quartile (the one value twice when there is only one)."""
+    return statistics.quantiles(xs, n=4)[::2] if len(xs) > 1 else [xs[0], xs[0]]
+
+
 def _time(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     fn()
@@ -260,8 +265,7 @@ def run(records: int, repeat: int, url: str | None, scale: list[int], row: bool)
             pairs = {k: [a / b for a, b in zip(times["arrow"], times[k], strict=True)]
                      for k in ft_names}  # fmt: skip
             paired_ratio = {k: median(v) for k, v in pairs.items()}
-            spread = {k: [round(q, 3) for q in statistics.quantiles(v, n=4)[::2]]
-                      for k, v in pairs.items()}  # fmt: skip
+            spread = {k: [round(q, 3) for q in _quartiles(v)] for k, v in pairs.items()}
             main_calls = list(ft.calls)  # the scale runs below add theirs
             if row:
                 rate["row_ft_on"] = records / _time(lambda: ft(df, records, "on", row=True))
