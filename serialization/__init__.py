@@ -5,7 +5,7 @@ the RecordId, the key's int32 hash code, the source index and an xxh64 payload c
 Only msgpack is ever decoded here -- never pickle.
 """
 
-from serialization.decoder import FrameDecoder, iter_frames
+from serialization.decoder import FrameDecoder, decode_frame, iter_frames
 from serialization.errors import (
     ChecksumMismatchError,
     CorruptFrameError,
@@ -19,7 +19,6 @@ from serialization.frame import (
     DEFAULT_MAX_PAYLOAD,
     HEADER_SIZE,
     Frame,
-    decode_frame,
     decode_payload,
     encode_frame,
     encode_payload,

@@ -24,7 +24,7 @@ from serialization.frame import (
     parse_header,
 )
 
-__all__ = ["FrameDecoder", "iter_frames"]
+__all__ = ["FrameDecoder", "decode_frame", "iter_frames"]
 
 
 class FrameDecoder:
@@ -144,3 +144,18 @@ def iter_frames(
     except FrameError as e:
         errors.append(e)
     return frames, errors
+
+
+def decode_frame(data: bytes, *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Frame:
+    """Decode exactly one frame (e.g. a value stored in Redis)."""
+    dec = FrameDecoder(max_payload=max_payload)
+    dec.feed(data)
+    frame = dec.next_frame()
+    if frame is None:
+        dec.close()  # raises TruncatedFrameError naming the record, or CorruptFrameError if empty
+        raise CorruptFrameError("empty input: no frame")
+    if dec.buffered:
+        raise CorruptFrameError(
+            f"{dec.buffered} trailing bytes after the frame", record=frame.describe()
+        )
+    return frame

@@ -51,7 +51,6 @@ __all__ = [
     "MAGIC",
     "VERSION",
     "Frame",
-    "decode_frame",
     "decode_payload",
     "encode_frame",
     "encode_payload",
@@ -208,20 +207,3 @@ def check_payload(payload: bytes, header: Header, *, offset: int | None = None) 
             offset=offset,
         )
     return Frame(src, cur, hc, source, payload, part, mr)
-
-
-def decode_frame(data: bytes, *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Frame:
-    """Decode exactly one frame (e.g. a value stored in Redis)."""
-    from serialization.decoder import FrameDecoder
-
-    dec = FrameDecoder(max_payload=max_payload)
-    dec.feed(data)
-    frame = dec.next_frame()
-    if frame is None:
-        dec.close()  # raises TruncatedFrameError naming the record, or CorruptFrameError if empty
-        raise CorruptFrameError("empty input: no frame")
-    if dec.buffered:
-        raise CorruptFrameError(
-            f"{dec.buffered} trailing bytes after the frame", record=frame.describe()
-        )
-    return frame
