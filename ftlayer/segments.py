@@ -49,14 +49,13 @@ def frames_of_rows(
     partition: int,
     max_replays: int,
     max_payload: int,
-    values: np.ndarray | None = None,
 ) -> list[bytes]:
     """Frames for ``rows`` of an Arrow table: the row as a msgpack map, a new random
-    source id in ``shard`` (low 16 bits), and ``values`` (or random ids) as current ids."""
+    source id in ``shard`` (low 16 bits) and a random current id."""
     codecs = arrow_codecs(table.schema)
     records = table.take(rows).to_pylist()
     ids = persisted_ids(len(rows), shard)
-    curs = new_ids(len(rows)) if values is None else values
+    curs = new_ids(len(rows))
     return [
         encode_frame(
             encode_record(rec, codecs), int(src), int(cur), 0, source,

@@ -272,8 +272,9 @@ class VectorRun:
                 "batch fold is not 0 batch_id=%s fold=%016x consistent=%s: keeping every "
                 "record of the batch pending (they replay)", self.result.batch_id, fold, ok,
             )  # fmt: skip
-        self._settle_segments(summaries)
-        self._settle_replays(summaries)
+        failed, unconfirmed = self._residues(summaries)
+        self._settle_segments(summaries, failed, unconfirmed)
+        self._settle_replays(failed, unconfirmed)
         self.result.redis_calls = self.calls + sum(
             1 for s in summaries if s.raw["stage"] < len(self.plan.segments) - 1 or
             s.raw["segment"]
@@ -333,10 +334,11 @@ class VectorRun:
             unconfirmed.update(s.ids("unc_src").tolist())
         return failed, unconfirmed - failed.keys()
 
-    def _settle_segments(self, summaries: list[_Summary]) -> None:
+    def _settle_segments(
+        self, summaries: list[_Summary], failed: dict[int, str], unconfirmed: set[int]
+    ) -> None:
         assert self.layer is not None
         store, cfg, plan = self.layer.segments, self.layer.config, self.plan
-        failed, unconfirmed = self._residues(summaries)
         keep_all = not self.result.fold_ok
         by_partition: dict[int, tuple[list[tuple[int, int]], list[tuple[int, int]]]] = {}
         for src_set, slot in ((failed.keys(), 0), (unconfirmed, 1)):
@@ -389,12 +391,11 @@ class VectorRun:
                 log.warning("segments settled already batch_id=%s shard=%d skipped=%d",
                             self.result.batch_id, shard, reply[5])  # fmt: skip
 
-    def _settle_replays(self, summaries: list[_Summary]) -> None:
+    def _settle_replays(self, failed: dict[int, str], unconfirmed: set[int]) -> None:
         """Complete the replays that finished in this batch, fail those that failed."""
         if not self.injected or not self.result.fold_ok:
             return  # kept pending: their timeouts replay them
         assert self.layer is not None
-        failed, unconfirmed = self._residues(summaries)
         shards = self.layer.config.shards
         batches: dict[int, ShardBatch] = {}
         done: dict[int, list[tuple[int, int]]] = {}
