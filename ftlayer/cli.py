@@ -208,7 +208,7 @@ def _dead_letter_dict(d: Any) -> dict[str, Any]:
         "payload_bytes": len(d.frame.payload),
         "hash_code": d.frame.hash_code,
         "partition": d.frame.partition,
-        "attempts": sum(1 for f in d.history if f.reason != "redrive"),
+        "attempts": d.attempts,
         "dead_lettered_ms": d.time_ms,
         "history": [
             {"reason": f.reason, "time_ms": f.time_ms, "attempt": f.attempt, "error": f.error}

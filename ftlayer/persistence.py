@@ -44,6 +44,15 @@ class DeadLetter:
     history: tuple[Failure, ...]
     time_ms: int
 
+    @property
+    def attempts(self) -> int:
+        """Failed attempts over its whole history: an entry's attempt number counts the
+        attempts since the last redrive (one entry may stand for several attempts
+        replayed at the source), so the total sums the last number before each redrive."""
+        h = self.history
+        ends = [i for i, f in enumerate(h) if i + 1 == len(h) or h[i + 1].reason == "redrive"]
+        return sum(h[i].attempt for i in ends if h[i].reason != "redrive")
+
 
 def _failures(raw: list[Any]) -> tuple[Failure, ...]:
     def text(v: Any) -> str:

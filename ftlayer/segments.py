@@ -94,21 +94,22 @@ class SettleResult:
         self.skipped += int(reply[5])
 
 
-SegmentEntry = tuple[str, int, list[tuple[bytes, str]], list[tuple[bytes, bytes]]]
-"""(member, rows, failed rows as (frame, error), pending rows as (frame, ack value))"""
+SegmentEntry = tuple[str, int, list[tuple[bytes, str, int]], list[tuple[bytes, bytes]], int]
+"""(member, rows, failed rows as (frame, error, attempts used), pending rows as (frame, ack
+value), failed attempts its task replayed at once)"""
 _SEG_HEAD = struct.Struct(">I")
 
 
 def _pack_segments(segments: list[SegmentEntry]) -> bytes:
     """The binary argument of lua/segment_settle.lua."""
     out: list[bytes] = []
-    for member, rows, failed, pending in segments:
+    for member, rows, failed, pending, immediate in segments:
         m = member.encode()
-        out.append(struct.pack(">H", len(m)) + m + struct.pack(">III", rows, len(failed),
-                                                                 len(pending)))  # fmt: skip
-        for frame, err in failed:
+        head = struct.pack(">IIII", rows, len(failed), len(pending), immediate)
+        out.append(struct.pack(">H", len(m)) + m + head)
+        for frame, err, attempts in failed:
             e = err.encode("utf-8", "replace")[:_MAX_ERROR]
-            out += (_SEG_HEAD.pack(len(frame)), frame, struct.pack(">H", len(e)), e)
+            out += (_SEG_HEAD.pack(len(frame)), frame, struct.pack(">HH", attempts, len(e)), e)
         for frame, value in pending:
             out += (_SEG_HEAD.pack(len(frame)), frame, value)
     return b"".join(out)
@@ -237,8 +238,9 @@ class SegmentStore(NamespacePart):
         """(shard, member, deadline_ms) of every segment not yet settled."""
         out: list[tuple[int, str, float]] = []
         for k, s in enumerate(self.keyspace.shards):
-            got = cast(list[tuple[bytes, float]],
-                       self.client.zrange(s.segidx, 0, -1, withscores=True))
+            got = cast(
+                list[tuple[bytes, float]], self.client.zrange(s.segidx, 0, -1, withscores=True)
+            )
             out.extend((k, member.decode(), float(score)) for member, score in got)
         return out
 
@@ -256,7 +258,7 @@ class SegmentStore(NamespacePart):
                 continue
             source, partition = int(member.split(":", 1)[0]), int(member.rsplit(":", 2)[1])
             blob = self.get(partition, member)
-            frames: list[tuple[bytes, str]] = []
+            frames: list[tuple[bytes, str, int]] = []
             rows = 0
             if blob:
                 table = pa.ipc.open_stream(blob).read_all()
@@ -266,8 +268,9 @@ class SegmentStore(NamespacePart):
                     partition=partition, max_replays=self.config.max_replays,
                     max_payload=self.config.max_record_bytes,
                 )  # fmt: skip
-                frames = [(f, "segment timed out: its batch never settled") for f in made]
-            reply = self.settle(shard, [(member, rows, frames, [])], [], salt=0, reason="timeout")
+                frames = [(f, "segment timed out: its batch never settled", 1) for f in made]
+            reply = self.settle(shard, [(member, rows, frames, [], 0)], [], salt=0,
+                                reason="timeout")  # fmt: skip
             res.add(reply)
             log.warning("segment timed out member=%s rows=%d", member, rows)
         return res

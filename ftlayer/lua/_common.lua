@@ -95,14 +95,12 @@ local function new_source_id(src, salt)
   return struct.pack('>I4I4', hi, lo)
 end
 
--- Failures in a history since it was last re-driven out of the dead-letter hash.
+-- Failed attempts since the record was last re-driven out of the dead-letter hash: the
+-- attempt number of its newest history entry (an entry may stand for several attempts:
+-- replays at the source record only the last one; a 'redrive' mark holds 0).
 local function attempts_since_redrive(hist)
-  local n = 0
-  for i = #hist, 1, -1 do
-    if hist[i][1] == 'redrive' then break end
-    n = n + 1
-  end
-  return n
+  if #hist == 0 then return 0 end
+  return hist[#hist][3]
 end
 
 -- Store a frame under a new source id and queue it for replay (the record already

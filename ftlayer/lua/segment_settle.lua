@@ -4,9 +4,10 @@
 -- same call). A segment no longer indexed was settled already: the segment itself is the
 -- idempotency token of this work, so a retried call is a no-op for it.
 -- ARGV: interval_ms, buckets, max_replays, reason ('explicit'|'timeout'), run salt,
---       segments: repeated [member_len u16][member][rows u32][failed u32][pending u32],
---         then each failed row  [frame_len u32][frame][err_len u16][err]
---              -> replay queue (or dead letters at budget 0),
+--       segments: repeated [member_len u16][member][rows u32][failed u32][pending u32]
+--                          [immediate u32: failed attempts its task replayed at once],
+--         then each failed row  [frame_len u32][frame][attempts u16][err_len u16][err]
+--              -> replay queue (or dead letters past the budget),
 --         then each pending row [frame_len u32][frame][value 8]
 --              -> pending with a live timeout, value as its ack value,
 --       summary keys to delete (key suffixes joined by ','),
@@ -31,13 +32,13 @@ local rec_set, hist_set, acks_set, tmo_add, dlq_set = {}, {}, {}, {}, {}
 local queues = {}
 local segs, pos = ARGV[6], 1
 while pos <= #segs do
-  local member, rows, nf, np
-  member, rows, nf, np, pos = struct.unpack('>Hc0I4I4I4', segs, pos)
+  local member, rows, nf, np, immediate
+  member, rows, nf, np, immediate, pos = struct.unpack('>Hc0I4I4I4I4', segs, pos)
   local failed, pending = {}, {}
   for i = 1, nf do
-    local frame, err
-    frame, err, pos = struct.unpack('>I4c0Hc0', segs, pos)
-    failed[i] = {frame, err}
+    local frame, attempts, err
+    frame, attempts, err, pos = struct.unpack('>I4c0I2Hc0', segs, pos)
+    failed[i] = {frame, err, attempts}
   end
   for i = 1, np do
     local frame, value
@@ -47,11 +48,11 @@ while pos <= #segs do
   if redis.call('ZSCORE', idx, member) then
     local source = 0
     for _, f in ipairs(failed) do
-      local frame, err = f[1], f[2]
+      local frame, err, attempts = f[1], f[2], f[3]
       local src = string.sub(frame, 9, 16)
       source = source_of(frame)
-      local hist = {{reason, NOW, 1, err}}
-      if budget < 1 then
+      local hist = {{reason, NOW, attempts, err}}
+      if attempts > budget then
         dlq_set[#dlq_set + 1] = src
         dlq_set[#dlq_set + 1] = cmsgpack.pack({frame, hist, NOW})
         done[4] = done[4] + 1
@@ -83,7 +84,8 @@ while pos <= #segs do
     local completed = rows - #failed - #pending
     count('persisted', rows)
     count('completed_local', completed)
-    count('failed_' .. reason, #failed)
+    count('failed_' .. reason, #failed + immediate)
+    count('replayed', immediate)
     done[1] = done[1] + 1
     done[2] = done[2] + completed
     redis.call('DEL', PREFIX .. ':seg:' .. member)

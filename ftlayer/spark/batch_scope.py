@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgpack
 import numpy as np
@@ -95,6 +95,7 @@ def plan_batch(
     source: int,
     batch_key: str,
     on_error: str,
+    immediate_replays: int | None = None,
 ) -> VectorPlan:
     """The plan of one run of a vectorized batch (a fresh salt per run)."""
     inputs = [arrow_schema(input_schema, spark)]
@@ -114,8 +115,16 @@ def plan_batch(
                 )
             inputs.append(exit_schema)
     salt = int(new_ids(1)[0] & np.uint64(0x7FFF_FFFF_FFFF_FFFF))
-    return VectorPlan(config, source, batch_key, salt, segments, on_error, tuple(inputs),
-                      tuple(outputs))  # fmt: skip
+    budget = config.max_replays if immediate_replays is None else immediate_replays
+    return VectorPlan(config, source, batch_key, salt, segments, on_error,
+                      min(budget, config.max_replays), tuple(inputs), tuple(outputs))  # fmt: skip
+
+
+class Failure(NamedTuple):
+    """A failed residue: its first error and the attempts it used in its batch."""
+
+    error: str
+    attempts: int
 
 
 @dataclass
@@ -313,6 +322,7 @@ class VectorRun:
             r.replayed += raw["replayed"]
             r.written += raw["written"]
             r.failed += len(raw["failed_src"]) // 8
+            r.immediate_replays += raw["immediate_replays"]
             r.unconfirmed += len(raw["unc_src"]) // 8
             for label, (rin, rout, failed, unc, extra) in raw["counts"].items():
                 r.stages.setdefault(label, StageCounts()).add(
@@ -322,20 +332,22 @@ class VectorRun:
                 if len(r.errors) < MAX_MESSAGES:
                     r.errors.append(text)
 
-    def _residues(self, summaries: list[_Summary]) -> tuple[dict[int, str], set[int]]:
-        """Failed source ids with their first error; unconfirmed ones (failed wins)."""
-        failed: dict[int, str] = {}
+    def _residues(self, summaries: list[_Summary]) -> tuple[dict[int, Failure], set[int]]:
+        """Failed source ids with their first error and attempts used; unconfirmed ones
+        (failed wins)."""
+        failed: dict[int, Failure] = {}
         unconfirmed: set[int] = set()
         for s in summaries:
             texts = s.raw["texts"]
-            idx = np.frombuffer(s.raw["failed_err"], dtype=">u4")
-            for src, i in zip(s.ids("failed_src").tolist(), idx.tolist(), strict=True):
-                failed.setdefault(src, texts[i])
+            idx = np.frombuffer(s.raw["failed_err"], dtype=">u4").tolist()
+            att = np.frombuffer(s.raw["failed_att"], dtype=">u2").tolist()
+            for src, i, a in zip(s.ids("failed_src").tolist(), idx, att, strict=True):
+                failed.setdefault(src, Failure(texts[i], a))
             unconfirmed.update(s.ids("unc_src").tolist())
         return failed, unconfirmed - failed.keys()
 
     def _settle_segments(
-        self, summaries: list[_Summary], failed: dict[int, str], unconfirmed: set[int]
+        self, summaries: list[_Summary], failed: dict[int, Failure], unconfirmed: set[int]
     ) -> None:
         assert self.layer is not None
         store, cfg, plan = self.layer.segments, self.layer.config, self.plan
@@ -358,7 +370,7 @@ class VectorRun:
             partition, rows = s.raw["partition"], s.raw["segment_rows"]
             shard = store.shard_of_partition(partition)
             fails, pends = by_partition.get(partition, ([], []))
-            fail_frames: list[tuple[bytes, str]] = []
+            fail_frames: list[tuple[bytes, str, int]] = []
             pend_frames: list[tuple[bytes, bytes]] = []
             if fails or pends or keep_all:
                 blob = store.get(partition, member)
@@ -376,12 +388,14 @@ class VectorRun:
                 else:
                     if fails:
                         frames = make(np.array([r for r, _ in fails]))
-                        fail_frames = [(f, failed[src]) for f, (_, src) in
-                                       zip(frames, fails, strict=True)]  # fmt: skip
+                        why = [failed[src] for _, src in fails]
+                        fail_frames = [(f, *w) for f, w in zip(frames, why, strict=True)]
                     if pends:  # pending with a live timeout: any non-zero ack value
                         frames = make(np.array([r for r, _ in pends]))
                         pend_frames = [(f, os.urandom(8)) for f in frames]
-            per_shard.setdefault(shard, []).append((member, rows, fail_frames, pend_frames))
+            per_shard.setdefault(shard, []).append(
+                (member, rows, fail_frames, pend_frames, s.raw["immediate_replays"])
+            )
         batch = store.batch_prefix(plan.source, plan.batch_key)
         for shard in sorted(per_shard.keys() | tokens.keys()):
             reply = store.settle(shard, per_shard.get(shard, []), tokens.get(shard, []),
@@ -391,7 +405,7 @@ class VectorRun:
                 log.warning("segments settled already batch_id=%s shard=%d skipped=%d",
                             self.result.batch_id, shard, reply[5])  # fmt: skip
 
-    def _settle_replays(self, failed: dict[int, str], unconfirmed: set[int]) -> None:
+    def _settle_replays(self, failed: dict[int, Failure], unconfirmed: set[int]) -> None:
         """Complete the replays that finished in this batch, fail those that failed."""
         if not self.injected or not self.result.fold_ok:
             return  # kept pending: their timeouts replay them
@@ -402,7 +416,9 @@ class VectorRun:
         for src, cur in self.injected.items():
             k = shard_of(src, shards)
             if src in failed:
-                batches.setdefault(k, ShardBatch()).fails.append((src, "explicit", failed[src]))
+                batches.setdefault(k, ShardBatch()).fails.append(
+                    (src, "explicit", failed[src].error)
+                )
             elif src not in unconfirmed:
                 done.setdefault(k, []).append((src, cur))
         for k, pairs in done.items():
@@ -412,4 +428,3 @@ class VectorRun:
         if batches:
             self.layer.acker.apply(batches, token=f"{self.plan.salt:x}:replays")
             self.calls += len(batches)
-

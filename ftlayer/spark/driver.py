@@ -121,14 +121,17 @@ class FaultTolerance:
         key: Sequence[str] | str = (),
         partitions: int | None = None,
         on_error: OnError = "fail_record",
+        immediate_replays: int | None = None,
     ) -> Pipeline:
         """A new pipeline reading source ``source``; see :class:`Pipeline`."""
         if on_error not in ("fail_record", "fail_batch"):
             raise ConfigError(f"on_error must be 'fail_record' or 'fail_batch', not {on_error!r}")
+        if immediate_replays is not None and not 0 <= immediate_replays <= 0xFFFF:
+            raise ConfigError(f"immediate_replays must be in 0..65535, not {immediate_replays}")
         key = (key,) if isinstance(key, str) else tuple(key)
         if partitions is not None and (not key or partitions < 1):
             raise ConfigError("partitions= needs key columns and must be >= 1")
-        return Pipeline(self, source, key, partitions, on_error)
+        return Pipeline(self, source, key, partitions, on_error, immediate_replays)
 
     # -- one batch ----------------------------------------------------------------------
     def run_batch(self, pipeline: Pipeline, df: DataFrame, batch_id: Any) -> BatchResult:
@@ -188,6 +191,7 @@ class FaultTolerance:
             pipeline.segments, df.schema, df.sparkSession, config=self.task_config,
             source=pipeline.source,
             batch_key=str(batch_id), on_error=pipeline.on_error,
+            immediate_replays=pipeline.immediate_replays,
         )  # fmt: skip
         run = VectorRun(plan, self.layer, result)
         out = run.dataframe(df, pipeline.key, pipeline.partitions, self.replay_limit)

@@ -59,6 +59,10 @@ class Pipeline:
     key: tuple[str, ...] = ()
     partitions: int | None = None
     on_error: OnError = "fail_record"
+    immediate_replays: int | None = None
+    """Vectorized path: how many times a fresh row failing before the first shuffle is
+    replayed at once in its task (None: up to ``max_replays``; 0: every failure waits in
+    the replay queue for a later batch, which spreads attempts out in time)."""
     segments: tuple[Segment, ...] = (Segment(()),)
     sunk: bool = False
 

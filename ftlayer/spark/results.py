@@ -40,6 +40,8 @@ class BatchResult:
     batch_id: Any
     fresh: int = 0
     replayed: int = 0
+    immediate_replays: int = 0
+    """Failed attempts of fresh rows replayed at once in the task that read them."""
     acked: int = 0
     failed: int = 0
     rejected: int = 0

@@ -68,7 +68,6 @@ class TaskSummary:
             bucket.append(text)
 
 
-
 def _apply(ops: tuple[Op, ...], record: Any) -> list[Any]:
     """Run the chained stages on one record: its outputs, or the stage's exception with
     the stage's label attached as ``e.ft_where``."""

@@ -72,6 +72,9 @@ class VectorPlan:
     salt: int
     segments: tuple[Segment, ...]
     on_error: str
+    immediate_replays: int
+    """How many times a row failing in the task that read it fresh is replayed there at
+    once before it becomes a residue (replay queue, or dead letters past its budget)."""
     inputs: tuple[pa.Schema, ...]
     """User columns entering each segment."""
     outputs: tuple[tuple[pa.Schema, ...], ...]
@@ -104,8 +107,10 @@ class _Task:
     fresh: int = 0
     replayed: int = 0
     written: int = 0
+    immediate_replays: int = 0
     failed_src: list[np.ndarray] = field(default_factory=list)
     failed_err: list[str] = field(default_factory=list)
+    failed_att: list[np.ndarray] = field(default_factory=list)
     unc_src: list[np.ndarray] = field(default_factory=list)
     upstream: list[int] = field(default_factory=list)
     counts: dict[str, list[int]] = field(default_factory=dict)
@@ -130,6 +135,9 @@ class _Task:
                 "replayed": self.replayed, "written": self.written, "segment": segment,
                 "segment_rows": segment_rows, "failed_src": ids(self.failed_src),
                 "failed_err": idx.astype(">u4").tobytes(), "texts": list(texts),
+                "failed_att": np.concatenate(self.failed_att).astype(">u2").tobytes()
+                if self.failed_att else b"",
+                "immediate_replays": self.immediate_replays,
                 "unc_src": ids(self.unc_src),
                 "upstream": self.upstream, "counts": self.counts, "errors": self.errors,
             },
@@ -151,49 +159,98 @@ def _markers(src: np.ndarray) -> np.ndarray:
     return (src >> np.uint64(40)) == _MARKER_HIGH
 
 
+@dataclass
+class _Chain:
+    """What one pass of a segment's stages over one input batch gave: the batch to send
+    on (None: nothing to send), and its failures as input row indices (one entry per
+    failed output row, so a fanned-out row may repeat) with their error texts."""
+
+    out: pa.RecordBatch | None
+    failed: np.ndarray
+    texts: list[str]
+
+
+_NO_ROWS = np.zeros(0, np.int64)
+
+
 def _run_chain(
     plan: VectorPlan, stage: int, task: _Task, batch: pa.RecordBatch, src: np.ndarray | None
-) -> pa.RecordBatch | None:
-    """Run one segment's stages over one input batch; the batch to shuffle, or None.
-    ``origin`` maps each row to the input row it derives from (for its source id)."""
+) -> _Chain:
+    """Run one segment's stages over one input batch. ``origin`` maps each row to the
+    input row it derives from (for its source id and for replays at the source)."""
     seg = plan.segments[stage]
     bisect = plan.on_error != "fail_batch"
     origin: np.ndarray | None = None  # None: row i derives from input row i
+    failed: list[np.ndarray] = []
+    texts: list[str] = []
+
+    def note(rows: np.ndarray, errors: list[str]) -> None:
+        if len(rows):
+            failed.append(_at(origin, rows))
+            texts.extend(errors)
+        _note_failures(task, errors)
+
+    def done(out: pa.RecordBatch | None) -> _Chain:
+        return _Chain(out, np.concatenate(failed) if failed else _NO_ROWS, texts)
+
     for j, (_, op) in enumerate(seg.ops):
         label = stage_label(stage, j, op.fn)
         res = run_stage(op.fn, batch, label, schema=plan.outputs[stage][j], pandas=op.pandas,
                         bisect=bisect)  # fmt: skip
         n_out = 0 if res.output is None else res.output.num_rows
         task.count(label, batch.num_rows, n_out, len(res.failed), 0, res.extra_calls)
-        _note_failures(task, res.errors)
-        if src is not None and len(res.failed):
-            task.failed_src.append(src[_at(origin, res.failed)])
-            task.failed_err.extend(res.errors)
+        note(res.failed, res.errors)
         if res.output is None or n_out == 0:
-            return None
+            return done(None)
         if not res.identity:
             origin = _at(origin, res.parents)
         batch = res.output
     if seg.sink is None:
         if src is None:
-            return batch
+            return done(batch)
         out = src if origin is None else src[origin]
         task.fold += fold_sum(edge_hashes(out, plan.edge_salts[stage]))  # sent
-        return pa.RecordBatch.from_arrays([*batch.columns, pa.array(out.view(np.int64))],
-                                          schema=plan.id_schemas[stage])  # fmt: skip
+        return done(pa.RecordBatch.from_arrays([*batch.columns, pa.array(out.view(np.int64))],
+                                               schema=plan.id_schemas[stage]))  # fmt: skip
     label = stage_label(stage, len(seg.ops), seg.sink, sink=True)
     res = run_stage(seg.sink, batch, label, schema=None, pandas=seg.sink_pandas,
                     is_sink=True, bisect=bisect)  # fmt: skip
     task.count(label, batch.num_rows, 0, len(res.failed), len(res.unconfirmed), res.extra_calls)
-    _note_failures(task, res.errors)
+    note(res.failed, res.errors)
     task.written += batch.num_rows - len(res.failed) - len(res.unconfirmed)
-    if src is not None:
-        if len(res.failed):
-            task.failed_src.append(src[_at(origin, res.failed)])
-            task.failed_err.extend(res.errors)
-        if len(res.unconfirmed):
-            task.unc_src.append(src[_at(origin, res.unconfirmed)])
-    return None
+    if src is not None and len(res.unconfirmed):
+        task.unc_src.append(src[_at(origin, res.unconfirmed)])
+    return done(None)
+
+
+def _run_with_replays(
+    plan: VectorPlan, task: _Task, batch: pa.RecordBatch, src: np.ndarray, budget: int
+) -> Iterator[pa.RecordBatch]:
+    """Run the source segment over ``batch`` and replay its failed rows at once, in this
+    task, up to ``budget`` times (Storm's spout re-emitting a failed tuple): a replay
+    takes the same path as its first attempt, so it lands where Spark places its key.
+    Rows still failing become residues with the number of attempts they used."""
+    chain = _run_chain(plan, 0, task, batch, src)
+    attempts = 1
+    while True:
+        if chain.out is not None:
+            yield chain.out
+        if not len(chain.failed) or attempts > budget:
+            break
+        rows = np.unique(chain.failed)
+        task.immediate_replays += len(rows)
+        retry = _run_chain(plan, 0, task, batch.take(pa.array(rows)), src[rows])
+        chain = _Chain(retry.out, rows[retry.failed], retry.texts)
+        attempts += 1
+    _residue(task, src[chain.failed], chain.texts, attempts)
+
+
+def _residue(task: _Task, src: np.ndarray, texts: list[str], attempts: int) -> None:
+    """Failed rows (by source id) after ``attempts`` failed attempts each."""
+    if len(src):
+        task.failed_src.append(src)
+        task.failed_err.extend(texts)
+        task.failed_att.append(np.full(len(src), attempts, np.uint16))
 
 
 def _at(origin: np.ndarray | None, rows: np.ndarray) -> np.ndarray:
@@ -221,7 +278,7 @@ def run_vector_task(
         if batch.num_rows == 0:
             continue
         if not ft:
-            out = _run_chain(plan, stage, task, batch.select(names), None)
+            out = _run_chain(plan, stage, task, batch.select(names), None).out
             if out is not None:
                 yield out
             continue
@@ -236,15 +293,12 @@ def run_vector_task(
                 ids = batch_source_ids(partition, task.fresh, n_fresh)
                 task.fresh += n_fresh
                 fresh.append(part)
-                out = _run_chain(plan, stage, task, part, ids)
-                if out is not None:
-                    yield out
-            if n_fresh < batch.num_rows:
+                yield from _run_with_replays(plan, task, part, ids, plan.immediate_replays)
+            if n_fresh < batch.num_rows:  # claimed replays: their budget is in Redis
                 keep = ~is_fresh
                 task.replayed += int(keep.sum())
-                out = _run_chain(plan, stage, task, user.filter(pa.array(keep)), src[keep])
-                if out is not None:
-                    yield out
+                yield from _run_with_replays(plan, task, user.filter(pa.array(keep)),
+                                             src[keep], 0)  # fmt: skip
             continue
         markers = _markers(src)
         if markers.any():
@@ -254,9 +308,10 @@ def run_vector_task(
             if user.num_rows == 0:
                 continue
         task.fold -= fold_sum(edge_hashes(src, plan.edge_salts[stage - 1]))  # received
-        out = _run_chain(plan, stage, task, user, src)
-        if out is not None:
-            yield out
+        chain = _run_chain(plan, stage, task, user, src)
+        _residue(task, src[chain.failed], chain.texts, 1)
+        if chain.out is not None:
+            yield chain.out
     yield from _finish(plan, stage, task, fresh, final)
 
 

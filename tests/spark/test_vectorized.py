@@ -148,7 +148,7 @@ def test_explicit_failures_replay_through_a_shuffle(
         push(probe, "sink", ids_of(b).tolist())
 
     pipeline = (
-        ft.pipeline(source=0)
+        ft.pipeline(source=0, immediate_replays=0)  # every failure takes the replay queue
         .map_batches(stage1, "id long, key long, total double")
         .partition_by(["key"], 4)
         .map_batches(stage2, "id long, key long, vat double")
@@ -178,6 +178,97 @@ def test_explicit_failures_replay_through_a_shuffle(
     assert st.pending == 0 and st.dead_letters == len(poison)
     assert st.failed_explicit == 4 * len(poison) + len(a7) + len(b11)
     assert st.completed == n - len(poison)
+    assert_settled(ft)
+
+
+# -- 1b: failures before the first shuffle are replayed at once, in the source task ------
+def test_failures_in_the_source_task_replay_at_once(
+    spark: SparkSession, make_ft: Any, probe: Probe
+) -> None:
+    """Catches: a failed fresh row not replayed in its task (it would wait for the queue),
+    the wrong rows replayed (failure indices not mapped back through fan-out to input
+    rows: lost + duplicates), a row replayed past its budget, attempts used at the
+    source not counted against max_replays (a poison row replayed 3 more times from the
+    queue), one history entry not holding the attempt count, immediate attempts missing
+    from the Redis counters, and failures after the shuffle replayed at once (they must
+    queue: their task does not hold the source row)."""
+    ft = make_ft(max_replays=3, timeout_s=5.0)
+    n = 3000
+    all_ids = np.arange(n)
+    poison = set(all_ids[all_ids % 997 == 5].tolist())
+    twice = set(all_ids[all_ids % 7 == 3].tolist()) - poison  # fail 2 attempts, then pass
+    fan = set(all_ids[all_ids % 13 == 6].tolist()) - poison - twice  # 2 children each
+    late = set(all_ids[all_ids % 11 == 4].tolist()) - poison - fan  # fail once, after shuffle
+
+    def stage1(b: pa.RecordBatch) -> Outcome:
+        ids = ids_of(b)
+        seen = times_seen(probe, "s1", ids)
+        failed = np.flatnonzero((ids % 997 == 5) | (np.isin(ids, list(twice)) & (seen <= 2)))
+        errors = [f"attempt {seen[i]} of {ids[i]}" for i in failed]
+        is_fan = np.isin(ids, list(fan))
+        parents = np.sort(np.concatenate([np.arange(len(ids)), np.flatnonzero(is_fan)]))
+        second = np.zeros(len(parents), bool)
+        second[1:] = parents[1:] == parents[:-1]
+        out = pa.RecordBatch.from_arrays(
+            [pa.array(ids[parents]), pa.array(ids[parents] % 29), pa.array(second)],
+            names=["id", "key", "second"],
+        )
+        return Outcome(out, parents=parents, failed=failed, errors=errors)
+
+    def stage1b(b: pa.RecordBatch) -> Outcome:  # before the shuffle: fails 2nd children once
+        second = np.flatnonzero(b.column("second").to_numpy(zero_copy_only=False))
+        seen = times_seen(probe, "s1b", ids_of(b)[second])
+        return Outcome(b, failed=second[seen == 1], errors="second child fails once")
+
+    def stage2(b: pa.RecordBatch) -> Outcome:
+        ids = ids_of(b)
+        cand = np.flatnonzero(np.isin(ids, list(late)))
+        mask = np.zeros(len(ids), bool)
+        mask[cand[first_times(probe, "s2", ids[cand])]] = True
+        return Outcome(b, failed=mask, errors="stage 2 rejects it once")
+
+    def sink(b: pa.RecordBatch) -> None:
+        push(probe, "sink", [f"{i}:{int(s)}" for i, s in
+                             zip(ids_of(b).tolist(), b.column("second").to_pylist(), strict=True)])
+
+    pipeline = (
+        ft.pipeline(source=0)
+        .map_batches(stage1, "id long, key long, second boolean")
+        .map_batches(stage1b, "id long, key long, second boolean")
+        .partition_by(["key"], 4)
+        .map_batches(stage2, "id long, key long, second boolean")
+        .sink_batches(sink)
+    )
+    res = ft.run_batch(pipeline, source_df(spark, n), 0)
+    assert res.fold_ok and res.fresh == n and res.replayed == 0
+    # the source task replayed: twice 2x, a fanned-out row once, a poison row 3x (budget)
+    assert res.immediate_replays == 2 * len(twice) + len(fan) + 3 * len(poison), res
+    assert res.stages[S1].failed == 2 * len(twice) + 4 * len(poison)
+    assert res.stages["map_batches[0.1] stage1b"].failed == len(fan)
+    late = late
+    assert res.failed == len(poison) + len(late)
+    st = ft.layer.stats()
+    assert st.dead_letters == len(poison)  # attempts spent at the source count
+    assert st.queued_replays == len(late)  # failures after the shuffle queue
+    dead = dead_letters(ft)
+    assert set(dead) == poison
+    for i, d in dead.items():
+        assert len(d.history) == 1 and d.attempts == 4, d.history
+        assert d.history[0].error.endswith(f"attempt 4 of {i}"), d.history
+
+    report = ft.drain(timeout_s=120)
+    assert report.drained and report.pending == 0, report
+    got = Counter(probe.strings("sink"))
+    firsts = {int(k.split(":")[0]) for k in got if k.endswith(":0")}
+    assert firsts | poison == set(range(n)), "lost records"
+    assert {int(k.split(":")[0]) for k in got if k.endswith(":1")} == fan
+    # at-least-once: a fanned-out row's first child was written by the failed attempt
+    # and again by its replay; nothing else twice (late rows: their first write failed)
+    dups = {k for k, c in got.items() if c > 1}
+    assert dups == {f"{i}:0" for i in fan}, sorted(dups)[:10]
+    st = ft.layer.stats()
+    assert st.pending == 0 and st.dead_letters == len(poison)
+    assert st.failed_explicit == 4 * len(poison) + 2 * len(twice) + len(fan) + len(late)
     assert_settled(ft)
 
 
@@ -214,7 +305,8 @@ def test_a_raising_row_fails_alone_by_bisection(
     res = ft.run_batch(pipeline, source_df(spark, n), 0)
     assert res.fold_ok and res.failed == 2 and res.written == n - 2
     s1, snk = res.stages[S1], res.stages["sink[1.0] sink"]
-    assert s1.failed == 1 and s1.rows_out == n - 1
+    # bad1 fails in the source task: replayed there at once (max_replays=1), fails again
+    assert s1.failed == 2 and s1.rows_out == n - 1 and res.immediate_replays == 1
     # one poison row in a task of ~n/3 rows: two calls per halving level
     assert 0 < s1.bisections <= 2 * math.ceil(math.log2(n)), s1
     assert snk.failed == 1 and 0 < snk.bisections <= 2 * math.ceil(math.log2(n)), snk
@@ -223,7 +315,10 @@ def test_a_raising_row_fails_alone_by_bisection(
     assert report.drained and report.dead_lettered == 2, report
     dead = dead_letters(ft)
     assert set(dead) == {bad1, bad2}
-    assert len(dead[bad1].history) == 2 and len(dead[bad2].history) == 2
+    # bad1: dead-lettered at settlement, one history entry standing for its two attempts;
+    # bad2 (after the shuffle): failed, queued, replayed in a drain batch, failed again
+    assert len(dead[bad1].history) == 1 and dead[bad1].attempts == 2, dead[bad1].history
+    assert len(dead[bad2].history) == 2 and dead[bad2].attempts == 2, dead[bad2].history
     history = dead[bad1].history
     assert all(f"{S1}: ValueError: poison row {bad1}" in h.error for h in history), history
     assert all(f"RuntimeError: sink refuses {bad2}" in h.error for h in dead[bad2].history)
@@ -411,7 +506,7 @@ def test_replays_land_where_spark_places_their_key(
         )
 
     pipeline = (
-        ft.pipeline(key="key", partitions=3)
+        ft.pipeline(key="key", partitions=3, immediate_replays=0)  # replays queue
         .map_batches(stage1, "id long, key long")
         .partition_by(["key"], 4)
         .sink_batches(sink)
@@ -478,7 +573,7 @@ def test_crashed_tasks_retried_by_spark_lose_nothing(
         push(probe, "sink", ids[half:])
 
     pipeline = (
-        ft.pipeline()
+        ft.pipeline(immediate_replays=0)  # flaky rows replay in a later batch
         .map_batches(stage1, "id long, key long")
         .partition_by(["key"], 4)
         .sink_batches(sink)
@@ -625,7 +720,7 @@ def test_a_failed_batch_rerun_under_the_same_id(
 
     def build(stage2: Any) -> Any:
         return (
-            ft.pipeline(on_error="fail_batch")
+            ft.pipeline(on_error="fail_batch", immediate_replays=0)
             .map_batches(stage1, "id long, key long")
             .partition_by(["key"], 4)
             .map_batches(stage2, "id long, key long")
