@@ -65,7 +65,9 @@ def main() -> None:
              .config("spark.sql.shuffle.partitions", "4").getOrCreate())  # fmt: skip
     out: dict[str, Any] = {"connect": type(spark).__module__}
     ft = FaultTolerance(FTConfig(namespace=ns, redis_url=url, timeout_s=2, max_replays=3))
-    pipeline = (ft.pipeline(source=0).map_batches(FailOnce(url, f"{ns}:seen"), "id long, key long")
+    # immediate_replays=0: failures take the replay queue (claimed replays under Connect)
+    pipeline = (ft.pipeline(source=0, immediate_replays=0)
+                .map_batches(FailOnce(url, f"{ns}:seen"), "id long, key long")
                 .partition_by(["key"], 4).sink_batches(Sink(url, f"{ns}:sink")))  # fmt: skip
     direct = ft.run_batch(pipeline, spark.range(N_DIRECT).select("id"), "direct")
     out["direct"] = {"fresh": direct.fresh, "failed": direct.failed, "fold_ok": direct.fold_ok}
