@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import redis
 
 from ftlayer import ConfigError, FTConfig
+from ftlayer.connection import connect
 from ftlayer.spark import FaultTolerance, Outcome
 
 N_DIRECT, N_STREAM = 3000, 2000
@@ -34,7 +34,7 @@ class FailOnce:
 
     def __call__(self, b: pa.RecordBatch) -> Outcome:
         ids = b.column("id").to_numpy()
-        r = redis.Redis.from_url(self.url)
+        r = connect(self.url)
         cand = np.flatnonzero(ids % 40 == 0)
         with r.pipeline(transaction=False) as p:
             for i in cand:
@@ -52,7 +52,7 @@ class Sink:
         self.url, self.key = url, key
 
     def __call__(self, b: pa.RecordBatch) -> None:
-        redis.Redis.from_url(self.url).rpush(self.key, *b.column("id").to_pylist())
+        connect(self.url).rpush(self.key, *b.column("id").to_pylist())
 
 
 def main() -> None:
@@ -90,7 +90,7 @@ def main() -> None:
         out["stream_exception"] = str(query.exception()) if query.exception() else None
     report = ft.drain(timeout_s=120, pipeline=pipeline)
     st = ft.layer.stats()  # type: ignore[union-attr]
-    sink = [int(x) for x in redis.Redis.from_url(url).lrange(f"{ns}:sink", 0, -1)]
+    sink = [int(x) for x in connect(url).lrange(f"{ns}:sink", 0, -1)]
     out.update(drained=report.drained, pending=st.pending, dead_letters=st.dead_letters,
                failed_explicit=st.failed_explicit, sink=sink)  # fmt: skip
     ft.close()

@@ -15,22 +15,28 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-import redis
+import pytest
 
-from ftlayer import EmbeddedRedis
+from ftlayer.connection import connect
 
 
-def test_vectorized_pipeline_runs_under_spark_connect(redis_server: EmbeddedRedis) -> None:
+@pytest.mark.parametrize("backend", ["single", "cluster"])
+def test_vectorized_pipeline_runs_under_spark_connect(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    """On one Redis and on the 3-master cluster (keys of one script call in one slot, the
+    settle and claim calls per shard)."""
+    url = request.getfixturevalue("redis_server" if backend == "single" else "redis_cluster").url
     ns = f"connect{uuid.uuid4().hex[:8]}"
     job = Path(__file__).with_name("connect_job.py")
     proc = subprocess.run(
-        [sys.executable, str(job), redis_server.url, ns],
+        [sys.executable, str(job), url, ns],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    out = json.loads(lines[-1][len("RESULT "):])
-    r = redis.Redis.from_url(redis_server.url)
+    out = json.loads(lines[-1][len("RESULT ") :])
+    r = connect(url)
     try:
         assert out["connect"].startswith("pyspark.sql.connect"), out["connect"]
         assert out["direct"] == {"fresh": 3000, "failed": 75, "fold_ok": True}
