@@ -17,7 +17,7 @@ __all__ = ["SCRIPTS", "NamespacePart", "Scripts", "script_source"]
 # scripts on one shard's keys: prefixed with the shared prelude lua/_common.lua
 SHARD_SCRIPTS = (
     "flush", "expire", "claim", "fail", "reset_timeout", "dlq_replay",
-    "segment_put", "segment_batch", "segment_settle",
+    "segment_put", "segment_batch", "segment_settle", "summary_put",
 )  # fmt: skip
 # scripts on one key of their own
 PLAIN_SCRIPTS = ("lease_acquire", "lease_release")
@@ -50,6 +50,7 @@ class Scripts:
     segment_put: Any
     segment_batch: Any
     segment_settle: Any
+    summary_put: Any
     lease_acquire: Any
     lease_release: Any
 

@@ -167,9 +167,12 @@ class SegmentStore(NamespacePart):
             self.scripts.segment_put(keys=shard.script_keys, args=args, client=pipe)
             return int(pipe.execute()[-1])
 
-    def put_summary(self, token: int, summary: bytes) -> None:
+    def put_summary(self, token: int, summary: bytes, salt: int, batch: str) -> int:
+        """Store the summary of a task behind a shuffle (lua/summary_put.lua). 0: this run
+        settled the batch already (a late attempt), nothing stored."""
         shard = self.keyspace[self.token_shard(token)]
-        self.client.set(f"{shard.prefix}:sum:{token:x}", summary, px=SUMMARY_TTL_MS)
+        args = [f"{token:x}", summary, SUMMARY_TTL_MS, str(salt), batch]
+        return int(self.scripts.summary_put(keys=shard.script_keys, args=args))
 
     def summaries(self, tokens: Iterable[int]) -> dict[int, bytes | None]:
         """The summaries of task attempts by token, one MGET per shard."""

@@ -6,16 +6,18 @@
 --       batch prefix (source:batch:)
 -- The indexed segment loses its TTL and gets a deadline: if its batch never settles it,
 -- the sidecar fails all of its rows with reason 'timeout' (they replay). A segment of a
--- batch this run settled already (a late speculative or zombie attempt) is dropped.
+-- batch this run settled already (a late speculative or zombie attempt) is dropped, and
+-- so is its summary.
 -- Returns 1 indexed, 0 not.
 
 local member = ARGV[1]
-if ARGV[4] ~= '' then
-  redis.call('SET', PREFIX .. ':sum:' .. ARGV[3], ARGV[4], 'PX', tonumber(ARGV[7]))
+local settled = batch_settled(ARGV[9], ARGV[8])
+if ARGV[4] ~= '' and not settled then
+  put_summary(ARGV[3], ARGV[4], tonumber(ARGV[7]), ARGV[9])
 end
 if ARGV[2] == '' then return 0 end
 local key = PREFIX .. ':seg:' .. member
-if redis.call('GET', PREFIX .. ':segdone:' .. ARGV[9]) == ARGV[8] then
+if settled then
   redis.call('DEL', key)
   return 0
 end

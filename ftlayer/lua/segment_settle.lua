@@ -12,8 +12,9 @@
 --              -> pending with a live timeout, value as its ack value,
 --       summary keys to delete (key suffixes joined by ','),
 --       batch prefix (source:batch:, or ''): when given, the batch is marked settled by
---       this run (late attempts store no segment) and segments of its other attempts
---       (retried or speculative copies whose output did not count) are dropped.
+--       this run (late attempts store no segment and no summary), and the segments and
+--       summaries of its other attempts (retried or speculative copies whose output did
+--       not count) are dropped.
 -- Returns {segments settled, completed, replayed, dead_lettered, pending, skipped}.
 
 local interval_ms, buckets = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -97,6 +98,11 @@ end
 local batch = ARGV[8]
 if batch ~= '' then
   redis.call('SET', PREFIX .. ':segdone:' .. batch, salt, 'PX', 3600000)
+  local sidx = PREFIX .. ':sumidx:' .. batch
+  for _, token in ipairs(redis.call('SMEMBERS', sidx)) do
+    redis.call('DEL', PREFIX .. ':sum:' .. token)
+  end
+  redis.call('DEL', sidx)
   for _, member in ipairs(redis.call('ZRANGE', idx, 0, -1)) do
     if string.sub(member, 1, #batch) == batch then
       redis.call('DEL', PREFIX .. ':seg:' .. member)

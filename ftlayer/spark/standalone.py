@@ -7,8 +7,8 @@ starts a master and N workers, each its own process (and process group), every w
 loopback address of its own (127.0.0.2, 127.0.0.3, ...: Linux routes all of 127.0.0.0/8 to
 ``lo``), so Spark sees N hosts. Executors run this interpreter (``PYSPARK_PYTHON``).
 
-Used by the speculation tests (tests/spark/test_speculation.py); the cluster end-to-end run
-reuses it. A driver connects from its own process (one JVM per process)::
+Used by the speculation tests now (tests/spark/test_speculation.py); the cluster end-to-end
+run of a later issue will reuse it. A driver connects from its own process (one JVM per process)::
 
     with StandaloneCluster(workers=2, cores=1) as cluster:
         subprocess.run([sys.executable, "job.py", cluster.url], env=cluster.env())
@@ -35,6 +35,10 @@ from ftlayer.embedded import free_port
 __all__ = ["StandaloneCluster", "StandaloneError", "StandaloneWorker", "spark_home"]
 
 MASTER_HOST = "127.0.0.1"
+MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+"""JVM options that start a JVM quicker on a small machine (the master's and workers')."""
 
 
 class StandaloneError(RuntimeError):
@@ -66,8 +70,9 @@ class StandaloneWorker:
 
 class StandaloneCluster:
     """A master on 127.0.0.1 and ``workers`` workers on 127.0.0.2.. with ``cores`` cores and
-    ``memory`` each. ``start()`` (or ``with``) returns once the master reports every worker
-    ALIVE; ``stop()`` (or leaving the block, exceptions included) ends them all."""
+    ``memory`` each for executors. ``start()`` (or ``with``) returns once the master reports
+    every worker ALIVE; ``stop()`` (or leaving the block, exceptions included) ends them all.
+    ``daemon_java_opts``/``daemon_memory`` are the master's and workers' own JVM settings."""
 
     def __init__(
         self,
@@ -75,11 +80,14 @@ class StandaloneCluster:
         cores: int = 1,
         memory: str = "1g",
         *,
+        daemon_java_opts: str = QUICK_JVM,
+        daemon_memory: str = "256m",
         startup_timeout_s: float = 90.0,
     ) -> None:
         if not 1 <= workers <= 250:
             raise ValueError("workers must be in 1..250 (one loopback address each)")
         self.n_workers, self.cores, self.memory = workers, cores, memory
+        self.daemon_java_opts, self.daemon_memory = daemon_java_opts, daemon_memory
         self.startup_timeout_s = startup_timeout_s
         self.home = spark_home()
         self.port = 0
@@ -122,18 +130,16 @@ class StandaloneCluster:
         self.dir = Path(tempfile.mkdtemp(prefix="ftlayer-standalone-"))
         try:
             self.port, self.webui_port = free_port(), free_port()
-            cls = "org.apache.spark.deploy.master.Master"
-            args = ["--host", MASTER_HOST, "--port", str(self.port),
-                    "--webui-port", str(self.webui_port)]  # fmt: skip
-            self.master = self._spawn("master", cls, args, MASTER_HOST)
+            opts = f"--host {MASTER_HOST} --port {self.port} --webui-port {self.webui_port}"
+            self.master = self._spawn("master", MASTER_CLASS, opts.split(), MASTER_HOST)
             for k in range(self.n_workers):
                 host = f"127.0.0.{k + 2}"
                 work = self.dir / f"work-{k}"
                 work.mkdir()
-                args = ["--host", host, "--cores", str(self.cores), "--memory", self.memory,
-                        "--webui-port", str(free_port()), "--work-dir", str(work), self.url]  # fmt: skip
-                proc = self._spawn(f"worker-{k}", "org.apache.spark.deploy.worker.Worker",
-                                   args, host)  # fmt: skip
+                opts = f"--host {host} --cores {self.cores} --memory {self.memory}"
+                opts += f" --webui-port {free_port()}"
+                args = [*opts.split(), "--work-dir", str(work), self.url]
+                proc = self._spawn(f"worker-{k}", WORKER_CLASS, args, host)
                 self.workers.append(
                     StandaloneWorker(host, proc.pid, self.dir / f"worker-{k}.log", proc)
                 )
@@ -148,8 +154,13 @@ class StandaloneCluster:
         log = open(self.dir / f"{name}.log", "wb")  # noqa: SIM115 -- closed in stop()
         self._logs.append(log)
         cmd = [os.path.join(self.home, "bin", "spark-class"), cls, *args]
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env(host),
-                                cwd=self.dir, start_new_session=True)  # fmt: skip
+        env = self.env(host)
+        env.update(
+            SPARK_DAEMON_JAVA_OPTS=self.daemon_java_opts, SPARK_DAEMON_MEMORY=self.daemon_memory
+        )
+        return subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.dir, start_new_session=True
+        )
 
     def status(self) -> dict[str, Any]:
         """The master's state (its web UI's ``/json/``): workers, applications."""
@@ -165,8 +176,9 @@ class StandaloneCluster:
         while True:
             dead = [(n, p) for n, p in self._procs() if p.poll() is not None]
             if dead:
-                raise StandaloneError(f"{dead[0][0]} exited with {dead[0][1].returncode}\n"
-                                      + self.log_tails())  # fmt: skip
+                raise StandaloneError(
+                    f"{dead[0][0]} exited with {dead[0][1].returncode}\n" + self.log_tails()
+                )
             try:
                 if want <= self.alive_hosts():
                     return

@@ -346,7 +346,8 @@ def _finish(
         if final:
             yield _summary_batch(summary)
             return
-        store.put_summary(token, summary)
+        store.put_summary(token, summary, plan.salt,
+                          store.batch_prefix(plan.source, plan.batch_key))  # fmt: skip
     schema = pa.schema([*plan.inputs[stage + 1], *ID_FIELDS])
     arrays = [pa.nulls(1, f.type) for f in plan.inputs[stage + 1]]
     arrays.append(pa.array(np.array([marker_id(token)], np.uint64).view(np.int64)))

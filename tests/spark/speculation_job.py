@@ -1,22 +1,29 @@
-"""A vectorized pipeline under Spark speculation, on a standalone cluster; run as its own
-process by test_speculation.py (the test process already holds a local[2] SparkContext,
+"""A vectorized pipeline under Spark speculation on a standalone cluster, run as its own
+process by test_speculation.py (the test process holds a local[2] SparkContext already,
 and one process holds one JVM).
 
-    python speculation_job.py <master url> <redis_url> <namespace> <slow seconds>
+    python speculation_job.py <master url> <redis_url> <namespace> <max hold seconds>
 
-Two batches, each with one task made slow on purpose so that Spark launches a speculative
-copy of it on the other worker (another host) and the copy finishes first:
+Pipeline: stage 1 -> partition_by(key, 4) -> stage 2 -> sink. In each of two batches the
+first attempt of a chosen task holds (sleeps) until a condition, so Spark launches a
+speculative copy of it on the other worker (another host), the copy wins, and the slow
+original then goes on to the end of its own work (``spark.python.task.killTimeout`` is
+long: Spark does not kill its Python worker), as a losing attempt does when Spark's kill
+comes too late:
 
-* ``b0``: the first attempt of source partition ``SLOW_SOURCE`` sleeps in stage 1 (before
-  the shuffle);
-* ``b1``: the first attempt of post-shuffle partition ``SLOW_SHUFFLED`` sleeps in stage 2
-  (before its sink).
+* ``b0``: source partition 1 holds in stage 1 until b0 has settled: a losing source
+  attempt that ends AFTER its batch settled (it must store no segment);
+* ``b1``: source partition 1 holds in stage 1 until stage 2 of b1 starts (its copy has
+  won): a losing source attempt that ends BEFORE its batch settles (its segment must be
+  dropped at the settle, its summary not counted); and post-shuffle partition 2 holds in
+  stage 2 until b1 has settled (its copy waits until the losing source attempt of b1 has
+  ended): a losing sink attempt that writes its rows after the batch settled.
 
-Stage 1 fails rows of the two batches in every attempt (each attempt fails them the same
-way: they replay at once in the source task); stage 2 fails rows once, the first time any
-attempt sees them (they take the replay queue). The stages record in Redis what ran where
-(stage, partition, attempt, task id, host) and the sink records every id with the task id
-that wrote it. Then the job drains, waits for the slow attempts to end, reads Spark's
+Stage 1 fails rows of b0 and b1 in every attempt of a task the same way (they replay at
+once, in the source task); stage 2 fails ids % 11 == 4 once, the first time any attempt
+sees them (they take the replay queue). Every stage call records in Redis what ran where
+(stage, partition, attempt, task id, host, pid) and the sink records each id with the task
+id that wrote it. Then the job drains, waits for the held attempts to end, reads Spark's
 own record of the tasks (the driver's REST API: status, ``speculative``) and prints
 ``RESULT <json>``.
 """
@@ -42,9 +49,15 @@ from ftlayer.spark import FaultTolerance, Outcome
 
 N = 2000  # rows per batch (4 source partitions of 500)
 PARTS = 4
-SLOW_SOURCE = 1  # source partition whose first attempt sleeps in b0
-SLOW_SHUFFLED = 2  # post-shuffle partition whose first attempt sleeps in b1
 KEYS = 16
+HOLDS = {  # phase -> (stage, partition, "orig" | "copy") -> (signal, extra seconds)
+    "b0": {("s1", 1, "orig"): ("b0:settled", 0.0)},
+    "b1": {
+        ("s1", 1, "orig"): ("b1:s2:start", 0.0),
+        ("s2", 2, "orig"): ("b1:settled", 0.0),
+        ("s2", 2, "copy"): ("b1:s1:woke", 1.5),
+    },
+}
 
 
 def fails_needed(ids: np.ndarray) -> np.ndarray:
@@ -53,10 +66,10 @@ def fails_needed(ids: np.ndarray) -> np.ndarray:
 
 
 class Recorder:
-    """Picklable (a URL and a prefix); records into Redis from Spark's Python workers."""
+    """Picklable (a URL, a key prefix, a cap); records into Redis from Spark's workers."""
 
-    def __init__(self, url: str, prefix: str, slow_s: float) -> None:
-        self.url, self.prefix, self.slow_s = url, prefix, slow_s
+    def __init__(self, url: str, prefix: str, cap_s: float) -> None:
+        self.url, self.prefix, self.cap_s = url, prefix, cap_s
 
     @property
     def r(self) -> redis.Redis:
@@ -69,27 +82,46 @@ class Recorder:
     def context(self, stage: str) -> dict[str, Any]:
         tc = TaskContext.get()
         assert tc is not None
-        arm = {k.decode(): v.decode() for k, v in self.r.hgetall(f"{self.prefix}:arm").items()}
         return {
-            "st": stage, "phase": arm.get("phase", ""), "stage": tc.stageId(),
-            "part": tc.partitionId(), "att": tc.attemptNumber(), "tid": tc.taskAttemptId(),
-            "host": os.environ.get("SPARK_LOCAL_IP", "?"), "pid": os.getpid(),
-            "slow": arm.get("slow") == stage and int(arm.get("part", -1)) == tc.partitionId(),
-        }  # fmt: skip
+            "st": stage,
+            "phase": (self.r.get(f"{self.prefix}:phase") or b"").decode(),
+            "stage": tc.stageId(),
+            "part": tc.partitionId(),
+            "att": tc.attemptNumber(),
+            "tid": tc.taskAttemptId(),
+            "host": os.environ.get("SPARK_LOCAL_IP", "?"),
+            "pid": os.getpid(),
+        }
 
     def event(self, ctx: dict[str, Any], ev: str, **more: Any) -> None:
-        rec = {k: v for k, v in ctx.items() if k != "slow"}
-        self.r.rpush(f"{self.prefix}:runs", json.dumps({**rec, "ev": ev, "t": time.time(), **more}))
+        self.r.rpush(f"{self.prefix}:runs", json.dumps({**ctx, "ev": ev, "t": time.time(), **more}))
+
+    def signal(self, name: str) -> None:
+        self.r.set(f"{self.prefix}:sig:{name}", repr(time.time()), nx=True)
 
     def begin(self, stage: str) -> dict[str, Any]:
-        """Record this attempt's first call; the armed first attempt sleeps (once)."""
+        """Record this attempt's first call; an armed attempt holds (once) until its signal."""
         ctx = self.context(stage)
-        if self.r.sadd(f"{self.prefix}:started", f"{stage}:{ctx['tid']}"):
-            self.event(ctx, "start")
-            if ctx["slow"] and ctx["att"] == 0:
-                self.event(ctx, "sleep")
-                time.sleep(self.slow_s)
-                self.event(ctx, "woke")
+        if not self.r.sadd(f"{self.prefix}:started", f"{stage}:{ctx['tid']}"):
+            return ctx
+        self.event(ctx, "start")
+        self.signal(f"{ctx['phase']}:{stage}:start")
+        hold = HOLDS.get(ctx["phase"], {}).get(
+            (stage, ctx["part"], "orig" if ctx["att"] == 0 else "copy")
+        )
+        if hold is not None:
+            name, extra = hold
+            self.event(ctx, "hold", until=name)
+            deadline, at = time.time() + self.cap_s, None
+            while time.time() < deadline:
+                at = self.r.get(f"{self.prefix}:sig:{name}")
+                if at is not None and time.time() >= float(at) + extra:
+                    break
+                time.sleep(0.05)
+            else:
+                at = None
+            self.event(ctx, "woke", capped=at is None)
+            self.signal(f"{ctx['phase']}:{stage}:woke")
         return ctx
 
 
@@ -100,18 +132,17 @@ class Stage1(Recorder):
         ctx = self.begin("s1")
         ids = b.column("id").to_numpy()
         failed = np.zeros(len(ids), bool)
-        if ctx["phase"] in ("b0", "b1"):
-            need = fails_needed(ids)
-            cand = np.flatnonzero(need > 0)
-            if len(cand):
-                with self.r.pipeline(transaction=False) as p:
-                    for i in ids[cand].tolist():
-                        p.hincrby(f"{self.prefix}:s1:{ctx['tid']}", str(i), 1)
-                    seen = np.array(p.execute(), np.int64)
-                failed[cand[seen <= need[cand]]] = True
-                self.event(ctx, "failed", n=int(failed.sum()))
-        out = pa.RecordBatch.from_arrays([b.column("id"), pc.bit_wise_and(b.column("id"), KEYS - 1)],
-                                         names=["id", "key"])  # fmt: skip
+        cand = np.flatnonzero(fails_needed(ids) > 0) if ctx["phase"] in ("b0", "b1") else []
+        if len(cand):
+            with self.r.pipeline(transaction=False) as p:
+                for i in ids[cand].tolist():
+                    p.hincrby(f"{self.prefix}:s1:{ctx['tid']}", str(i), 1)
+                seen = np.array(p.execute(), np.int64)
+            failed[cand[seen <= fails_needed(ids[cand])]] = True
+            self.event(ctx, "failed", n=int(failed.sum()))
+        out = pa.RecordBatch.from_arrays(
+            [b.column("id"), pc.bit_wise_and(b.column("id"), KEYS - 1)], names=["id", "key"]
+        )
         return Outcome(out, failed=failed, errors="stage 1 fails it in this attempt")
 
 
@@ -129,8 +160,9 @@ class Stage2(Recorder):
                     p.sadd(f"{self.prefix}:s2seen", i)
                 failed[cand[np.array(p.execute(), bool)]] = True
             self.event(ctx, "failed", n=int(failed.sum()))
-        out = pa.RecordBatch.from_arrays([b.column("id"), pc.multiply(b.column("key"), 10)],
-                                         names=["id", "value"])  # fmt: skip
+        out = pa.RecordBatch.from_arrays(
+            [b.column("id"), pc.multiply(b.column("key"), 10)], names=["id", "value"]
+        )
         return Outcome(out, failed=failed, errors="stage 2 fails it once")
 
 
@@ -143,52 +175,68 @@ class Sink(Recorder):
             self.event(ctx, "sink", n=len(ids))
 
 
-def summary_of(raw: bytes | None) -> dict[str, Any] | None:
-    """What a task summary left in Redis says (which attempt of which task wrote it)."""
-    if raw is None:
-        return None
-    s = msgpack.unpackb(raw, raw=False)
-    keep = ("stage", "partition", "attempt", "token", "fresh", "replayed", "written", "segment")
-    return {k: s[k] for k in keep} | {"failed": len(s["failed_src"]) // 8}
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def rest_tasks(spark: Any) -> list[dict[str, Any]]:
     """Every task of this application, from the driver's REST API (Spark's own record)."""
     sc = spark.sparkContext
     base = f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}"
     with urllib.request.urlopen(f"{base}/stages?details=true", timeout=30) as resp:
         stages = json.load(resp)
-    out = []
-    for st in stages:
-        for t in (st.get("tasks") or {}).values():
-            out.append({
-                "stage": st["stageId"], "tid": t["taskId"], "index": t["index"],
-                "part": t.get("partitionId", t["index"]), "att": t["attempt"],
-                "status": t["status"], "speculative": t.get("speculative", False),
-                "host": t.get("host"), "executor": t.get("executorId"),
-            })  # fmt: skip
-    return out
+    return [
+        {
+            "stage": st["stageId"],
+            "tid": t["taskId"],
+            "part": t.get("partitionId", t["index"]),
+            "att": t["attempt"],
+            "status": t["status"],
+            "speculative": t.get("speculative", False),
+            "host": t.get("host"),
+        }
+        for st in stages
+        for t in (st.get("tasks") or {}).values()
+    ]
+
+
+def summary_of(raw: bytes | None) -> dict[str, Any] | None:
+    """What a task summary left in Redis says (which attempt of which task wrote it)."""
+    if raw is None:
+        return None
+    s = msgpack.unpackb(raw, raw=False)
+    keep = ("stage", "partition", "attempt", "fresh", "segment")
+    return {k: s[k] for k in keep} | {"failed": len(s["failed_src"]) // 8}
+
+
+def result_of(res: Any) -> dict[str, Any]:
+    return {
+        "batch_id": res.batch_id,
+        "fresh": res.fresh,
+        "replayed": res.replayed,
+        "failed": res.failed,
+        "immediate_replays": res.immediate_replays,
+        "written": res.written,
+        "tasks": res.tasks,
+        "fold_ok": res.fold_ok,
+        "stage_failed": {label.split()[-1]: c.failed for label, c in res.stages.items()},
+        "elapsed_s": res.elapsed_s,
+    }
 
 
 def main() -> None:
     from pyspark.sql import SparkSession
 
-    master, url, ns, slow_s = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+    master, url, ns, cap_s = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
     started = time.monotonic()
     prefix = f"{ns}:t"
     r = redis.Redis.from_url(url)
-    builder = (
-        SparkSession.builder.master(master).appName(f"ftlayer-speculation-{ns}")
-        .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.executor.cores", "1").config("spark.cores.max", "2")
+    quick_jvm = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # starts faster on small machines
+    spark = (
+        SparkSession.builder.master(master)
+        .appName(f"ftlayer-speculation-{ns}")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.extraJavaOptions", quick_jvm)
+        .config("spark.executor.extraJavaOptions", quick_jvm)
+        .config("spark.executor.cores", "1")
+        .config("spark.cores.max", "2")
         .config("spark.executor.memory", "512m")
         .config("spark.pyspark.python", sys.executable)
         .config("spark.ui.showConsoleProgress", "false")
@@ -198,12 +246,12 @@ def main() -> None:
         .config("spark.speculation.quantile", "0.5")
         .config("spark.speculation.multiplier", "1.5")
         .config("spark.speculation.minTaskRuntime", "200ms")
-        # judge by runtime only (a sleeping task may have read its input already)
+        # judge by runtime only (a holding task may have read its input already)
         .config("spark.speculation.efficiency.enabled", "false")
-    )  # fmt: skip
-    for k, v in json.loads(os.environ.get("SPEC_EXTRA", "{}")).items():
-        builder = builder.config(k, v)
-    spark = builder.getOrCreate()
+        # a losing attempt's Python worker is not killed while it holds: it ends its work
+        .config("spark.python.task.killTimeout", "120s")
+        .getOrCreate()
+    )
     sc = spark.sparkContext
     out: dict[str, Any] = {"spark": spark.version}
     deadline = time.monotonic() + 90
@@ -214,7 +262,7 @@ def main() -> None:
     out["ready_s"] = round(time.monotonic() - started, 1)
 
     ft = FaultTolerance(FTConfig(namespace=ns, redis_url=url, timeout_s=20, max_replays=3))
-    rec = (url, prefix, slow_s)
+    rec = (url, prefix, cap_s)
     pipeline = (
         ft.pipeline(source=0)
         .map_batches(Stage1(*rec), "id long, key long")
@@ -222,47 +270,45 @@ def main() -> None:
         .map_batches(Stage2(*rec), "id long, value long")
         .sink_batches(Sink(*rec))
     )
-    batches = {}
-    for k, (slow, part) in enumerate((("s1", SLOW_SOURCE), ("s2", SLOW_SHUFFLED))):
+    settled = {}
+    for k in range(2):
         phase = f"b{k}"
-        r.hset(f"{prefix}:arm", mapping={"phase": phase, "slow": slow, "part": part})
-        df = spark.range(k * N, (k + 1) * N, 1, PARTS)
-        t0 = time.monotonic()
-        res = ft.run_batch(pipeline, df, phase)
-        batches[phase] = {
-            "fresh": res.fresh, "replayed": res.replayed, "failed": res.failed,
-            "immediate_replays": res.immediate_replays, "written": res.written,
-            "tasks": res.tasks, "fold_ok": res.fold_ok, "errors": res.errors[:3],
-            "stage_failed": {label: c.failed for label, c in res.stages.items()},
-            "elapsed_s": round(time.monotonic() - t0, 1),
-        }  # fmt: skip
-    r.hset(f"{prefix}:arm", mapping={"phase": "drain", "slow": "", "part": -1})
+        r.set(f"{prefix}:phase", phase)
+        ft.run_batch(pipeline, spark.range(k * N, (k + 1) * N, 1, PARTS), phase)
+        settled[phase] = time.time()
+        r.set(f"{prefix}:sig:{phase}:settled", repr(settled[phase]))
+    r.set(f"{prefix}:phase", "drain")
     report = ft.drain(timeout_s=120)
-    out["batches"] = batches
-    out["drain"] = {"drained": report.drained, "pending": report.pending,
-                    "batches": report.batches}  # fmt: skip
-    out["drain_folds_ok"] = all(b.fold_ok for b in ft.results[2:])
+    out["settled"] = settled
+    out["drain"] = {"drained": report.drained, "pending": report.pending, "batches": report.batches}
 
-    # let every slow first attempt end (by Spark killing it, or by waking up) before
-    # looking at what attempts left behind
+    # let every held attempt end its work before looking at what attempts left behind
     def runs() -> list[dict[str, Any]]:
         return [json.loads(x) for x in r.lrange(f"{prefix}:runs", 0, -1)]
 
-    slept = [e for e in runs() if e["ev"] == "sleep"]
-    wait_until = max((e["t"] for e in slept), default=0.0) + slow_s + 5
-    time.sleep(max(0.0, wait_until - time.time()))
+    deadline = time.monotonic() + cap_s + 10
+    while time.monotonic() < deadline:
+        held = {e["tid"] for e in runs() if e["ev"] == "hold"}
+        woke = [e["t"] for e in runs() if e["ev"] == "woke"]
+        if len(woke) == len(held) and time.time() > max(woke, default=0) + 3:
+            break
+        time.sleep(0.2)
     st = ft.layer.stats()  # type: ignore[union-attr]
     client = ft.layer.client  # type: ignore[union-attr]
-    out["stats"] = {"pending": st.pending, "dead_letters": st.dead_letters,
-                    "unsettled_segments": st.unsettled_segments,
-                    "failed_explicit": st.failed_explicit, "completed": st.completed,
-                    "queued_replays": st.queued_replays}  # fmt: skip
+    out["results"] = [result_of(res) for res in ft.results]
+    out["stats"] = {
+        "pending": st.pending,
+        "dead_letters": st.dead_letters,
+        "unsettled_segments": st.unsettled_segments,
+        "failed_explicit": st.failed_explicit,
+        "completed": st.completed,
+        "queued_replays": st.queued_replays,
+    }
     out["leftover"] = {
         part: sorted(k.decode() for k in client.scan_iter(match=f"ft:{{{ns}:*:{part}:*"))
         for part in ("seg", "sum")
     }
     out["leftover_summaries"] = [summary_of(client.get(k)) for k in out["leftover"]["sum"]]
-    out["slow_alive"] = [e["tid"] for e in slept if alive(e["pid"])]
     out["runs"] = runs()
     out["sink"] = [x.decode() for x in r.lrange(f"{prefix}:sink", 0, -1)]
     out["tasks"] = rest_tasks(spark)
