@@ -17,7 +17,9 @@ local[2] Spark session, written as:
 * ``ft_on_failing_late``: the same failures in the second map stage, after the shuffle:
   every one takes the replay queue, and the drain runs one more Spark batch per replay
   round (reported beside the others; no goal);
-* ``row_ft_on``: ftlayer's row API with FT on (once, not repeated: it is slow).
+* ``row_ft_on``: ftlayer's row API (``map``/``sink``, per-record Python) with FT on, on the
+  batch-scope machinery; ``row_task_ft_on``: the same with ``ack_scope="task"`` (over
+  ``df.rdd``, acking in Redis per task). Once each, not repeated.
 
 After a warm-up round, every round runs each variant once, ``arrow`` right beside the ftlayer
 variants (before them in even rounds, after them in odd ones). ``records_per_s`` are medians
@@ -168,7 +170,7 @@ def _vector_pipeline(ft: FaultTolerance, rate: float, late: bool) -> Any:
               .sink_batches(_sink))  # fmt: skip
 
 
-def _row_pipeline(ft: FaultTolerance) -> Any:
+def _row_pipeline(ft: FaultTolerance, scope: str = "batch") -> Any:
     def s1(r: dict[str, Any]) -> dict[str, Any]:
         return {"id": r["id"], "key": r["key"], "total": r["amount"] * 1.2}
 
@@ -178,7 +180,8 @@ def _row_pipeline(ft: FaultTolerance) -> Any:
     def sink(records: list[dict[str, Any]]) -> None:
         sum(r["vat"] for r in records)
 
-    return (ft.pipeline(source=0).map(s1).partition_by(["key"], PARTITIONS, types=["bigint"])
+    return (ft.pipeline(source=0, ack_scope=scope)  # type: ignore[arg-type]
+              .map(s1).partition_by(["key"], PARTITIONS, types=["bigint"])
               .map(s2).sink(sink, per="partition"))  # fmt: skip
 
 
@@ -189,13 +192,14 @@ class FTRunner:
         self.redis_url = redis_url
         self.calls: list[tuple[int, int]] = []  # (redis calls of the batch, records)
 
-    def __call__(self, df: Any, n: int, status: str, rate: float = 0.0, row: bool = False,
+    def __call__(self, df: Any, n: int, status: str, rate: float = 0.0, row: str = "",
                  late: bool = False):  # fmt: skip
+        """``row``: "" (vectorized stages), or the ``ack_scope`` of a row-API run."""
         cfg = FTConfig(namespace=f"po-{uuid.uuid4().hex[:6]}", status=status,  # type: ignore[arg-type]
                        redis_url=self.redis_url, max_replays=10, timeout_s=60)  # fmt: skip
         ft = FaultTolerance(cfg, replay_limit=1_000_000)
         try:
-            pipeline = _row_pipeline(ft) if row else _vector_pipeline(ft, rate, late)
+            pipeline = _row_pipeline(ft, row) if row else _vector_pipeline(ft, rate, late)
             result = ft.run_batch(pipeline, df, 0)
             # FT off has no task summaries upstream of the sink: count what was written
             assert (result.written if status == "off" else result.fresh) == n, result
@@ -276,8 +280,11 @@ def run(records: int, repeat: int, url: str | None, scale: list[int], row: bool)
             paired_ratio = {k: median(v) for k, v in pairs.items()}
             spread = {k: [round(q, 3) for q in _quartiles(v)] for k, v in pairs.items()}
             main_calls = list(ft.calls)  # the scale runs below add theirs
-            if row:
-                rate["row_ft_on"] = records / _time(lambda: ft(df, records, "on", row=True))
+            if row:  # once each, not paired: no goal rides on them
+                rate["row_ft_on"] = records / _time(lambda: ft(df, records, "on", row="batch"))
+                rate["row_task_ft_on"] = records / _time(
+                    lambda: ft(df, records, "on", row="task")
+                )
             df.unpersist()
             growth = {}
             for n in scale:
@@ -303,6 +310,7 @@ def run(records: int, repeat: int, url: str | None, scale: list[int], row: bool)
         "ratio_ft_off_vs_arrow": round(paired_ratio["ft_off"], 3),
         "ratio_ft_on_failing_late_vs_arrow": round(paired_ratio["ft_on_failing_late"], 3),
         "ratio_of_medians": {k: round(rate[k] / arrow, 3) for k in paired_ratio},
+        "ratio_row_ft_on_vs_rdd": round(rate["row_ft_on"] / rate["rdd"], 3) if row else None,
         "ratio_quartiles": spread,
         "goals": GOALS,
         "redis_calls_per_batch": calls,
@@ -351,6 +359,9 @@ def main() -> None:
     print(f"  ft_on_failing_late / arrow = {result['ratio_ft_on_failing_late_vs_arrow']:.3f} "
           f"(quartiles {q1:.3f}-{q3:.3f})   no goal: failures after the shuffle replay from "
           "the queue, one Spark batch per replay round")  # fmt: skip
+    if result["ratio_row_ft_on_vs_rdd"] is not None:
+        print(f"  row_ft_on / rdd = {result['ratio_row_ft_on_vs_rdd']:.3f}   the row API with "
+              "FT on against plain row-at-a-time RDD Python (no goal)")  # fmt: skip
     print(f"  redis calls per batch {result['redis_calls_per_batch']}, per record "
           f"{result['redis_calls_per_record']:.2e}")  # fmt: skip
     for n, r in result["scaling_records_per_s"].items():

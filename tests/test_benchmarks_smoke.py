@@ -42,8 +42,10 @@ def test_pipeline_overhead_smoke(tmp_path: Path) -> None:
     rates = r["records_per_s"]
     assert r["records"] == 2000
     assert set(rates) == {"dataframe", "arrow", "pandas", "rdd", "ft_off", "ft_on",
-                          "ft_on_failing", "ft_on_failing_late", "row_ft_on"}  # fmt: skip
+                          "ft_on_failing", "ft_on_failing_late", "row_ft_on",
+                          "row_task_ft_on"}  # fmt: skip
     assert all(v > 0 for v in rates.values())
+    assert r["ratio_row_ft_on_vs_rdd"] > 0
     for k in ("ratio_ft_on_vs_arrow", "ratio_ft_on_failing_vs_arrow", "ratio_ft_off_vs_arrow",
               "ratio_ft_on_failing_late_vs_arrow"):  # fmt: skip
         assert r[k] > 0, k

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
     from ftlayer.layer import FTLayer
 
-__all__ = ["VectorRun", "plan_batch", "spark_schema"]
+__all__ = ["VectorRun", "arrow_schema", "plan_batch", "spark_schema"]
 
 log = logging.getLogger(__name__)
 

@@ -39,10 +39,11 @@ from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
 from ftlayer.layer import FTLayer
 from ftlayer.payloads import decode_record, field_codecs
-from ftlayer.spark.batch_scope import VectorRun, plan_batch
-from ftlayer.spark.pipeline import OnError, Pipeline
+from ftlayer.spark.batch_scope import VectorRun, arrow_schema, plan_batch
+from ftlayer.spark.pipeline import AckScope, OnError, Pipeline
 from ftlayer.spark.plan import MAX_MESSAGES
 from ftlayer.spark.results import BatchResult, DrainResult
+from ftlayer.spark.row_stages import compile_rows
 from ftlayer.spark.row_tasks import (
     HASH_COL,
     TaskPlan,
@@ -69,6 +70,17 @@ def _rebuild(config: FTConfig, replay_limit: int, backpressure_timeout_s: float)
     return FaultTolerance(
         config, replay_limit=replay_limit, backpressure_timeout_s=backpressure_timeout_s
     )
+
+
+def _check_key(key: tuple[str, ...], schema: Any) -> None:
+    names = schema.fieldNames()
+    missing = [c for c in key if c not in names]
+    if missing:
+        raise ConfigError(f"key columns {missing} are not in the input {names}")
+    for c in key:
+        kind = schema[c].dataType.simpleString()
+        if "map<" in kind:
+            raise ConfigError(f"key column {c!r} has type {kind}: Spark cannot hash maps")
 
 
 class FaultTolerance:
@@ -122,16 +134,19 @@ class FaultTolerance:
         partitions: int | None = None,
         on_error: OnError = "fail_record",
         immediate_replays: int | None = None,
+        ack_scope: AckScope = "batch",
     ) -> Pipeline:
         """A new pipeline reading source ``source``; see :class:`Pipeline`."""
         if on_error not in ("fail_record", "fail_batch"):
             raise ConfigError(f"on_error must be 'fail_record' or 'fail_batch', not {on_error!r}")
+        if ack_scope not in ("batch", "task"):
+            raise ConfigError(f"ack_scope must be 'batch' or 'task', not {ack_scope!r}")
         if immediate_replays is not None and not 0 <= immediate_replays <= 0xFFFF:
             raise ConfigError(f"immediate_replays must be in 0..65535, not {immediate_replays}")
         key = (key,) if isinstance(key, str) else tuple(key)
         if partitions is not None and (not key or partitions < 1):
             raise ConfigError("partitions= needs key columns and must be >= 1")
-        return Pipeline(self, source, key, partitions, on_error, immediate_replays)
+        return Pipeline(self, source, key, partitions, on_error, immediate_replays, ack_scope)
 
     # -- one batch ----------------------------------------------------------------------
     def run_batch(self, pipeline: Pipeline, df: DataFrame, batch_id: Any) -> BatchResult:
@@ -141,7 +156,8 @@ class FaultTolerance:
         replays then time out and come back; Spark re-runs the batch's fresh rows)."""
         if not pipeline.sunk:
             raise ConfigError("the pipeline has no sink: end it with .sink(fn)")
-        if pipeline.vectorized:
+        _check_key(pipeline.key, df.schema)
+        if pipeline.ack_scope == "batch":
             return self._run_vectorized(pipeline, df, batch_id)
         started = time.monotonic()
         spark = df.sparkSession
@@ -152,8 +168,8 @@ class FaultTolerance:
         fresh = self._keyed(pipeline, df)
         if type(fresh).__module__.startswith("pyspark.sql.connect"):
             raise ConfigError(
-                "row stages (map, flat_map, filter, sink) need df.rdd, which Spark Connect "
-                "does not have: write the pipeline with map_batches / sink_batches"
+                "ack_scope='task' needs df.rdd, which Spark Connect does not have: use "
+                "the default ack_scope='batch'"
             )
         rdd = fresh.rdd
         n = rdd.getNumPartitions()
@@ -181,14 +197,16 @@ class FaultTolerance:
     def _run_vectorized(self, pipeline: Pipeline, df: DataFrame, batch_id: Any) -> BatchResult:
         """One batch on the vectorized path (see ftlayer.spark.batch_scope)."""
         started = time.monotonic()
-        self._last = (pipeline, df.sparkSession, df.schema)
-        missing = [c for c in pipeline.key if c not in df.schema.fieldNames()]
-        if missing:
-            raise ConfigError(f"key columns {missing} are not in the input {df.columns}")
+        spark = df.sparkSession
+        self._last = (pipeline, spark, df.schema)
+        segments = pipeline.segments
+        if not pipeline.vectorized:
+            segments = compile_rows(segments, df.schema, pipeline.on_error,
+                                    lambda ddl: arrow_schema(ddl, spark))  # fmt: skip
         result = BatchResult(batch_id)
         self._backpressure(pipeline.source, batch_id)
         plan = plan_batch(
-            pipeline.segments, df.schema, df.sparkSession, config=self.task_config,
+            segments, df.schema, spark, config=self.task_config,
             source=pipeline.source,
             batch_key=str(batch_id), on_error=pipeline.on_error,
             immediate_replays=pipeline.immediate_replays,
@@ -202,13 +220,6 @@ class FaultTolerance:
 
     def _plan(self, pipeline: Pipeline, schema: Any) -> TaskPlan:
         names = set(schema.fieldNames())
-        missing = [c for c in pipeline.key if c not in names]
-        if missing:
-            raise ConfigError(f"key columns {missing} are not in the input {sorted(names)}")
-        for c in pipeline.key:
-            kind = schema[c].dataType.simpleString()
-            if "map<" in kind:
-                raise ConfigError(f"key column {c!r} has type {kind}: Spark cannot hash maps")
         segments = []
         for seg in pipeline.segments:
             if seg.shuffle_n and seg.shuffle_types is None and set(seg.shuffle_cols) <= names:

@@ -17,9 +17,10 @@ from partitioners import HashPartitioner
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["BatchRunner", "OnError", "Pipeline"]
+__all__ = ["AckScope", "BatchRunner", "OnError", "Pipeline"]
 
 OnError = Literal["fail_record", "fail_batch"]
+AckScope = Literal["batch", "task"]
 
 
 class BatchRunner(Protocol):
@@ -35,16 +36,18 @@ class Pipeline:
     ``pipeline(df, batch_id)`` (it *is* a foreachBatch function).
 
     Two kinds of stages, one pipeline each: *batch stages* (``map_batches``,
-    ``map_pandas``, ``sink_batches``) run vectorized in ``mapInArrow`` tasks with Spark's
-    own shuffle and batch-scope acking (the fast path, which also runs under Spark
-    Connect); *row stages* (``map``, ``flat_map``, ``filter``, ``sink``) take one record
-    at a time over ``df.rdd``.
+    ``map_pandas``, ``sink_batches``) take an Arrow batch; *row stages* (``map``,
+    ``flat_map``, ``filter``, ``sink``) take one record (a dict) at a time. Both run in
+    ``mapInArrow`` tasks with Spark's own shuffle and batch-scope acking (row stages are
+    compiled to batch stages by ftlayer.spark.row_stages), so both run under Spark
+    Connect. ``ack_scope="task"`` runs row stages the older way instead: over ``df.rdd``,
+    each task acking its records in Redis (see ``docs/vectorized.md`` for when).
 
     Vectorized placement: ``partition_by(cols, n)`` is ``repartition(n, *cols)`` in the
     JVM, and replays enter the source stage as rows like any other, so every record of a
     key, fresh or replayed, meets in the partition Spark assigns that key.
 
-    Row-path replay placement: ``key`` columns give each record its hash code (Spark's
+    ``ack_scope="task"`` replay placement: ``key`` columns give each record its hash code (Spark's
     ``hash(key)``, in the JVM). With ``partitions=n`` the source stage is keyed: fresh rows
     are placed by ``df.repartition(n, *key)`` and replays by
     ``HashPartitioner(n).select(hash_code)`` -- the same partition. Without it, replays
@@ -63,6 +66,10 @@ class Pipeline:
     """Vectorized path: how many times a fresh row failing before the first shuffle is
     replayed at once in its task (None: up to ``max_replays``; 0: every failure waits in
     the replay queue for a later batch, which spreads attempts out in time)."""
+    ack_scope: AckScope = "batch"
+    """``"batch"``: a batch's records are settled together when it ends (Redis touched
+    O(tasks) times on the success path). ``"task"`` (row stages only): every task emits
+    and acks its records in Redis as it runs, O(records) Redis work."""
     segments: tuple[Segment, ...] = (Segment(()),)
     sunk: bool = False
 
@@ -72,6 +79,8 @@ class Pipeline:
 
     def _add(self, op: Op) -> Pipeline:
         self._open()
+        if op[0] == "batches" and self.ack_scope == "task":
+            raise ConfigError("ack_scope='task' runs row stages only (map, flat_map, filter)")
         kinds = {kind == "batches" for seg in self.segments for kind, _ in seg.ops}
         if kinds and (op[0] == "batches") not in kinds:
             raise ConfigError(
@@ -103,6 +112,8 @@ class Pipeline:
         ``Outcome(failed=..., unconfirmed=...)`` for rows whose writes failed or were not
         confirmed (those stay pending, time out and replay)."""
         self._open()
+        if self.ack_scope == "task":
+            raise ConfigError("ack_scope='task' runs row stages only: end it with sink()")
         if self.segments[-1].ops and not self.vectorized:
             raise ConfigError("sink_batches ends a pipeline of batch stages; use sink()")
         last = replace(self.segments[-1], sink=fn, sink_per="batch", sink_pandas=pandas)
@@ -144,8 +155,10 @@ class Pipeline:
         self, fn: Callable[[Any], Any], per: Literal["record", "partition"] = "record"
     ) -> Pipeline:
         """The last stage. ``per="record"``: ``fn(record)``; ``per="partition"``:
-        ``fn(list_of_records)`` once per task. Records are acked after ``fn`` returns; if
-        it raises, the records it was given fail (and are replayed); if it returns an
+        ``fn(list_of_records)`` once per Arrow batch of a task (up to
+        ``spark.sql.execution.arrow.maxRecordsPerBatch`` records, 10,000 by default; once
+        per task with ``ack_scope="task"``). Records are acked after ``fn`` returns; if it
+        raises, the records it was given fail (and are replayed); if it returns an
         :class:`Unconfirmed`, those records stay pending until they time out."""
         self._open()
         if self.vectorized:

@@ -7,6 +7,7 @@ record batch (or a pandas DataFrame) and may answer per-row outcomes (``Outcome`
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ __all__ = [
     "Segment",
     "SinkPer",
     "Unconfirmed",
+    "apply_ops",
     "error_text",
     "stage_name",
 ]
@@ -94,3 +96,22 @@ def error_text(where: str, e: BaseException) -> str:
 
 def stage_name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
+
+
+def apply_ops(ops: tuple[Op, ...], record: Any) -> list[Any]:
+    """Run chained row stages on one record: its outputs, or the stage's exception with
+    the stage's label attached as ``e.ft_where`` (e.g. ``"map[0] price"``)."""
+    items = [record]
+    for i, (kind, fn) in enumerate(ops):
+        try:
+            if kind == "map":
+                items = [fn(x) for x in items]
+            elif kind == "filter":
+                items = [x for x in items if fn(x)]
+            else:
+                items = [y for x in items for y in fn(x)]
+        except Exception as e:
+            with contextlib.suppress(AttributeError, TypeError):
+                e.ft_where = f"{kind}[{i}] {stage_name(fn)}"  # type: ignore[attr-defined]
+            raise
+    return items

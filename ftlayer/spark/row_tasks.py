@@ -10,7 +10,6 @@ redoes it. The handler's Redis connection comes from a per-process cache keyed b
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -21,7 +20,14 @@ from ftlayer.errors import FailRecord
 from ftlayer.handler import AbstractFTHandler
 from ftlayer.ids import RecordId
 from ftlayer.payloads import Codecs, encode_record, normalize_row
-from ftlayer.spark.plan import MAX_MESSAGES, Op, Segment, Unconfirmed, error_text, stage_name
+from ftlayer.spark.plan import (
+    MAX_MESSAGES,
+    Segment,
+    Unconfirmed,
+    apply_ops,
+    error_text,
+    stage_name,
+)
 from ftlayer.spark.worker import task_context, task_handler
 from partitioners import HashPartitioner
 
@@ -66,25 +72,6 @@ class TaskSummary:
     def note(self, bucket: list[str], text: str) -> None:
         if len(bucket) < MAX_MESSAGES:
             bucket.append(text)
-
-
-def _apply(ops: tuple[Op, ...], record: Any) -> list[Any]:
-    """Run the chained stages on one record: its outputs, or the stage's exception with
-    the stage's label attached as ``e.ft_where``."""
-    items = [record]
-    for i, (kind, fn) in enumerate(ops):
-        try:
-            if kind == "map":
-                items = [fn(x) for x in items]
-            elif kind == "filter":
-                items = [x for x in items if fn(x)]
-            else:
-                items = [y for x in items for y in fn(x)]
-        except Exception as e:
-            with contextlib.suppress(AttributeError, TypeError):
-                e.ft_where = f"{kind}[{i}] {stage_name(fn)}"  # type: ignore[attr-defined]
-            raise
-    return items
 
 
 def _describe(plan: TaskPlan, partition: int, row_no: int, record: dict[str, Any]) -> str:
@@ -182,7 +169,7 @@ def _run_segment(
     for rid, record in inputs:
         summary.inputs += 1
         try:
-            outs = _apply(seg.ops, record)
+            outs = apply_ops(seg.ops, record)
         except Exception as e:
             fail(rid, getattr(e, "ft_where", "stage"), e)
             continue

@@ -93,7 +93,10 @@ class VectorPlan:
 
 
 def stage_label(segment: int, op: int, fn: Any, sink: bool = False) -> str:
-    return f"{'sink' if sink else 'map_batches'}[{segment}.{op}] {stage_name(fn)}"
+    """``map_batches[0.1] price``: a stage's name in ``BatchResult.stages`` (row stages,
+    compiled by ftlayer.spark.row_stages, say ``rows``)."""
+    kind = "sink" if sink else getattr(fn, "ft_kind", "map_batches")
+    return f"{kind}[{segment}.{op}] {stage_name(fn)}"
 
 
 @dataclass

@@ -19,11 +19,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ftlayer import ConfigError, FTConfig
+from ftlayer import ConfigError, FailRecord, FTConfig
 from ftlayer.connection import connect
 from ftlayer.spark import FaultTolerance, Outcome
 
-N_DIRECT, N_STREAM = 3000, 2000
+N_DIRECT, N_STREAM, N_ROWS = 3000, 2000, 300
 
 
 class FailOnce:
@@ -55,6 +55,26 @@ class Sink:
         connect(self.url).rpush(self.key, *b.column("id").to_pylist())
 
 
+class RowFailOnce:
+    """A row stage failing ids divisible by 7 on their first attempt."""
+
+    def __init__(self, url: str, key: str) -> None:
+        self.url, self.key = url, key
+
+    def __call__(self, r: dict[str, Any]) -> dict[str, Any]:
+        if r["id"] % 7 == 0 and connect(self.url).sadd(self.key, r["id"]):
+            raise FailRecord("first attempt fails")
+        return {"id": r["id"], "key": r["id"] % 5}
+
+
+class RowSink:
+    def __init__(self, url: str, key: str) -> None:
+        self.url, self.key = url, key
+
+    def __call__(self, r: dict[str, Any]) -> None:
+        connect(self.url).rpush(self.key, r["id"])
+
+
 def main() -> None:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F  # noqa: N812
@@ -71,9 +91,23 @@ def main() -> None:
                 .partition_by(["key"], 4).sink_batches(Sink(url, f"{ns}:sink")))  # fmt: skip
     direct = ft.run_batch(pipeline, spark.range(N_DIRECT).select("id"), "direct")
     out["direct"] = {"fresh": direct.fresh, "failed": direct.failed, "fold_ok": direct.fold_ok}
+    # row stages run on the same machinery (no df.rdd): a failing map, a shuffle, a sink
+    rows = (
+        ft.pipeline(source=1)
+        .map(RowFailOnce(url, f"{ns}:rowseen"))
+        .partition_by(["key"], 3, types=["bigint"])
+        .sink(RowSink(url, f"{ns}:rowsink"))
+    )
+    res = ft.run_batch(rows, spark.range(N_ROWS).select("id"), "rows")  # fmt: skip
+    out["rows"] = {
+        "fresh": res.fresh,
+        "immediate_replays": res.immediate_replays,
+        "failed": res.failed,
+        "sink": sorted(int(x) for x in connect(url).lrange(f"{ns}:rowsink", 0, -1)),
+    }
     try:
-        df = spark.range(N_DIRECT, N_DIRECT + N_STREAM).select("id")
-        ft.run_batch(ft.pipeline(source=1).map(lambda r: r).sink(lambda r: None), df, 0)
+        task = ft.pipeline(source=2, ack_scope="task").map(lambda r: r).sink(lambda r: None)
+        ft.run_batch(task, spark.range(3).select("id"), 0)
     except ConfigError as e:
         out["row_error"] = str(e)
     with tempfile.TemporaryDirectory() as tmp:

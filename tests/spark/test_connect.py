@@ -40,6 +40,9 @@ def test_vectorized_pipeline_runs_under_spark_connect(
     try:
         assert out["connect"].startswith("pyspark.sql.connect"), out["connect"]
         assert out["direct"] == {"fresh": 3000, "failed": 75, "fold_ok": True}
+        rows = out["rows"]  # row stages under Connect; ack_scope="task" is a clear error
+        assert rows["sink"] == list(range(300)), rows
+        assert (rows["fresh"], rows["immediate_replays"], rows["failed"]) == (300, 43, 0)
         assert "Spark Connect" in out["row_error"]
         assert out["stream_exception"] is None
         sink = Counter(out["sink"])
@@ -47,7 +50,7 @@ def test_vectorized_pipeline_runs_under_spark_connect(
         # ran in the server's Python process) arrived exactly once, replays included
         assert set(sink) == set(range(5000)), sorted(set(range(5000)) - set(sink))[:10]
         assert max(sink.values()) == 1
-        assert out["failed_explicit"] == 5000 // 40
+        assert out["failed_explicit"] == 5000 // 40 + 43  # row stages: immediate replays
         assert out["drained"] and out["pending"] == 0 and out["dead_letters"] == 0
         assert not list(r.scan_iter(match=f"ft:{{{ns}:*:seg:*"))
     finally:

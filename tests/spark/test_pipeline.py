@@ -44,20 +44,25 @@ def test_the_documented_example_runs(spark: SparkSession, capsys: pytest.Capture
     assert (first.fresh, first.failed, first.written) == (500, 6, 494)
 
 
-@pytest.mark.parametrize("backend", ["single", "cluster"])
+@pytest.mark.parametrize(
+    ("backend", "scope"), [("single", "batch"), ("cluster", "batch"), ("single", "task")]
+)
 def test_end_to_end_with_every_kind_of_failure(
     spark: SparkSession,
     make_ft: Any,
     probe: Probe,
     task_retries: int,
     backend: str,
+    scope: str,
     request: pytest.FixtureRequest,
 ) -> None:
     """Invariants 1, 6, 7 and 8.
 
     Explicit FailRecord, other exceptions, records never acked (time out), a claiming
     task that died, poison records (dead-lettered), and crashed tasks retried by Spark —
-    all at once, with a shuffle. Every record reaches the sink or the dead-letter list."""
+    all at once, with a shuffle. Every record reaches the sink or the dead-letter list.
+    Row stages on batch-scope acking (failures take the replay queue:
+    ``immediate_replays=0``) and on ``ack_scope="task"``."""
     where = (
         {} if backend == "single" else {"redis_url": request.getfixturevalue("redis_cluster").url}
     )
@@ -86,7 +91,7 @@ def test_end_to_end_with_every_kind_of_failure(
         return r
 
     pipeline = (
-        ft.pipeline(source=0, key=["key"])
+        ft.pipeline(source=0, key=["key"], ack_scope=scope, immediate_replays=0)  # type: ignore[arg-type]
         .map(stage1)
         .partition_by(["key"], 4)
         .map(stage2)
@@ -151,7 +156,8 @@ def test_streaming_query_keyed_source_places_fresh_and_replayed_records(
             raise FailRecord("first attempt fails")
         return r
 
-    pipeline = ft.pipeline(key="key", partitions=3).map(check).sink(probe.write, per="partition")
+    pipeline = (ft.pipeline(key="key", partitions=3, immediate_replays=0)
+                .map(check).sink(probe.write, per="partition"))  # fmt: skip
     stream = (
         spark.readStream.schema("id long, key long").option("maxFilesPerTrigger", 1).json(str(src))
     )

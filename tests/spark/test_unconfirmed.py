@@ -11,9 +11,10 @@ from pyspark.sql import SparkSession
 from ftlayer.spark import UNCONFIRMED, Unconfirmed
 
 
+@pytest.mark.parametrize("scope", ["batch", "task"])
 @pytest.mark.parametrize("per", ["record", "partition"])
 def test_unconfirmed_writes_time_out_and_replay(
-    spark: SparkSession, make_ft: Any, probe: Any, per: str
+    spark: SparkSession, make_ft: Any, probe: Any, per: str, scope: str
 ) -> None:
     """Invariants 1 and 10: unconfirmed writes are never acked; the drain replays them."""
     ft = make_ft(timeout_s=1.0, rotate=True)
@@ -33,7 +34,7 @@ def test_unconfirmed_writes_time_out_and_replay(
         return Unconfirmed(lost)
 
     sink = write_one if per == "record" else write_many
-    pipeline = ft.pipeline(source=0).map(lambda r: r).sink(sink, per=per)  # type: ignore[arg-type]
+    pipeline = ft.pipeline(source=0, ack_scope=scope).map(lambda r: r).sink(sink, per=per)  # type: ignore[arg-type]
     first = ft.run_batch(pipeline, df, 0)
     assert first.unconfirmed == len(range(0, n, 9)) and first.failed == 0
     assert ft.layer.stats().pending == first.unconfirmed, "left pending, not acked"
