@@ -40,7 +40,7 @@ def run(xors: int, repeat: int, url: str | None) -> dict[str, float | int | str]
                 batches = task._batches()
                 t1 = time.perf_counter()
                 calls0, usec0 = server_usec(client, "evalsha")
-                result = layer.acker.apply(batches)
+                result = layer.acker.apply(batches, token=os.urandom(12).hex())
                 t2 = time.perf_counter()
                 calls1, usec1 = server_usec(client, "evalsha")
                 assert result.completed == 0 and calls1 - calls0 == result.calls

@@ -8,7 +8,6 @@ whose value returns to 0 after their init (invariants 2 and 4), and counts every
 
 from __future__ import annotations
 
-import os
 import struct
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -103,6 +102,10 @@ class FlushResult:
     calls: int = 0
     duplicates: int = 0  # shard calls a retry found already applied
 
+    def merge(self, other: FlushResult) -> None:
+        for name in self.__slots__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
     def add(self, reply: list[int]) -> None:
         self.calls += 1
         if reply[0] < 0:
@@ -117,21 +120,22 @@ class FlushResult:
 class RedisAckerTable(NamespacePart):
     """The acker table of one namespace."""
 
-    def apply(self, batches: dict[int, ShardBatch], token: str | None = None) -> FlushResult:
+    def apply(self, batches: dict[int, ShardBatch], token: str) -> FlushResult:
         """Send one script call per non-empty shard, pipelined in one round trip.
 
         Retried with backoff on connection errors; every call carries a token so a retry
-        of a call that did apply is a no-op (never a double XOR). ``token`` names the work
-        (``<token>:<shard>`` per call): pass the same one when the same work is sent again
-        after a FlushError. Raises FlushError when Redis stays unreachable: the caller's
-        task must fail so Spark re-runs it.
+        of a call that did apply is a no-op (never a double XOR). ``token`` names the work,
+        not the call (``<token>:<shard>`` per shard call): the caller owns it and passes
+        the same one whenever the same work is sent again after a FlushError (see
+        FTHandler.flush); different work needs a different token. Raises FlushError when
+        Redis stays unreachable: the caller's task must fail so Spark re-runs it.
         """
         cfg = self.config
         calls = []
         for shard, batch in sorted(batches.items()):
             if batch.empty:
                 continue
-            call_token = f"{token}:{shard}" if token else os.urandom(12).hex()
+            call_token = f"{token}:{shard}"
             args = [
                 call_token, cfg.interval_ms, cfg.buckets, -1,
                 b"".join(batch.persists), batch.pack_xors(), pack_fails(batch.fails),

@@ -9,9 +9,10 @@ pending is persisted with its delta as its init in the same call.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -119,11 +120,19 @@ class NonFTHandler(AbstractFTHandler):
         return None
 
 
+class _Unsent(NamedTuple):
+    """Work frozen for a flush until Redis confirms it, with the token that names it."""
+
+    token: str
+    batches: dict[int, ShardBatch]
+    srcs: frozenset[int]
+
+
 class FTHandler(AbstractFTHandler):
     """The operating handler of one task attempt."""
 
     __slots__ = ("table", "config", "partition", "_deltas", "_born", "_failed", "_anchor",
-                 "_ids", "_reset")  # fmt: skip
+                 "_ids", "_reset", "_unsent")  # fmt: skip
 
     def __init__(
         self,
@@ -141,6 +150,7 @@ class FTHandler(AbstractFTHandler):
         self._failed: dict[int, tuple[str, str]] = {}
         self._anchor: RecordId | None = None
         self._ids = IdPool()
+        self._unsent: _Unsent | None = None
 
     # -- source side (the seed's Persister) ------------------------------------------
     def persist(
@@ -208,26 +218,40 @@ class FTHandler(AbstractFTHandler):
     def reset_timeout(self, record_id: RecordId) -> bool:
         if self._reset is None:
             raise FTLayerError("this handler was built without a timeout layer")
-        if record_id[0] in self._born:
-            return True  # not in Redis yet: its timeout starts at flush
+        if record_id[0] in self._born or (self._unsent and record_id[0] in self._unsent.srcs):
+            return True  # not (known to be) in Redis yet: its timeout starts at flush
         return self._reset([record_id[0]]) == 1
 
     @property
     def pending_sources(self) -> int:
         """Source ids with unflushed work in this handler."""
-        return len(self._deltas.keys() | self._failed.keys())
+        unsent = self._unsent.srcs if self._unsent else frozenset()
+        return len(self._deltas.keys() | self._failed.keys() | unsent)
 
     def flush(self) -> FlushResult:
         """Send everything to Redis; afterwards every record born here is complete or
-        persisted with a live timeout (invariant 1). On FlushError the buffered work is
-        kept, so the call may be retried; if the task dies instead, Spark re-runs it."""
+        persisted with a live timeout (invariant 1). On FlushError the work is kept, so
+        the call may be retried; if the task dies instead, Spark re-runs it.
+
+        The idempotency token belongs to the work, not to the call: buffered work is
+        frozen with a token drawn when it is first sent and kept until Redis confirms
+        it. A retry after a FlushError (Redis applied the call, its reply was lost, or
+        ``WAIT`` timed out) sends the same frozen work under the same token, which Redis
+        recognises and skips (tokens live 10 minutes, flush.lua); work buffered since then is
+        sent after it, under a token of its own."""
+        result = FlushResult()
+        if self._unsent is not None:
+            result.merge(self.table.apply(self._unsent.batches, token=self._unsent.token))
+            self._unsent = None
         batches = self._batches()
-        if not batches:
-            return FlushResult()
-        result = self.table.apply(batches)
-        self._deltas.clear()
-        self._born.clear()
-        self._failed.clear()
+        if batches:
+            srcs = frozenset(self._deltas.keys() | self._failed.keys() | self._born.keys())
+            self._unsent = _Unsent(os.urandom(12).hex(), batches, srcs)
+            self._deltas.clear()
+            self._born.clear()
+            self._failed.clear()
+            result.merge(self.table.apply(batches, token=self._unsent.token))
+            self._unsent = None
         return result
 
     def _batches(self) -> dict[int, ShardBatch]:

@@ -27,7 +27,7 @@ def test_completion_deletes_entry_record_and_timeout_in_one_call(layer: FTLayer)
     sink.ack(rid)
     batches = sink._batches()
     assert list(batches) == [shard_of(rid.source_id, layer.config.shards)]
-    result = layer.acker.apply(batches)  # exactly one script call
+    result = layer.acker.apply(batches, token="t1")  # exactly one script call
     assert result.calls == 1 and result.completed == 1
     assert not layer.client.hexists(shard.acks, key)
     assert not layer.client.hexists(shard.rec, key)
@@ -51,7 +51,9 @@ def test_scripts_reload_after_script_flush(layer: FTLayer) -> None:
 
 
 def test_a_retried_flush_is_applied_once(layer: FTLayer) -> None:
-    """Invariant 6: The same call sent twice (a retry after a lost reply) changes nothing."""
+    """Invariant 6: The same call sent twice (a retry after a lost reply) changes nothing.
+    This is the script's half; that ``FTHandler.flush`` resends the same work under the
+    same token after a FlushError is tests/test_flush_retry.py."""
     h = layer.handler()
     rid = h.persist_record("a", source=0)
     h.flush()

@@ -28,7 +28,9 @@ Invariants:
 
 Modules: ``driver`` (FaultTolerance), ``pipeline`` (the builder), ``plan`` (what tasks
 run), ``outcome`` (per-row outcomes, bisection), ``vector_tasks`` / ``batch_scope`` (the
-vectorized path: executors / driver), ``row_tasks`` (the row path), ``results``.
+vectorized path: executors / driver), ``row_stages`` (row stages compiled to batch stages),
+``row_tasks`` (``ack_scope="task"``: row stages over ``df.rdd``), ``standalone`` (a Spark
+standalone cluster on loopback, for tests and benchmarks), ``results``.
 """
 
 from ftlayer.spark.driver import FaultTolerance

@@ -1,5 +1,7 @@
 """The driver side of ftlayer.spark: :class:`FaultTolerance` claims replays, applies
-backpressure, runs batches (vectorized or row by row) and drains.
+backpressure, runs batches and drains. Every pipeline runs on the vectorized machinery
+(row stages compiled by ftlayer.spark.row_stages) except ``ack_scope="task"`` ones, which
+run row by row over ``df.rdd`` (ftlayer.spark.row_tasks).
 
 ::
 
@@ -11,17 +13,19 @@ backpressure, runs batches (vectorized or row by row) and drains.
 
 Invariants:
 
-* A batch function returns only after every task of its Spark job flushed, so Spark
-  commits the batch's offsets only when each of its records is complete or persisted
-  with a live timeout (invariant 1). A task that raises before its flush sent nothing;
-  Spark's retry of the task redoes it.
+* A batch function returns only after every task of its Spark job finished and the batch
+  settled (``ack_scope="task"``: every task flushed), so Spark commits the batch's offsets
+  only when each of its records is complete or persisted with a live timeout (invariant
+  1). A task that raises before its summary (flush) counts sent nothing; Spark's retry of
+  the task redoes it.
 * Every source record is acked only after its stages returned and the sink's write
   returned. A failing record (``FailRecord``, or any exception with
   ``on_error="fail_record"``) is failed with its error text in its failure history, and
-  replayed in a later batch under a new id, or dead-lettered after ``max_replays``.
+  replayed under a new id (at once in its source task, or in a later batch), or
+  dead-lettered after ``max_replays``.
 * Replays enter the source stage of a later batch at the partition where Spark places
   their key (see :class:`Pipeline`); a record is never acked to make a problem go away.
-* Only msgpack reaches Redis: the row as a msgpack map. Executors reach Redis directly at
+* Only msgpack and Arrow IPC segments reach Redis. Executors reach Redis directly at
   ``config.redis_url`` through a per-worker-process cache; no live client is pickled.
 """
 

@@ -1,10 +1,14 @@
 """A vectorized pipeline under Spark Connect, run as its own process by test_connect.py
-(``SparkSession.builder.remote("local[2]")`` starts a Connect server in this process's JVM,
+(``SparkSession.builder.remote("local[2,4]")`` starts a Connect server in this process's JVM,
 which the test process already gives to its classic session).
 
     python connect_job.py <redis_url> <namespace>
 
-Prints one JSON object: what the sink received, the drain, the error of a row pipeline.
+Every failure kind at once: explicit failures (the replay queue), a row that makes a batch
+function raise (bisection), unconfirmed sink writes (timeouts), a task after the shuffle
+killed with ``os._exit`` (Spark's retry), row stages with immediate replays. Prints one JSON
+object: what the sink received, the counts, the drain, the error of an ``ack_scope="task"``
+pipeline.
 """
 
 from __future__ import annotations
@@ -47,12 +51,44 @@ class FailOnce:
         return Outcome(out, failed=failed, errors="first attempt fails")
 
 
-class Sink:
+class RaiseOnce:
+    """After the shuffle: the first task to get here dies (``os._exit``: Spark retries
+    it). Raises while its batch holds an id = 17 (mod 250) that has not
+    raised yet; the call that holds it alone (bisection isolated it) marks it, so its
+    replay passes."""
+
     def __init__(self, url: str, key: str) -> None:
         self.url, self.key = url, key
 
-    def __call__(self, b: pa.RecordBatch) -> None:
-        connect(self.url).rpush(self.key, *b.column("id").to_pylist())
+    def __call__(self, b: pa.RecordBatch) -> pa.RecordBatch:
+        r = connect(self.url)
+        if r.set(f"{self.key}:crashed", 1, nx=True):
+            os._exit(1)  # the first post-shuffle task dies before it did anything
+        ids = [i for i in b.column("id").to_pylist() if i % 250 == 17]
+        fresh = [i for i in ids if not r.sismember(self.key, i)]
+        if fresh:
+            if b.num_rows == 1:
+                r.sadd(self.key, fresh[0])
+            raise ValueError(f"poison row {fresh[0]}")
+        return b
+
+
+class Sink:
+    """Ids = 51 (mod 100) are not confirmed on their first write (they time out, replay)."""
+
+    def __init__(self, url: str, key: str) -> None:
+        self.url, self.key = url, key
+
+    def __call__(self, b: pa.RecordBatch) -> Outcome:
+        r = connect(self.url)
+        ids = b.column("id").to_pylist()
+        unconfirmed = [j for j, i in enumerate(ids) if i % 100 == 51
+                       and r.sadd(f"{self.key}:unc", i)]  # fmt: skip
+        skip = set(unconfirmed)
+        written = [i for j, i in enumerate(ids) if j not in skip]
+        if written:
+            r.rpush(self.key, *written)
+        return Outcome(unconfirmed=unconfirmed)
 
 
 class RowFailOnce:
@@ -81,16 +117,20 @@ def main() -> None:
 
     url, ns = sys.argv[1], sys.argv[2]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.remote("local[2]")
+    # local[2,4]: Spark retries a failed task up to 4 times (local[2] fails the job)
+    spark = (SparkSession.builder.remote("local[2,4]")
              .config("spark.sql.shuffle.partitions", "4").getOrCreate())  # fmt: skip
     out: dict[str, Any] = {"connect": type(spark).__module__}
     ft = FaultTolerance(FTConfig(namespace=ns, redis_url=url, timeout_s=2, max_replays=3))
     # immediate_replays=0: failures take the replay queue (claimed replays under Connect)
     pipeline = (ft.pipeline(source=0, immediate_replays=0)
                 .map_batches(FailOnce(url, f"{ns}:seen"), "id long, key long")
-                .partition_by(["key"], 4).sink_batches(Sink(url, f"{ns}:sink")))  # fmt: skip
+                .partition_by(["key"], 4)
+                .map_batches(RaiseOnce(url, f"{ns}:raised"), "id long, key long")
+                .sink_batches(Sink(url, f"{ns}:sink")))  # fmt: skip
     direct = ft.run_batch(pipeline, spark.range(N_DIRECT).select("id"), "direct")
-    out["direct"] = {"fresh": direct.fresh, "failed": direct.failed, "fold_ok": direct.fold_ok}
+    out["direct"] = {"fresh": direct.fresh, "failed": direct.failed, "fold_ok": direct.fold_ok,
+                     "unconfirmed": direct.unconfirmed, "errors": direct.errors}  # fmt: skip
     # row stages run on the same machinery (no df.rdd): a failing map, a shuffle, a sink
     rows = (
         ft.pipeline(source=1)
@@ -126,7 +166,8 @@ def main() -> None:
     st = ft.layer.stats()  # type: ignore[union-attr]
     sink = [int(x) for x in connect(url).lrange(f"{ns}:sink", 0, -1)]
     out.update(drained=report.drained, pending=st.pending, dead_letters=st.dead_letters,
-               failed_explicit=st.failed_explicit, sink=sink)  # fmt: skip
+               failed_explicit=st.failed_explicit, failed_timeout=st.failed_timeout,
+               sink=sink, crashed=bool(connect(url).get(f"{ns}:raised:crashed")))  # fmt: skip
     ft.close()
     spark.stop()
     print("RESULT " + json.dumps(out))

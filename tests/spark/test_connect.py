@@ -1,7 +1,8 @@
-"""The vectorized path under Spark Connect (``.remote("local[2]")``): DataFrame APIs only,
-no ``df.rdd``; the ``foreachBatch`` function runs in a Python process of the server, where
-the pickled FaultTolerance rebuilds itself from its config. Run in a subprocess (see
-connect_job.py). Breaks it catches: a driver step that needs the JVM or ``df.rdd``
+"""The vectorized path under Spark Connect (``.remote("local[2,4]")``): DataFrame APIs
+only, no ``df.rdd``; the ``foreachBatch`` function runs in a Python process of the server,
+where the pickled FaultTolerance rebuilds itself from its config. Run in a subprocess (see
+connect_job.py): explicit failures, bisection, unconfirmed writes, a killed task and row
+stages, on one Redis and on the 3-master cluster. Breaks it catches: a driver step that needs the JVM or ``df.rdd``
 (``StructType.fromDDL``, ``spark.sparkContext``), a FaultTolerance that cannot be pickled,
 replays that never complete under Connect.
 """
@@ -21,7 +22,7 @@ from ftlayer.connection import connect
 
 
 @pytest.mark.parametrize("backend", ["single", "cluster"])
-def test_vectorized_pipeline_runs_under_spark_connect(
+def test_every_failure_kind_under_spark_connect(
     backend: str, request: pytest.FixtureRequest
 ) -> None:
     """On one Redis and on the 3-master cluster (keys of one script call in one slot, the
@@ -39,7 +40,10 @@ def test_vectorized_pipeline_runs_under_spark_connect(
     r = connect(url)
     try:
         assert out["connect"].startswith("pyspark.sql.connect"), out["connect"]
-        assert out["direct"] == {"fresh": 3000, "failed": 75, "fold_ok": True}
+        direct = out["direct"]  # 75 explicit failures, 12 rows isolated by bisection
+        assert (direct["fresh"], direct["failed"], direct["fold_ok"]) == (3000, 87, True)
+        assert direct["unconfirmed"] == 30 and out["crashed"]
+        assert any("ValueError: poison row" in e for e in direct["errors"]), direct["errors"]
         rows = out["rows"]  # row stages under Connect; ack_scope="task" is a clear error
         assert rows["sink"] == list(range(300)), rows
         assert (rows["fresh"], rows["immediate_replays"], rows["failed"]) == (300, 43, 0)
@@ -50,7 +54,9 @@ def test_vectorized_pipeline_runs_under_spark_connect(
         # ran in the server's Python process) arrived exactly once, replays included
         assert set(sink) == set(range(5000)), sorted(set(range(5000)) - set(sink))[:10]
         assert max(sink.values()) == 1
-        assert out["failed_explicit"] == 5000 // 40 + 43  # row stages: immediate replays
+        # explicit + bisected + row stages' immediate replays; unconfirmed ones time out
+        assert out["failed_explicit"] == 5000 // 40 + 5000 // 250 + 43
+        assert out["failed_timeout"] == 5000 // 100
         assert out["drained"] and out["pending"] == 0 and out["dead_letters"] == 0
         assert not list(r.scan_iter(match=f"ft:{{{ns}:*:seg:*"))
     finally:

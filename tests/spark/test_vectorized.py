@@ -95,6 +95,13 @@ def dead_letters(ft: FaultTolerance) -> dict[int, Any]:
     return {d.frame.decode()["id"]: d for d in ft.layer.persistence.dead_letters()}
 
 
+def _backend(backend: str, request: pytest.FixtureRequest) -> dict[str, Any]:
+    """make_ft overrides: the session's single Redis, or the 3-master cluster."""
+    if backend == "single":
+        return {}
+    return {"redis_url": request.getfixturevalue("redis_cluster").url}
+
+
 # -- 1 and 9: explicit per-row failures through a keyed shuffle, single server / cluster --
 @pytest.mark.parametrize("backend", ["single", "cluster"])
 def test_explicit_failures_replay_through_a_shuffle(
@@ -109,10 +116,7 @@ def test_explicit_failures_replay_through_a_shuffle(
     replays: lost + duplicate), per-row error texts misaligned with their rows, replays
     never completed (pending > 0), replay budget off by one, segments or summaries not
     deleted at settlement, and (cluster) keys of one script call in different slots."""
-    where = (
-        {} if backend == "single" else {"redis_url": request.getfixturevalue("redis_cluster").url}
-    )
-    ft = make_ft(max_replays=3, timeout_s=5.0, **where)
+    ft = make_ft(max_replays=3, timeout_s=5.0, **_backend(backend, request))
     n = 3000
     ids_all = np.arange(n)
     poison = set(ids_all[ids_all % 997 == 5].tolist())
@@ -273,14 +277,15 @@ def test_failures_in_the_source_task_replay_at_once(
 
 
 # -- 2: a row that makes a batch function raise is isolated by bisection -------------------
+@pytest.mark.parametrize("backend", ["single", "cluster"])
 def test_a_raising_row_fails_alone_by_bisection(
-    spark: SparkSession, make_ft: Any, probe: Probe
+    spark: SparkSession, make_ft: Any, probe: Probe, backend: str, request: pytest.FixtureRequest
 ) -> None:
     """Catches: an exception failing the whole batch (or task) instead of its row, the
     halves' outputs misassembled after bisection (rows lost or doubled), the exception
     text missing from the failure history, bisection in the sink writing rows twice, and
     bisections not counted (or counted far beyond one row's log2(n) levels)."""
-    ft = make_ft(max_replays=1, timeout_s=5.0)
+    ft = make_ft(max_replays=1, timeout_s=5.0, **_backend(backend, request))
     n, bad1, bad2 = 3000, 1234, 2345
 
     def stage1(b: pa.RecordBatch) -> pa.RecordBatch:
@@ -431,15 +436,16 @@ def test_fan_out_alone_leaves_nothing_pending(
 
 
 # -- 4: unconfirmed sink writes stay pending, time out and replay ---------------------------
+@pytest.mark.parametrize("backend", ["single", "cluster"])
 def test_unconfirmed_sink_rows_time_out_and_replay(
-    spark: SparkSession, make_ft: Any, probe: Probe
+    spark: SparkSession, make_ft: Any, probe: Probe, backend: str, request: pytest.FixtureRequest
 ) -> None:
     """Catches: unconfirmed rows acked (lost), or failed instead of left pending (they
     would replay at once, not after their timeout), the ack value of a pending residue
     wrong (it never completes when replayed: drain times out), a replay that is
     unconfirmed again completed or lost, and the summary of a pipeline without a shuffle
     (returned as the task's result) mishandled."""
-    ft = make_ft(timeout_s=2.0)
+    ft = make_ft(timeout_s=2.0, **_backend(backend, request))
     n = 1800
     unc = {i for i in range(n) if i % 9 == 0}
     twice = {i for i in unc if i % 27 == 0}  # unconfirmed again when replayed
@@ -542,15 +548,21 @@ def test_replays_land_where_spark_places_their_key(
 
 
 # -- 6: a task that crashes mid-batch ---------------------------------------------------------
+@pytest.mark.parametrize("backend", ["single", "cluster"])
 def test_crashed_tasks_retried_by_spark_lose_nothing(
-    spark: SparkSession, make_ft: Any, probe: Probe, task_retries: int
+    spark: SparkSession,
+    make_ft: Any,
+    probe: Probe,
+    task_retries: int,
+    backend: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     """Catches: the summary of a crashed attempt counted (fold not 0, or rows counted
     twice), a retried attempt's ids differing from the first's (fold not 0: everything
     kept pending), the crashed attempt's rows lost, and replays injected into a batch
     whose task crashed never completing. At-least-once: duplicates come only from the
     crashed sink's already-written half."""
-    ft = make_ft(timeout_s=5.0)
+    ft = make_ft(timeout_s=5.0, **_backend(backend, request))
     n = 4000
     flaky = {i for i in range(n) if i % 10 == 3}
 
