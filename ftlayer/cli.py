@@ -202,12 +202,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _dead_letter_dict(d: Any) -> dict[str, Any]:
+    f = d.frame  # None: its bytes no longer decode (frame_error says why)
     return {
         "id": f"{d.source_id:016x}",
-        "source": d.frame.source,
-        "payload_bytes": len(d.frame.payload),
-        "hash_code": d.frame.hash_code,
-        "partition": d.frame.partition,
+        "source": f.source if f else None,
+        "payload_bytes": len(f.payload) if f else len(d.raw),
+        "hash_code": f.hash_code if f else None,
+        "partition": f.partition if f else None,
+        "frame_error": d.frame_error,
         "attempts": d.attempts,
         "dead_lettered_ms": d.time_ms,
         "history": [
@@ -233,9 +235,8 @@ def _cmd_dlq_list(args: argparse.Namespace) -> int:
             f"{h['reason']}#{h['attempt']}" + (f" {h['error']!r}" if h["error"] else "")
             for h in d["history"]
         )
-        print(
-            f"{d['id']:<16}  {d['source']:>6}  {d['payload_bytes']:>7}  {d['attempts']:>8}  {hist}"
-        )
+        source = "?" if d["source"] is None else d["source"]
+        print(f"{d['id']:<16}  {source:>6}  {d['payload_bytes']:>7}  {d['attempts']:>8}  {hist}")
     return 0
 
 

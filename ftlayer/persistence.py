@@ -8,16 +8,20 @@ that failed more than ``max_replays`` times sit in the dead-letter hash with the
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, cast
 
 import msgpack
 
+from ftlayer.acker import pack_fails
 from ftlayer.ids import RecordId, new_ids, shard_of
 from ftlayer.scripts import NamespacePart
-from serialization import Frame, decode_frame
+from serialization import Frame, FrameError, decode_frame
 
 __all__ = ["ClaimedRecord", "DeadLetter", "Failure", "RedisPersistenceLayer"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,10 +43,16 @@ class ClaimedRecord:
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
+    """A dead-lettered record. ``frame`` is None when its bytes no longer decode as a
+    frame (corrupt, or larger than ``max_record_bytes``): ``raw`` holds them and
+    ``frame_error`` says why."""
+
     source_id: int
-    frame: Frame
+    frame: Frame | None
     history: tuple[Failure, ...]
     time_ms: int
+    raw: bytes = b""
+    frame_error: str | None = None
 
     @property
     def attempts(self) -> int:
@@ -117,10 +127,19 @@ class RedisPersistenceLayer(NamespacePart):
                 keys=shard.script_keys,
                 args=[source, want, curs, cfg.interval_ms, cfg.buckets],
             )
-            for i in range(0, len(reply), 2):
-                frame = decode_frame(reply[i], max_payload=cfg.max_record_bytes)
+            bad: list[tuple[int, str, str]] = []
+            for i in range(0, len(reply), 3):
+                try:
+                    frame = decode_frame(reply[i + 1], max_payload=cfg.max_record_bytes)
+                except FrameError as e:  # dead-lettered alone; the rest are delivered
+                    src = int.from_bytes(reply[i], "big")
+                    bad.append((src, "explicit", f"undecodable replay frame: {e}"))
+                    log.error("replay dead-lettered source_id=%016x error=%s", src, e)
+                    continue
                 rid = RecordId(frame.source_id, frame.current_id)
-                out.append(ClaimedRecord(rid, frame, int(reply[i + 1])))
+                out.append(ClaimedRecord(rid, frame, int(reply[i + 2])))
+            if bad:  # budget 0: straight to the dead letters, raw bytes and error kept
+                self.scripts.fail(keys=shard.script_keys, args=[0, pack_fails(bad)])
         return out
 
     def dead_letters(self) -> list[DeadLetter]:
@@ -128,12 +147,11 @@ class RedisPersistenceLayer(NamespacePart):
         for shard in self.keyspace.shards:
             for key, raw in self.client.hgetall(shard.dlq).items():
                 frame_bytes, hist, when = msgpack.unpackb(raw, raw=True)
-                out.append(
-                    DeadLetter(
-                        int.from_bytes(cast(bytes, key), "big"),
-                        decode_frame(frame_bytes, max_payload=self.config.max_record_bytes),
-                        _failures(hist),
-                        int(when),
-                    )
-                )
+                frame, error = None, None
+                try:
+                    frame = decode_frame(frame_bytes, max_payload=self.config.max_record_bytes)
+                except FrameError as e:
+                    error = str(e)
+                src = int.from_bytes(cast(bytes, key), "big")
+                out.append(DeadLetter(src, frame, _failures(hist), int(when), frame_bytes, error))
         return sorted(out, key=lambda d: d.time_ms)

@@ -3,8 +3,9 @@
 -- Each claimed record is inited here with the current id it will be emitted with, and
 -- gets a fresh timeout: if the claiming task dies, the record times out and is replayed
 -- again (nothing lost); while it only waits in the queue it burns no attempt.
--- Returns a flat list: frame, original partition, frame, original partition, ...
--- (frames carry the new source id and the claimed current id).
+-- Returns a flat list: source id, frame, original partition, source id, frame, ... (frames
+-- carry the claimed current id; the source id is the queue's, so a record whose frame no
+-- longer decodes can still be dead-lettered on its own by the caller).
 -- Redis is called in bulk (one HMGET / HSET / SADD per CHUNK records), not per record.
 
 local source, want, curs = ARGV[1], tonumber(ARGV[2]), ARGV[3]
@@ -30,6 +31,7 @@ for first = 1, #items, CHUNK do
       acks[#acks + 1] = src
       acks[#acks + 1] = struct.pack(ENTRY, chi, clo, deadline, NOW, source_of(frame))
       live[#live + 1] = src
+      out[#out + 1] = src
       out[#out + 1] = string.sub(frame, 1, 16) .. cur .. string.sub(frame, 25)
       out[#out + 1] = (struct.unpack('>i4', items[i], 13))
     else
@@ -46,6 +48,6 @@ if #out > 0 and not indexed[deadline] then
   indexed[deadline] = true
 end
 count('replays_vanished', vanished)
-count('replays_claimed', #out / 2)
+count('replays_claimed', #out / 3)
 flush_counts()
 return out

@@ -2,9 +2,9 @@
 only, no ``df.rdd``; the ``foreachBatch`` function runs in a Python process of the server,
 where the pickled FaultTolerance rebuilds itself from its config. Run in a subprocess (see
 connect_job.py): explicit failures, bisection, unconfirmed writes, a killed task and row
-stages, on one Redis and on the 3-master cluster. Breaks it catches: a driver step that needs the JVM or ``df.rdd``
-(``StructType.fromDDL``, ``spark.sparkContext``), a FaultTolerance that cannot be pickled,
-replays that never complete under Connect.
+stages, on one Redis and on the 3-master cluster. Breaks it catches: a driver step that
+needs the JVM or ``df.rdd`` (``StructType.fromDDL``, ``spark.sparkContext``), a
+FaultTolerance that cannot be pickled, replays that never complete under Connect.
 """
 
 from __future__ import annotations

@@ -1,0 +1,68 @@
+"""Issue 12, defect 2: one bad replay must not strand a whole claim.
+
+``claim.lua`` pops and re-inits every claimed record in one call; a record whose frame no
+longer decodes (corrupt bytes, or larger than ``max_record_bytes``) must be dead-lettered
+on its own with its error and raw bytes, the others delivered, and ``ftlayer dlq list``
+must show it instead of failing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from ftlayer import EmbeddedRedis, FTLayer
+from ftlayer.connection import is_cluster
+from ftlayer.ids import shard_of
+
+
+def test_a_corrupt_and_an_oversized_replay_are_dead_lettered_alone(
+    make_layer, redis_server: EmbeddedRedis, request: pytest.FixtureRequest
+) -> None:
+    """On one server and on the 3-master cluster (make_layer is parametrized)."""
+    layer = make_layer(max_record_bytes=1000, shards=1)
+    cluster = is_cluster(layer.client)
+    url = request.getfixturevalue("redis_cluster").url if cluster else redis_server.url
+    h = layer.handler()
+    rids = [h.persist_record({"n": i, "pad": "x" * (600 if i == 3 else 10)}, source=0)
+            for i in range(6)]  # fmt: skip
+    h.flush()
+    layer.fail(rids, error="first attempt")  # all six wait in the replay queue
+    queued = layer.persistence.pending_ids()
+    assert len(queued) == 6
+    by_n = {layer.persistence.get(src).decode()["n"]: src for src in queued}  # type: ignore[union-attr]
+    corrupt = by_n[1]
+    rec = layer.keyspace[shard_of(corrupt, 1)].rec
+    frame = bytearray(layer.client.hget(rec, corrupt.to_bytes(8, "big")))
+    frame[-1] ^= 0xFF  # payload bytes no longer match their checksum
+    layer.client.hset(rec, corrupt.to_bytes(8, "big"), bytes(frame))
+
+    # a claimer whose max_record_bytes shrank since record 3 was persisted
+    small = FTLayer(layer.client, replace(layer.config, max_record_bytes=300))
+    claimed = small.claim_replays(source=0, limit=100)
+    assert sorted(c.frame.decode()["n"] for c in claimed) == [0, 2, 4, 5]
+    st = layer.stats()
+    assert st.dead_lettered == 2 and st.pending == 4 and st.queued_replays == 0
+
+    dead = {d.source_id: d for d in small.persistence.dead_letters()}
+    assert set(dead) == {corrupt, by_n[3]}
+    for d in dead.values():
+        assert d.frame is None and d.raw and d.frame_error
+        assert "undecodable replay frame" in d.history[-1].error
+    assert "checksum" in dead[corrupt].frame_error.lower()  # type: ignore[union-attr]
+    assert len(dead[by_n[3]].raw) > 600
+
+    out = subprocess.run(
+        [sys.executable, "-m", "ftlayer.cli", "dlq", "list", "--json", "--redis-url",
+         url, "--namespace", layer.config.namespace, "--shards", "1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    listed = {d["id"]: d for d in json.loads(out.stdout)}
+    assert set(listed) == {f"{s:016x}" for s in dead}
+    assert all(d["attempts"] == 2 for d in listed.values())
+    assert "checksum" in listed[f"{corrupt:016x}"]["frame_error"].lower()
+    assert listed[f"{by_n[3]:016x}"]["payload_bytes"] > 600  # decodes under the CLI's limit
