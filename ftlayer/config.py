@@ -42,7 +42,8 @@ class FTConfig:
     flush_backoff_s: float = 0.1
     """First retry delay of a flush; doubles per retry."""
     max_pending: int | None = None
-    """Backpressure: sources hold back while more records than this are pending."""
+    """Backpressure: sources hold back while more records than this are in flight
+    (pending and not waiting in the replay queue: the next batch claims those)."""
     redis_url: str | None = None
     """``None``: start an embedded redis-server (see ftlayer.embedded)."""
     durability: Durability = "local"

@@ -180,23 +180,29 @@ class FTLayer:
         self, source: int, max_pending: int | None = None, timeout_s: float = 30.0
     ) -> bool:
         """Block while ``source`` has more than ``max_pending`` (default: config) records
-        pending, up to ``timeout_s``. True when there is room; False on timeout (logged:
-        the caller decides whether to go on)."""
+        in flight, up to ``timeout_s``. True when there is room; False on timeout (logged:
+        the caller decides whether to go on).
+
+        In flight = pending minus the replays queued for this source: those wait for the
+        claim that only the caller's next batch makes, so counting them would make the
+        wait block the very work that frees capacity."""
         limit = max_pending if max_pending is not None else self.config.max_pending
         if limit is None:
             return True
         deadline = time.monotonic() + timeout_s
         delay, logged = 0.05, False
         while True:
-            pending = self.pending_by_source().get(source, 0)
+            pending = self.pending_by_source().get(source, 0) - self.persistence.queued(source)
             if pending <= limit:
                 return True
             if not logged:
-                log.info("backpressure source=%d pending=%d max_pending=%d", source, pending, limit)
+                log.info(
+                    "backpressure source=%d in_flight=%d max_pending=%d", source, pending, limit
+                )
                 logged = True
             if time.monotonic() >= deadline:
                 log.warning(
-                    "backpressure timeout source=%d pending=%d max_pending=%d waited_s=%.1f",
+                    "backpressure timeout source=%d in_flight=%d max_pending=%d waited_s=%.1f",
                     source,
                     pending,
                     limit,

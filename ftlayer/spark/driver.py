@@ -113,6 +113,7 @@ class FaultTolerance:
         self._last: tuple[Pipeline, SparkSession, Any] | None = None
         self._rotator: Any = None
         self._owns_layer = layer is None
+        self._draining = False
         self.task_config = config
         if config.enabled:
             self.layer = layer or FTLayer.open(config)
@@ -252,7 +253,9 @@ class FaultTolerance:
         return df.withColumn(HASH_COL, F.hash(*pipeline.key))
 
     def _backpressure(self, source: int, batch_id: Any) -> None:
-        if self.layer is None or self.config.max_pending is None:
+        """Wait for room before a batch (``max_pending`` records in flight). Never in
+        ``drain``: its batches only run replays, the work that frees room."""
+        if self.layer is None or self.config.max_pending is None or self._draining:
             return
         if not self.layer.wait_for_capacity(source, timeout_s=self.backpressure_timeout_s):
             log.warning(
@@ -368,7 +371,11 @@ class FaultTolerance:
             if last is not None and st.queued_replays:
                 pipe, spark, schema = last
                 empty = spark.createDataFrame([], schema)
-                result = self.run_batch(pipe, empty, f"drain-{uuid.uuid4().hex[:6]}")
+                self._draining = True
+                try:
+                    result = self.run_batch(pipe, empty, f"drain-{uuid.uuid4().hex[:6]}")
+                finally:
+                    self._draining = False
                 batches += 1
                 if result.replayed or result.undecodable:
                     continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import pickle
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -144,6 +145,38 @@ def test_backpressure_waits_bounded_and_drain_reports_what_remains(
     report = ft.drain(timeout_s=0.5)
     assert not report.drained and report.pending == 3
     assert ft.layer.stats().pending == 3  # still there: reported, not dropped
+
+
+def test_backpressure_never_waits_on_replays_only_a_batch_can_claim(
+    spark: SparkSession, make_ft: Any, probe: Probe, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 12, defect 3: queued replays are pending but not in flight; only the next
+    batch's claim moves them. Counting them made the next batch (and every drain batch)
+    wait out ``backpressure_timeout_s``; drain(timeout_s=3) took 13.5 s."""
+    ft = make_ft(timeout_s=2, max_pending=5, backpressure_timeout_s=20)
+
+    def once(r: dict[str, Any]) -> dict[str, Any]:
+        if r["id"] % 5 == 0 and probe.first_time("failed", r["id"]):
+            raise FailRecord("first attempt")
+        return r
+
+    pipeline = ft.pipeline(immediate_replays=0).map(once).sink(probe.write, per="partition")
+    first = ft.run_batch(pipeline, spark.range(60), 0)
+    assert first.failed == 12 and ft.layer.stats().queued_replays == 12  # 12 > max_pending
+    with caplog.at_level(logging.INFO, logger="ftlayer"):
+        second = ft.run_batch(pipeline, spark.range(60, 70), 1)
+    assert second.replayed == 12 and "backpressure" not in caplog.text
+    ft.run_batch(pipeline, spark.range(70, 130), 2)  # 12 more queued (and 2 from batch 1)
+    assert ft.layer.stats().queued_replays == 12
+    h = ft.layer.handler(partition=0)  # 6 in flight (> max_pending): lost, they time out
+    for i in range(1000, 1006):
+        h.persist_record({"id": i}, source=0)
+    h.flush()
+    started = time.monotonic()
+    report = ft.drain(timeout_s=10)  # its batches never wait for room
+    assert report.drained, report
+    assert time.monotonic() - started < 10
+    assert sorted(probe.ids()) == [*range(130), *range(1000, 1006)]
 
 
 def test_ft_off_needs_no_redis_and_a_pickled_fault_tolerance_rebuilds_from_its_config(
