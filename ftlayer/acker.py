@@ -19,6 +19,7 @@ from redis.cluster import RedisCluster
 from ftlayer.connection import is_cluster, with_retries
 from ftlayer.errors import FlushError, FTLayerError, RedisUnavailableError
 from ftlayer.ids import shard_of
+from ftlayer.limits import MAX_ERROR_BYTES
 from ftlayer.scripts import NamespacePart
 
 __all__ = ["AckEntry", "FlushResult", "RedisAckerTable", "ShardBatch", "pack_fails"]
@@ -27,7 +28,6 @@ _ENTRY = struct.Struct(">iiddH")
 _PERSIST_HEAD = struct.Struct(">QI")
 _FAIL_HEAD = struct.Struct(">QBH")
 REASON_CODES = {"explicit": 1, "timeout": 2}
-MAX_ERROR_BYTES = 2000  # bytes of error text kept in a record's failure history
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +66,25 @@ class ShardBatch:
         out[:, 1] = self.xor_deltas
         return out.tobytes()
 
+    def calls(self, max_bytes: int) -> list[tuple[bytes, bytes, bytes, int]]:
+        """The batch as (persists, xors, fails, local_completed) script arguments, each
+        under ``max_bytes`` (a record larger than that travels alone). A record never
+        spans two calls, so each call stays atomic for the records it carries; the
+        local completions ride in the first."""
+        pairs = [self.persists[i] + self.persists[i + 1] for i in range(0, len(self.persists), 2)]
+        persists = _group(pairs, max_bytes)
+        packed = self.pack_xors()
+        step = max(16, max_bytes // 16 * 16)
+        xors = [packed[i : i + step] for i in range(0, len(packed), step)]
+        fails = _group(_packed_fails(self.fails), max_bytes)
+        n = max(1, len(persists), len(xors), len(fails))
+
+        def at(parts: list[bytes], i: int) -> bytes:
+            return parts[i] if i < len(parts) else b""
+
+        return [(at(persists, i), at(xors, i), at(fails, i), self.local_completed if i == 0 else 0)
+                for i in range(n)]  # fmt: skip
+
     @property
     def empty(self) -> bool:
         return not (
@@ -84,13 +103,33 @@ def _check_replicated(acked: int) -> None:
         )
 
 
-def pack_fails(fails: list[tuple[int, str, str]]) -> bytes:
-    parts = []
+def _packed_fails(fails: list[tuple[int, str, str]]) -> list[bytes]:
+    out = []
     for src, reason, error in fails:
         err = error.encode("utf-8", "replace")[:MAX_ERROR_BYTES]
-        parts.append(_FAIL_HEAD.pack(src, REASON_CODES[reason], len(err)))
-        parts.append(err)
-    return b"".join(parts)
+        out.append(_FAIL_HEAD.pack(src, REASON_CODES[reason], len(err)) + err)
+    return out
+
+
+def pack_fails(fails: list[tuple[int, str, str]]) -> bytes:
+    return b"".join(_packed_fails(fails))
+
+
+def _group(items: list[bytes], max_bytes: int) -> list[bytes]:
+    """Consecutive items joined into parts of at most ``max_bytes`` (an item larger than
+    that is a part of its own)."""
+    out: list[bytes] = []
+    part: list[bytes] = []
+    size = 0
+    for item in items:
+        if part and size + len(item) > max_bytes:
+            out.append(b"".join(part))
+            part, size = [], 0
+        part.append(item)
+        size += len(item)
+    if part:
+        out.append(b"".join(part))
+    return out
 
 
 @dataclass(slots=True)
@@ -121,7 +160,8 @@ class RedisAckerTable(NamespacePart):
     """The acker table of one namespace."""
 
     def apply(self, batches: dict[int, ShardBatch], token: str) -> FlushResult:
-        """Send one script call per non-empty shard, pipelined in one round trip.
+        """Send one script call per non-empty shard (more when its arguments would pass
+        ``flush_chunk_bytes``), pipelined in one round trip.
 
         Retried with backoff on connection errors; every call carries a token so a retry
         of a call that did apply is a no-op (never a double XOR). ``token`` names the work,
@@ -135,13 +175,10 @@ class RedisAckerTable(NamespacePart):
         for shard, batch in sorted(batches.items()):
             if batch.empty:
                 continue
-            call_token = f"{token}:{shard}"
-            args = [
-                call_token, cfg.interval_ms, cfg.buckets, -1,
-                b"".join(batch.persists), batch.pack_xors(), pack_fails(batch.fails),
-                batch.local_completed,
-            ]  # fmt: skip
-            calls.append((self.keyspace[shard].script_keys, args))
+            for i, (persists, xors, fails, local) in enumerate(batch.calls(cfg.flush_chunk_bytes)):
+                call_token = f"{token}:{shard}" + (f":{i}" if i else "")
+                args = [call_token, cfg.interval_ms, cfg.buckets, -1, persists, xors, fails, local]
+                calls.append((self.keyspace[shard].script_keys, args))
         result = FlushResult()
         if not calls:
             return result
@@ -172,6 +209,12 @@ class RedisAckerTable(NamespacePart):
         except RedisUnavailableError as e:
             raise FlushError(str(e)) from e
         except redis.RedisError as e:
+            if "invalid bulk length" in str(e):
+                raise FTLayerError(
+                    f"flush refused by Redis: an argument passed the server's "
+                    f"proto-max-bulk-len; set flush_chunk_bytes (now {cfg.flush_chunk_bytes}) "
+                    f"below it ({e})"
+                ) from e
             raise FTLayerError(f"flush script failed: {e}") from e
         for reply in replies:
             result.add(reply)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ftlayer.errors import ConfigError
+from ftlayer.limits import MAX_ARGUMENT_BYTES, MAX_RECORD_BYTES, MAX_REPLAYS, MAX_SHARDS
 
 __all__ = ["Durability", "FTConfig", "FTStatus"]
 
@@ -41,6 +42,10 @@ class FTConfig:
     flush_retries: int = 5
     flush_backoff_s: float = 0.1
     """First retry delay of a flush; doubles per retry."""
+    flush_chunk_bytes: int = 64 << 20
+    """A flush sends each shard's records in script calls whose packed arguments stay
+    under this many bytes (a larger record travels alone); keep it below the server's
+    ``proto-max-bulk-len`` (512 MiB by default)."""
     max_pending: int | None = None
     """Backpressure: sources hold back while more records than this are in flight
     (pending and not waiting in the replay queue: the next batch claims those)."""
@@ -61,8 +66,8 @@ class FTConfig:
             raise ConfigError(
                 f"namespace {self.namespace!r} must be 1-64 characters of [A-Za-z0-9_.-]"
             )
-        if not 1 <= self.shards <= 65536:
-            raise ConfigError(f"shards must be in 1..65536, not {self.shards}")
+        if not 1 <= self.shards <= MAX_SHARDS:
+            raise ConfigError(f"shards must be in 1..{MAX_SHARDS}, not {self.shards}")
         if not self.timeout_s > 0:
             raise ConfigError(f"timeout_s must be > 0, not {self.timeout_s}")
         if self.buckets < 2:
@@ -71,16 +76,25 @@ class FTConfig:
             raise ConfigError(
                 f"timeout_s/(buckets-1) = {self.rotation_interval_s:.4f}s is below 10 ms"
             )
-        if self.max_replays < 0:
-            raise ConfigError(f"max_replays must be >= 0, not {self.max_replays}")
-        if not 1 <= self.max_record_bytes <= 512 << 20:
+        if not 0 <= self.max_replays <= MAX_REPLAYS:
             raise ConfigError(
-                f"max_record_bytes must be in 1..512 MiB, not {self.max_record_bytes}"
+                f"max_replays must be in 0..{MAX_REPLAYS} (16 bits in a record's frame), "
+                f"not {self.max_replays}"
+            )
+        if not 1 <= self.max_record_bytes <= MAX_RECORD_BYTES:
+            raise ConfigError(
+                f"max_record_bytes must be in 1..{MAX_RECORD_BYTES} (a frame must fit in "
+                f"Redis's largest argument), not {self.max_record_bytes}"
             )
         if self.expire_batch < 1:
             raise ConfigError(f"expire_batch must be >= 1, not {self.expire_batch}")
         if self.flush_retries < 0 or self.flush_backoff_s < 0:
             raise ConfigError("flush_retries and flush_backoff_s must be >= 0")
+        if not 1024 <= self.flush_chunk_bytes <= MAX_ARGUMENT_BYTES:
+            raise ConfigError(
+                f"flush_chunk_bytes must be in 1024..{MAX_ARGUMENT_BYTES} (Redis's default "
+                f"proto-max-bulk-len), not {self.flush_chunk_bytes}"
+            )
         if self.durability not in ("local", "replicated"):
             raise ConfigError(
                 f"durability must be 'local' or 'replicated', not {self.durability!r}"

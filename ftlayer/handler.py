@@ -20,11 +20,11 @@ from ftlayer.acker import FlushResult, RedisAckerTable, ShardBatch
 from ftlayer.config import FTConfig
 from ftlayer.errors import FailRecord, FTLayerError, RecordError
 from ftlayer.ids import IdPool, RecordId, shard_of
+from ftlayer.limits import MAX_SOURCE
 from serialization import encode_frame, encode_payload
 
 __all__ = ["AbstractFTHandler", "FTHandler", "NonFTHandler"]
 
-_MAX_SOURCE = 65534  # 65535 marks "unknown" in the acker table
 _NO_ID = RecordId(0, 0)
 _REASONS = ("explicit", "timeout")
 
@@ -170,8 +170,8 @@ class FTHandler(AbstractFTHandler):
                 f"record of {len(payload)} bytes from source {source} (hash_code={hash_code}, "
                 f"partition={partition}) exceeds max_record_bytes={self.config.max_record_bytes}"
             )
-        if not 0 <= source <= _MAX_SOURCE:
-            raise RecordError(f"source index {source} is outside 0..{_MAX_SOURCE}")
+        if not 0 <= source <= MAX_SOURCE:
+            raise RecordError(f"source index {source} is outside 0..{MAX_SOURCE}")
         if not -(2**31) <= hash_code < 2**31:
             raise RecordError(f"hash_code {hash_code} of a source {source} record is not int32")
         src = self._ids.next()
@@ -237,8 +237,8 @@ class FTHandler(AbstractFTHandler):
         frozen with a token drawn when it is first sent and kept until Redis confirms
         it. A retry after a FlushError (Redis applied the call, its reply was lost, or
         ``WAIT`` timed out) sends the same frozen work under the same token, which Redis
-        recognises and skips (tokens live 10 minutes, flush.lua); work buffered since then is
-        sent after it, under a token of its own."""
+        recognises and skips (for ``FLUSH_TOKEN_TTL_MS``, ftlayer.limits); work buffered
+        since then is sent after it, under a token of its own."""
         result = FlushResult()
         if self._unsent is not None:
             result.merge(self.table.apply(self._unsent.batches, token=self._unsent.token))

@@ -11,6 +11,7 @@ import redis
 
 from ftlayer.config import FTConfig
 from ftlayer.keys import Keyspace
+from ftlayer.limits import lua_constants
 
 __all__ = ["SCRIPTS", "NamespacePart", "Scripts", "script_source"]
 
@@ -26,12 +27,13 @@ SCRIPTS = SHARD_SCRIPTS + PLAIN_SCRIPTS
 
 @cache
 def script_source(name: str) -> str:
-    """The full text of a script: shard scripts get the shared prelude first."""
+    """The full text of a script: shard scripts get the constants of ftlayer.limits and
+    the shared prelude first."""
     lua = files("ftlayer") / "lua"
     body = (lua / f"{name}.lua").read_text()
     if name in PLAIN_SCRIPTS:
         return body
-    return (lua / "_common.lua").read_text() + "\n" + body
+    return lua_constants() + (lua / "_common.lua").read_text() + "\n" + body
 
 
 class Scripts:

@@ -25,9 +25,9 @@ from typing import Any, cast
 
 import numpy as np
 
-from ftlayer.acker import MAX_ERROR_BYTES as _MAX_ERROR
 from ftlayer.connection import is_cluster
 from ftlayer.ids import new_ids, persisted_ids
+from ftlayer.limits import MAX_ERROR_BYTES as _MAX_ERROR
 from ftlayer.payloads import arrow_codecs, encode_record
 from ftlayer.scripts import NamespacePart
 from serialization import encode_frame

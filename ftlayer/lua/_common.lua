@@ -15,7 +15,7 @@
 local ACKS, REC, HIST, STATS, TIDX, DLQ = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local PREFIX = string.sub(ACKS, 1, -6) -- strip ':acks'
 local ENTRY = '>i4i4ddH'
-local UNKNOWN_SOURCE = 65535
+-- MAX_REPLAYS, UNKNOWN_SOURCE, FLUSH_TOKEN_TTL_MS, ... come from ftlayer/limits.py
 local LATENCY_BOUNDS_MS = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000,
                            60000, 300000}
 

@@ -11,7 +11,7 @@
 -- Returns {completed, replayed, dead_lettered, orphans} for this call.
 
 local token_key = PREFIX .. ':flush:' .. ARGV[1]
-if not redis.call('SET', token_key, '1', 'NX', 'PX', 600000) then
+if not redis.call('SET', token_key, '1', 'NX', 'PX', FLUSH_TOKEN_TTL_MS) then
   return {-1, 0, 0, 0}
 end
 local interval_ms, buckets = tonumber(ARGV[2]), tonumber(ARGV[3])

@@ -97,7 +97,7 @@ while pos <= #segs do
 end
 local batch = ARGV[8]
 if batch ~= '' then
-  redis.call('SET', PREFIX .. ':segdone:' .. batch, salt, 'PX', 3600000)
+  redis.call('SET', PREFIX .. ':segdone:' .. batch, salt, 'PX', SEGMENT_DONE_TTL_MS)
   local sidx = PREFIX .. ':sumidx:' .. batch
   for _, token in ipairs(redis.call('SMEMBERS', sidx)) do
     redis.call('DEL', PREFIX .. ':sum:' .. token)

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
 from ftlayer.layer import FTLayer
+from ftlayer.limits import MAX_REPLAYS
 from ftlayer.payloads import decode_record, field_codecs
 from ftlayer.spark.batch_scope import VectorRun, arrow_schema, plan_batch
 from ftlayer.spark.pipeline import AckScope, OnError, Pipeline
@@ -146,8 +147,10 @@ class FaultTolerance:
             raise ConfigError(f"on_error must be 'fail_record' or 'fail_batch', not {on_error!r}")
         if ack_scope not in ("batch", "task"):
             raise ConfigError(f"ack_scope must be 'batch' or 'task', not {ack_scope!r}")
-        if immediate_replays is not None and not 0 <= immediate_replays <= 0xFFFF:
-            raise ConfigError(f"immediate_replays must be in 0..65535, not {immediate_replays}")
+        if immediate_replays is not None and not 0 <= immediate_replays <= MAX_REPLAYS:
+            raise ConfigError(
+                f"immediate_replays must be in 0..{MAX_REPLAYS}, not {immediate_replays}"
+            )
         key = (key,) if isinstance(key, str) else tuple(key)
         if partitions is not None and (not key or partitions < 1):
             raise ConfigError("partitions= needs key columns and must be >= 1")

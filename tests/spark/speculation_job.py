@@ -2,7 +2,10 @@
 process by test_speculation.py (the test process holds a local[2] SparkContext already,
 and one process holds one JVM).
 
-    python speculation_job.py <master url> <redis_url> <namespace> <max hold seconds>
+    python speculation_job.py <master url> <redis_url> <namespace> <max hold seconds> [ft url]
+
+(``ft url``: where the FT layer lives, e.g. a Redis Cluster; default ``redis_url``, which
+always holds the job's own records.)
 
 Pipeline: stage 1 -> partition_by(key, 4) -> stage 2 -> sink. In each of two batches the
 first attempt of a chosen task holds (sleeps) until a condition, so Spark launches a
@@ -224,6 +227,7 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     master, url, ns, cap_s = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+    ft_url = sys.argv[5] if len(sys.argv) > 5 else url
     started = time.monotonic()
     prefix = f"{ns}:t"
     r = redis.Redis.from_url(url)
@@ -261,7 +265,7 @@ def main() -> None:
         time.sleep(0.2)
     out["ready_s"] = round(time.monotonic() - started, 1)
 
-    ft = FaultTolerance(FTConfig(namespace=ns, redis_url=url, timeout_s=20, max_replays=3))
+    ft = FaultTolerance(FTConfig(namespace=ns, redis_url=ft_url, timeout_s=20, max_replays=3))
     rec = (url, prefix, cap_s)
     pipeline = (
         ft.pipeline(source=0)

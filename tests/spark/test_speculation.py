@@ -28,6 +28,7 @@ import pytest
 import redis
 
 from ftlayer import EmbeddedRedis
+from ftlayer.connection import connect
 from ftlayer.spark.standalone import StandaloneCluster
 
 pytestmark = pytest.mark.spark
@@ -37,16 +38,22 @@ HOLDS = [("b0", "s1", 1), ("b1", "s1", 1), ("b1", "s2", 2)]  # (batch, stage, pa
 HOLD_CAP_S = 20  # a held attempt gives up after this long (then the tests fail)
 
 
-@pytest.fixture(scope="module")
-def run(redis_server: EmbeddedRedis) -> Iterator[dict[str, Any]]:
-    """The job's RESULT, with its records indexed (see speculation_job.py)."""
+@pytest.fixture(scope="module", params=["single", "cluster"])
+def run(
+    request: pytest.FixtureRequest, redis_server: EmbeddedRedis
+) -> Iterator[dict[str, Any]]:
+    """The job's RESULT, with its records indexed (see speculation_job.py): its FT layer on
+    one Redis, or on the 3-master Redis Cluster (the job's own records stay on the one)."""
     ns = f"spec{uuid.uuid4().hex[:8]}"
     job = Path(__file__).with_name("speculation_job.py")
     r = redis.Redis.from_url(redis_server.url)
+    ft_url = (redis_server.url if request.param == "single"
+              else request.getfixturevalue("redis_cluster").url)  # fmt: skip
     try:
         with StandaloneCluster(workers=2, cores=1) as cluster:
             proc = subprocess.run(
-                [sys.executable, str(job), cluster.url, redis_server.url, ns, str(HOLD_CAP_S)],
+                [sys.executable, str(job), cluster.url, redis_server.url, ns, str(HOLD_CAP_S),
+                 ft_url],
                 capture_output=True, text=True, timeout=300, env=cluster.env(),
             )  # fmt: skip
             lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
@@ -58,9 +65,10 @@ def run(redis_server: EmbeddedRedis) -> Iterator[dict[str, Any]]:
         out["batch"] = {res["batch_id"]: res for res in out["results"]}
         yield out
     finally:
-        for key in r.scan_iter(match=f"*{ns}*"):
-            r.delete(key)
-        r.close()
+        for client in {r, connect(ft_url)}:
+            for key in client.scan_iter(match=f"*{ns}*"):
+                client.delete(key)
+            client.close()
 
 
 def events(out: dict[str, Any], ev: str, **match: Any) -> list[dict[str, Any]]:

@@ -1,0 +1,50 @@
+"""The limits of ftlayer's encodings, in one place.
+
+Python validates every setting against them when it is built (``FTConfig``, ``pipeline``)
+and the Lua scripts get the same values as constants: ``lua_constants()`` is prepended to
+every shard script (ftlayer.scripts), so a script never spells a number that Python
+checks elsewhere. A value that does not fit its encoding is refused up front, never
+truncated when it is written.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FLUSH_TOKEN_TTL_MS",
+    "MAX_ARGUMENT_BYTES",
+    "MAX_ERROR_BYTES",
+    "MAX_RECORD_BYTES",
+    "MAX_REPLAYS",
+    "MAX_SHARDS",
+    "MAX_SOURCE",
+    "SEGMENT_DONE_TTL_MS",
+    "UNKNOWN_SOURCE",
+    "lua_constants",
+]
+
+MAX_REPLAYS = 0xFFFF
+"""A record's replay budget travels in 16 bits (the frame header, segment residues)."""
+UNKNOWN_SOURCE = 0xFFFF
+"""The source index of an acker entry made by an XOR before its init."""
+MAX_SOURCE = UNKNOWN_SOURCE - 1
+"""Source indices are 16 bits in the frame; the top value is reserved (UNKNOWN_SOURCE)."""
+MAX_SHARDS = 0x10000
+"""A RecordId picks its shard with its low 16 bits."""
+MAX_ARGUMENT_BYTES = 512 << 20
+"""Redis's default ``proto-max-bulk-len``: the largest argument of a command."""
+MAX_RECORD_BYTES = MAX_ARGUMENT_BYTES - 1024
+"""A record's payload, its frame header and its entry head must fit in one argument."""
+MAX_ERROR_BYTES = 2000
+"""Bytes of error text kept per entry of a record's failure history."""
+FLUSH_TOKEN_TTL_MS = 600_000
+"""How long Redis remembers a flush token: a retried flush within it is never re-applied."""
+SEGMENT_DONE_TTL_MS = 3_600_000
+"""How long Redis remembers that a batch settled (a late attempt then stores nothing)."""
+
+_LUA = ("MAX_REPLAYS", "UNKNOWN_SOURCE", "MAX_ERROR_BYTES", "FLUSH_TOKEN_TTL_MS",
+        "SEGMENT_DONE_TTL_MS")  # fmt: skip
+
+
+def lua_constants() -> str:
+    """``local NAME = value`` lines for the scripts' prelude."""
+    return "\n".join(f"local {name} = {globals()[name]}" for name in _LUA) + "\n"
