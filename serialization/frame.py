@@ -95,6 +95,8 @@ class Frame:
             self.hash_code,
             self.source,
             partition=self.partition,
+            max_replays=self.max_replays,
+            max_payload=max(DEFAULT_MAX_PAYLOAD, len(self.payload)),
         )
 
 
