@@ -40,7 +40,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     _opt(p, "--redis-url", str, None, "redis://[user:password@]host:port/db, rediss:// for "
          "TLS, redis+cluster://host:port for a Redis Cluster")  # fmt: skip
     _opt(p, "--namespace", str, "ftlayer", "key prefix of the pipeline")
-    _opt(p, "--shards", int, 8, "hash-tagged key groups; must match the pipeline's")
+    _opt(p, "--shards", int, None, "hash-tagged key groups (default: the namespace's, "
+         "stored by its first open; 8 for a new one)")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,8 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
         "embedded redis-server and prints its URL.",
     )
     _add_common(serve)
-    _opt(serve, "--timeout-s", float, 30.0, "record timeout T")
-    _opt(serve, "--buckets", int, 3, "timeout buckets B")
+    _opt(serve, "--timeout-s", float, None, "record timeout T (default: the namespace's; "
+         "30 for a new one)")  # fmt: skip
+    _opt(serve, "--buckets", int, None, "timeout buckets B (default: the namespace's; 3 for "
+         "a new one)")  # fmt: skip
     _opt(
         serve,
         "--max-replays",
@@ -154,11 +157,32 @@ def _open_existing(args: argparse.Namespace) -> Any:
             f"`ftlayer {args.command}` reads an existing namespace: give --redis-url "
             "(or FTLAYER_REDIS_URL)"
         )
-    return FTLayer.open(_config(args))
+    return FTLayer.open(_config(args, timeout_s=None, buckets=None), create=False)
+
+
+_NEW = {"shards": 8, "timeout_s": 30.0, "buckets": 3}  # a new namespace's settings
 
 
 def _config(args: argparse.Namespace, **more: Any) -> FTConfig:
-    return FTConfig(namespace=args.namespace, shards=args.shards, redis_url=args.redis_url, **more)
+    """The config of ``args``: settings not given on the command line (None) are the
+    namespace's stored ones (ftlayer.settings), or a new namespace's defaults. Given ones
+    that differ from the stored ones are refused when the layer opens."""
+    from ftlayer.settings import read_settings
+
+    wanted = {"shards": args.shards, **more}
+    stored = None
+    if args.redis_url and None in wanted.values():
+        from ftlayer.connection import connect
+
+        client = connect(args.redis_url)
+        try:
+            stored = read_settings(client, args.namespace)
+        finally:
+            client.close()
+    for name, value in wanted.items():
+        if value is None:
+            wanted[name] = getattr(stored, name) if stored else _NEW[name]
+    return FTConfig(namespace=args.namespace, redis_url=args.redis_url, **wanted)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

@@ -97,6 +97,11 @@ class Keyspace:
         return f"ft:{{{self.namespace}}}:lease"
 
     @property
+    def settings(self) -> str:
+        """The namespace's stored settings (ftlayer.settings): one key of its own."""
+        return f"ft:{{{self.namespace}}}:settings"
+
+    @property
     def pattern(self) -> str:
         """A SCAN pattern matching every shard key of the namespace."""
         return f"ft:{{{self.namespace}:*"

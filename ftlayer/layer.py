@@ -25,6 +25,7 @@ from ftlayer.keys import Keyspace
 from ftlayer.persistence import ClaimedRecord, RedisPersistenceLayer
 from ftlayer.scripts import Scripts
 from ftlayer.segments import SegmentStore
+from ftlayer.settings import check_settings
 from ftlayer.timeouts import ExpireResult, RedisTimeoutLayer, Rotator
 
 __all__ = ["FTLayer", "FTStats", "LATENCY_BOUNDS_MS"]
@@ -88,9 +89,16 @@ class FTLayer:
     (stopped by ``close()``); ``FTLayer(client, config)`` uses a client you own.
     """
 
-    def __init__(self, client: redis.Redis, config: FTConfig | None = None) -> None:
+    def __init__(
+        self, client: redis.Redis, config: FTConfig | None = None, create: bool = True
+    ) -> None:
+        """Checks the namespace's stored settings (ftlayer.settings): the first open
+        stores them; a later one with other shards, timeout, buckets or frame format is
+        refused (ConfigError). ``create=False``: the namespace must exist already."""
         self.config = config or FTConfig()
         self.client = client
+        if self.config.enabled:
+            check_settings(client, self.config, create)
         self.keyspace = Keyspace(self.config.namespace, self.config.shards)
         self.scripts = Scripts(client)
         self.acker = RedisAckerTable(client, self.keyspace, self.scripts, self.config)
@@ -100,10 +108,15 @@ class FTLayer:
         self.embedded: EmbeddedRedis | None = None
 
     @classmethod
-    def open(cls, config: FTConfig | None = None) -> FTLayer:
+    def open(cls, config: FTConfig | None = None, create: bool = True) -> FTLayer:
         config = config or FTConfig()
         if config.redis_url:
-            return cls(connect(config.redis_url), config)
+            client = connect(config.redis_url)
+            try:
+                return cls(client, config, create)
+            except Exception:
+                client.close()
+                raise
         embedded = EmbeddedRedis().start()
         log.info("no redis_url given: started embedded redis url=%s", embedded.url)
         layer = cls(embedded.client(), config)
@@ -291,7 +304,7 @@ class FTLayer:
     def clear(self) -> int:
         """Delete every key of this namespace (tests, or a deliberate reset). Returns how
         many keys were deleted."""
-        n = int(self.client.delete(self.keyspace.lease))
+        n = int(self.client.delete(self.keyspace.lease, self.keyspace.settings))
         for key in self.client.scan_iter(match=self.keyspace.pattern, count=1000):
             n += int(self.client.delete(key))
         return n

@@ -72,11 +72,18 @@ def test_demo_json_loses_nothing() -> None:
 
 
 def test_stats_json_on_an_explicit_url(redis_server) -> None:
-    out = _run(
-        [*FTLAYER, "stats", "--json", "--redis-url", redis_server.url, "--namespace", "cli-empty"]
-    )
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["pending"] == 0
+    from ftlayer import FTConfig, FTLayer
+
+    args = [*FTLAYER, "stats", "--json", "--redis-url", redis_server.url, "--namespace", "cli-e"]
+    out = _run(args)  # never opened: said so, not zeros (tests/test_settings.py)
+    assert out.returncode == 2 and "does not exist" in out.stderr, out.stderr
+    layer = FTLayer(redis_server.client(), FTConfig(namespace="cli-e"))  # opened, empty
+    try:
+        out = _run(args)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["pending"] == 0
+    finally:
+        layer.clear()
 
 
 def test_unreachable_redis_is_a_clear_error() -> None:

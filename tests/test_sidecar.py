@@ -343,8 +343,8 @@ def test_passwords_never_printed(tmp_path) -> None:
             assert s.get("/healthz")[0] == 200 or time.sleep(0.5) or s.get("/healthz")[0] == 200
         finally:
             s.stop()
-        out = _cli("stats", "--redis-url", url)
-        assert out.returncode == 0
+        out = _cli("stats", "--redis-url", url, "--namespace", "pw")  # the one serve opened
+        assert out.returncode == 0, out.stderr
         text = (tmp_path / "serve.log").read_text() + out.stdout + out.stderr
         assert "pa55word" not in text and "***" in (tmp_path / "serve.log").read_text()
     env_leak = os.environ.get("FTLAYER_REDIS_URL")

@@ -1,0 +1,77 @@
+"""A namespace's settings, stored in Redis by its first open and checked by every later one.
+
+Shards decide every key's name, the frame format every stored record's layout, and
+timeout/buckets how pending records expire: a pipeline, sidecar or CLI that opened a
+namespace with other values would read empty keys (``stats`` printing zeros), expire
+nothing, or misread frames. So the first open of a namespace writes ``ft:{<ns>}:settings``
+(``HSETNX`` per field: two first opens racing agree on one writer's values) and every open
+compares; a mismatch is refused with one line naming both values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ftlayer.config import FTConfig
+from ftlayer.errors import ConfigError
+from ftlayer.keys import Keyspace
+from serialization.frame import VERSION
+
+__all__ = ["CHECKED", "NamespaceSettings", "check_settings", "read_settings"]
+
+CHECKED = ("shards", "timeout_s", "buckets", "frame_version")
+
+
+@dataclass(frozen=True)
+class NamespaceSettings:
+    shards: int
+    timeout_s: float
+    buckets: int
+    frame_version: int
+
+    @classmethod
+    def of(cls, config: FTConfig) -> NamespaceSettings:
+        return cls(config.shards, config.timeout_s, config.buckets, VERSION)
+
+    @classmethod
+    def parse(cls, raw: dict[Any, Any]) -> NamespaceSettings:
+        d = {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
+        return cls(int(d["shards"]), float(d["timeout_s"]), int(d["buckets"]),
+                   int(d["frame_version"]))  # fmt: skip
+
+
+def read_settings(client: Any, namespace: str) -> NamespaceSettings | None:
+    """The stored settings of ``namespace`` (None: nothing was ever opened there)."""
+    raw = client.hgetall(Keyspace(namespace, 1).settings)
+    return NamespaceSettings.parse(raw) if raw else None
+
+
+def check_settings(client: Any, config: FTConfig, create: bool = True) -> NamespaceSettings:
+    """Store ``config``'s settings if the namespace has none (``create``), else compare:
+    ConfigError on a mismatch, or when ``create`` is False and nothing is stored."""
+    key = Keyspace(config.namespace, 1).settings
+    mine = NamespaceSettings.of(config)
+    if create:
+        with client.pipeline(transaction=False) as pipe:
+            for name in CHECKED:
+                pipe.hsetnx(key, name, repr(getattr(mine, name)))
+            pipe.hgetall(key)
+            stored = NamespaceSettings.parse(pipe.execute()[-1])
+    else:
+        found = read_settings(client, config.namespace)
+        if found is None:
+            raise ConfigError(
+                f"namespace {config.namespace!r} does not exist here: no pipeline or sidecar "
+                "ever opened it (check --namespace and --redis-url)"
+            )
+        stored = found
+    for name in CHECKED:
+        want, have = getattr(mine, name), getattr(stored, name)
+        if want != have:
+            raise ConfigError(
+                f"namespace {config.namespace!r} was created with {name}={have!r}, this "
+                f"process uses {name}={want!r}: use the namespace's value (or another "
+                "namespace)"
+            )
+    return stored
