@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import redis
 
 from ftlayer.acker import RedisAckerTable, pack_fails
 from ftlayer.config import FTConfig
-from ftlayer.connection import connect
+from ftlayer.connection import connect, with_retries
 from ftlayer.embedded import EmbeddedRedis
 from ftlayer.handler import AbstractFTHandler, FTHandler, NonFTHandler
 from ftlayer.ids import RecordId, shard_of
@@ -153,17 +154,17 @@ class FTLayer:
         """Fail source records now: each is retired and replayed under a new source id in
         its shard, or dead-lettered past its replay budget (the ``max_replays`` of the
         pipeline that persisted it). Returns (replayed,
-        dead_lettered, orphans) where orphans were not pending."""
+        dead_lettered, orphans) where orphans were not pending. Retried on a lost
+        connection: a retry finds the records it already failed retired (orphans), so
+        nothing is failed twice."""
         by_shard: dict[int, list[tuple[int, str, str]]] = {}
         for rid in record_ids:
             src = rid if isinstance(rid, int) else rid[0]
             by_shard.setdefault(shard_of(src, self.config.shards), []).append((src, reason, error))
         totals = [0, 0, 0]
         for shard, fails in by_shard.items():
-            reply = self.scripts.fail(
-                keys=self.keyspace[shard].script_keys,
-                args=[-1, pack_fails(fails)],
-            )
+            keys, args = self.keyspace[shard].script_keys, [-1, pack_fails(fails)]
+            reply = self._retried(partial(self.scripts.fail, keys=keys, args=args), "fail")
             totals = [a + int(b) for a, b in zip(totals, reply, strict=True)]
         return totals[0], totals[1], totals[2]
 
@@ -272,11 +273,16 @@ class FTLayer:
     # -- dead letters ----------------------------------------------------------------------
     def dlq_replay(self, source_ids: Iterable[int] | None = None) -> int:
         """Re-drive dead letters (all of them with ``None``) to their replay queues under
-        new ids; attempts count afresh, the history is kept. Returns how many."""
+        new ids; attempts count afresh, the history is kept. Returns how many (a retry
+        after a lost reply finds them re-driven already and counts 0). Retried on a lost
+        connection: a dead letter leaves the hash when it is re-driven, so none twice."""
         n = 0
         if source_ids is None:
             for shard in self.keyspace.shards:
-                n += int(self.scripts.dlq_replay(keys=shard.script_keys, args=[b""]))
+                keys = shard.script_keys
+                n += int(self._retried(
+                    partial(self.scripts.dlq_replay, keys=keys, args=[b""]), "dlq replay"
+                ))  # fmt: skip
             return n
         by_shard: dict[int, list[bytes]] = {}
         for src in source_ids:
@@ -284,9 +290,18 @@ class FTLayer:
                 src.to_bytes(8, "big")
             )
         for k, ids in by_shard.items():
-            keys = self.keyspace[k].script_keys
-            n += int(self.scripts.dlq_replay(keys=keys, args=[b"".join(ids)]))
+            keys, args = self.keyspace[k].script_keys, [b"".join(ids)]
+            n += int(self._retried(
+                partial(self.scripts.dlq_replay, keys=keys, args=args), "dlq replay"
+            ))  # fmt: skip
         return n
+
+    def _retried(self, call: Callable[[], Any], what: str) -> Any:
+        """``call`` retried with backoff on a lost connection (only for calls that are
+        idempotent, by a token or by the state they retire)."""
+        cfg = self.config
+        return with_retries(call, retries=cfg.flush_retries, backoff_s=cfg.flush_backoff_s,
+                            what=what)  # fmt: skip
 
     def dlq_purge(self) -> int:
         """Delete every dead letter (deliberate loss: the CLI asks first). Returns how

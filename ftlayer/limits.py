@@ -10,6 +10,7 @@ truncated when it is written.
 from __future__ import annotations
 
 __all__ = [
+    "CLAIM_TOKEN_TTL_MS",
     "FLUSH_TOKEN_TTL_MS",
     "MAX_ARGUMENT_BYTES",
     "MAX_ERROR_BYTES",
@@ -38,11 +39,14 @@ MAX_ERROR_BYTES = 2000
 """Bytes of error text kept per entry of a record's failure history."""
 FLUSH_TOKEN_TTL_MS = 600_000
 """How long Redis remembers a flush token: a retried flush within it is never re-applied."""
+CLAIM_TOKEN_TTL_MS = 60_000
+"""How long Redis keeps a claim's reply under its token: a retried claim (redis-py retries
+a call whose reply was lost) gets the same records instead of popping more."""
 SEGMENT_DONE_TTL_MS = 3_600_000
 """How long Redis remembers that a batch settled (a late attempt then stores nothing)."""
 
 _LUA = ("MAX_REPLAYS", "UNKNOWN_SOURCE", "MAX_ERROR_BYTES", "FLUSH_TOKEN_TTL_MS",
-        "SEGMENT_DONE_TTL_MS")  # fmt: skip
+        "CLAIM_TOKEN_TTL_MS", "SEGMENT_DONE_TTL_MS")  # fmt: skip
 
 
 def lua_constants() -> str:

@@ -26,9 +26,12 @@ class TcpProxy:
 
     Use as a context manager; ``mode`` may change at any time."""
 
-    def __init__(self, target_port: int, marker: bytes | None = None) -> None:
+    def __init__(
+        self, target_port: int, marker: bytes | None = None, limit: int | None = None
+    ) -> None:
         self.target_port = target_port
         self.marker = marker
+        self.limit = limit  # swallow_replies: drop at most this many replies, then forward
         self.mode: Mode = "forward"
         self.swallowed = 0  # replies dropped so far
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -89,7 +92,7 @@ class TcpProxy:
                         if self.mode == "swallow_replies":
                             armed = armed or self.marker is None or self.marker in data
                         server.sendall(data)
-                    elif self.mode == "forward" or not armed:
+                    elif self.mode == "forward" or not armed or self.limit == self.swallowed:
                         client.sendall(data)
                     else:  # the reply is lost, and so is the connection
                         self.swallowed += 1

@@ -1,5 +1,8 @@
 -- Take up to ARGV[2] replays of source ARGV[1] off this shard's queue for a source task.
--- ARGV: source, count, current ids (count x 8 bytes), interval_ms, buckets.
+-- ARGV: source, count, current ids (count x 8 bytes), interval_ms, buckets, token.
+-- The token names this claim: its reply is kept under it for CLAIM_TOKEN_TTL_MS, and a
+-- call with a token already seen (a retry after a lost reply) returns that reply again
+-- instead of popping more records (which would strand the first ones until they time out).
 -- Each claimed record is inited here with the current id it will be emitted with, and
 -- gets a fresh timeout: if the claiming task dies, the record times out and is replayed
 -- again (nothing lost); while it only waits in the queue it burns no attempt.
@@ -8,11 +11,17 @@
 -- longer decodes can still be dead-lettered on its own by the caller).
 -- Redis is called in bulk (one HMGET / HSET / SADD per CHUNK records), not per record.
 
+local token_key = PREFIX .. ':claim:' .. ARGV[6]
+local seen = redis.call('GET', token_key)
+if seen then return cmsgpack.unpack(seen) end
 local source, want, curs = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local deadline = deadline_for(tonumber(ARGV[4]), tonumber(ARGV[5]))
 local items = redis.call('LPOP', PREFIX .. ':replay:' .. source, want)
 local out = {}
-if not items then return out end
+if not items then
+  redis.call('SET', token_key, cmsgpack.pack(out), 'PX', CLAIM_TOKEN_TTL_MS)
+  return out
+end
 local CHUNK = 1000
 local tkey = tmo_key(deadline)
 local vanished = 0
@@ -50,4 +59,5 @@ end
 count('replays_vanished', vanished)
 count('replays_claimed', #out / 3)
 flush_counts()
+redis.call('SET', token_key, cmsgpack.pack(out), 'PX', CLAIM_TOKEN_TTL_MS)
 return out
