@@ -51,6 +51,11 @@ class FTConfig:
     (pending and not waiting in the replay queue: the next batch claims those)."""
     redis_url: str | None = None
     """``None``: start an embedded redis-server (see ftlayer.embedded)."""
+    embedded_data_dir: str | None = None
+    """The embedded redis-server's directory: with one, it keeps an append-only file
+    (``appendfsync everysec``: a crash loses at most the last second of writes) and a
+    restart on the same directory finds every pending record; without one, FT state lives
+    in memory only and ``FTLayer.open`` warns once."""
     durability: Durability = "local"
     """``"replicated"``: a flush returns only after one replica acknowledged its writes
     (Redis ``WAIT``), so a failover cannot drop records the task counted as persisted.

@@ -83,6 +83,19 @@ class FTStats:
         return d
 
 
+_warned: list[bool] = []
+
+
+def _warn_volatile() -> None:
+    """Once per process: an embedded Redis without a data directory keeps nothing."""
+    if not _warned:
+        _warned.append(True)
+        log.warning(
+            "embedded redis runs without persistence: a restart of this process loses every "
+            "pending record; set FTConfig(embedded_data_dir=...) or redis_url"
+        )
+
+
 class FTLayer:
     """The FT layer of ``config.namespace`` on ``client``.
 
@@ -118,8 +131,12 @@ class FTLayer:
             except Exception:
                 client.close()
                 raise
-        embedded = EmbeddedRedis().start()
-        log.info("no redis_url given: started embedded redis url=%s", embedded.url)
+        data_dir = config.embedded_data_dir
+        embedded = EmbeddedRedis(data_dir=data_dir, appendonly=data_dir is not None).start()
+        log.info("no redis_url given: started embedded redis url=%s dir=%s", embedded.url,
+                 data_dir or "(temporary, in memory only)")  # fmt: skip
+        if data_dir is None:
+            _warn_volatile()
         layer = cls(embedded.client(), config)
         layer.embedded = embedded
         return layer
