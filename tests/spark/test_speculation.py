@@ -89,7 +89,7 @@ def test_speculative_copies_ran_and_won(run: dict[str, Any]) -> None:
         held = events(run, "hold", phase=phase, st=st, part=part, att=0)
         seen = [e for e in run["runs"] if (e["phase"], e["st"], e["part"]) == (phase, st, part)]
         spark_tasks = [t for t in run["tasks"] if t["part"] == part]
-        assert len(held) == 1, (where, seen, spark_tasks)
+        assert len(held) == 1, f"{where}: {json.dumps(seen)} {json.dumps(spark_tasks)}"
         orig = held[0]
         woke = events(run, "woke", tid=orig["tid"])
         assert woke and not woke[0]["capped"], f"{where}: held past its cap, {woke}"
