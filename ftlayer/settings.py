@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
 from ftlayer.keys import Keyspace
@@ -52,12 +54,17 @@ def check_settings(client: Any, config: FTConfig, create: bool = True) -> Namesp
     ConfigError on a mismatch, or when ``create`` is False and nothing is stored."""
     key = Keyspace(config.namespace, 1).settings
     mine = NamespaceSettings.of(config)
+    found: NamespaceSettings | None
     if create:
-        with client.pipeline(transaction=False) as pipe:
-            for name in CHECKED:
-                pipe.hsetnx(key, name, repr(getattr(mine, name)))
-            pipe.hgetall(key)
-            stored = NamespaceSettings.parse(pipe.execute()[-1])
+        try:
+            with client.pipeline(transaction=False) as pipe:
+                for name in CHECKED:
+                    pipe.hsetnx(key, name, repr(getattr(mine, name)))
+                pipe.hgetall(key)
+                stored = NamespaceSettings.parse(pipe.execute()[-1])
+        except redis.ReadOnlyError:  # a replica, read by an operator: compare only
+            found = read_settings(client, config.namespace)
+            stored = found or mine
     else:
         found = read_settings(client, config.namespace)
         if found is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from ftlayer import FlushError, FTConfig, FTLayer
+from ftlayer import EmbeddedRedis, FlushError, FTConfig, FTLayer
 from ftlayer.acker import ShardBatch
 from ftlayer.ids import shard_of
 
@@ -71,14 +71,15 @@ def test_a_retried_flush_is_applied_once(layer: FTLayer) -> None:
     assert entry is not None and entry.value == child.current_id
 
 
-def test_flush_raises_a_clear_error_when_redis_is_unreachable(redis_server) -> None:
-    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
-    layer = FTLayer.__new__(FTLayer)  # scripts register lazily; no server needed to build
-    FTLayer.__init__(layer, dead, FTConfig(flush_retries=2, flush_backoff_s=0.01))
-    h = layer.handler()
-    h.persist_record("x", source=0)
-    with pytest.raises(FlushError, match="flush: Redis unreachable after 3 attempts"):
-        h.flush()
+def test_flush_raises_a_clear_error_when_redis_is_unreachable() -> None:
+    with EmbeddedRedis() as server:  # killed (SIGKILL) between the open and the flush
+        client = redis.Redis(host="127.0.0.1", port=server.port, socket_connect_timeout=0.2)
+        layer = FTLayer(client, FTConfig(flush_retries=2, flush_backoff_s=0.01))
+        h = layer.handler()
+        h.persist_record("x", source=0)
+        server.stop(kill=True)
+        with pytest.raises(FlushError, match="flush: Redis unreachable after 3 attempts"):
+            h.flush()
     assert h.pending_sources == 1, "the buffered work is kept for a retry"
 
 

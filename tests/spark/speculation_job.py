@@ -53,12 +53,15 @@ from ftlayer.spark import FaultTolerance, Outcome
 N = 2000  # rows per batch (4 source partitions of 500)
 PARTS = 4
 KEYS = 16
-HOLDS = {  # phase -> (stage, partition, "orig" | "copy") -> (signal, extra seconds)
-    "b0": {("s1", 1, "orig"): ("b0:settled", 0.0)},
+HOLDS = {  # phase -> (stage, partition, "orig" | "copy") -> (signals, extra seconds)
+    "b0": {("s1", 1, "orig"): (("b0:settled",), 0.0)},
     "b1": {
-        ("s1", 1, "orig"): ("b1:s2:start", 0.0),
-        ("s2", 2, "orig"): ("b1:settled", 0.0),
-        ("s2", 2, "copy"): ("b1:s1:woke", 1.5),
+        ("s1", 1, "orig"): (("b1:s2:start",), 0.0),
+        ("s2", 2, "orig"): (("b1:settled",), 0.0),
+        # the copy waits for the original to hold too: Spark may launch it while the
+        # original is still starting (a slow Python worker), and it must not win before
+        # the original is in the state the tests inspect
+        ("s2", 2, "copy"): (("b1:s1:woke", "b1:s2:2:held"), 1.5),
     },
 }
 
@@ -113,12 +116,15 @@ class Recorder:
             (stage, ctx["part"], "orig" if ctx["att"] == 0 else "copy")
         )
         if hold is not None:
-            name, extra = hold
-            self.event(ctx, "hold", until=name)
+            names, extra = hold
+            self.event(ctx, "hold", until=list(names))
+            if ctx["att"] == 0:
+                self.signal(f"{ctx['phase']}:{stage}:{ctx['part']}:held")
             deadline, at = time.time() + self.cap_s, None
             while time.time() < deadline:
-                at = self.r.get(f"{self.prefix}:sig:{name}")
-                if at is not None and time.time() >= float(at) + extra:
+                times = [self.r.get(f"{self.prefix}:sig:{name}") for name in names]
+                at = None if None in times else max(float(t) for t in times)  # type: ignore[arg-type]
+                if at is not None and time.time() >= at + extra:
                     break
                 time.sleep(0.05)
             else:
