@@ -54,6 +54,19 @@ def test_round_trip(args) -> None:
     assert f.payload == encode_payload(record), "the payload bytes are carried untouched"
 
 
+@settings(max_examples=200, deadline=None)
+@given(frames_args, st.integers(0, 65535))
+def test_a_decoded_frame_reencodes_to_the_same_bytes(args, max_replays: int) -> None:
+    """Every header field survives decode -> ``Frame.to_bytes`` (it once dropped the
+    replay budget, so a re-encoded record lost it)."""
+    record, src, cur, hc, source, part = args
+    raw = encode_frame(encode_payload(record), src, cur, hc, source, partition=part,
+                       max_replays=max_replays)  # fmt: skip
+    f = decode_frame(raw)
+    assert f.max_replays == max_replays
+    assert f.to_bytes() == raw
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(frames_args, max_size=8), st.lists(st.integers(1, 97), min_size=1))
 def test_stream_decoder_handles_any_chunking(items, cuts) -> None:
