@@ -16,7 +16,7 @@ import numpy as np
 import redis
 from redis.cluster import RedisCluster
 
-from ftlayer.connection import is_cluster, with_retries
+from ftlayer.connection import is_cluster
 from ftlayer.errors import FlushError, FTLayerError, RedisUnavailableError
 from ftlayer.ids import shard_of
 from ftlayer.limits import MAX_ERROR_BYTES
@@ -203,9 +203,7 @@ class RedisAckerTable(NamespacePart):
             return replies
 
         try:
-            replies = with_retries(
-                run, retries=cfg.flush_retries, backoff_s=cfg.flush_backoff_s, what="flush"
-            )
+            replies = self.retried(run, "flush")
         except RedisUnavailableError as e:
             raise FlushError(str(e)) from e
         except redis.RedisError as e:

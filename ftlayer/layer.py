@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
@@ -18,7 +18,7 @@ import redis
 
 from ftlayer.acker import RedisAckerTable, pack_fails
 from ftlayer.config import FTConfig
-from ftlayer.connection import connect, with_retries
+from ftlayer.connection import connect
 from ftlayer.embedded import EmbeddedRedis
 from ftlayer.handler import AbstractFTHandler, FTHandler, NonFTHandler
 from ftlayer.ids import RecordId, shard_of
@@ -181,7 +181,9 @@ class FTLayer:
         totals = [0, 0, 0]
         for shard, fails in by_shard.items():
             keys, args = self.keyspace[shard].script_keys, [-1, pack_fails(fails)]
-            reply = self._retried(partial(self.scripts.fail, keys=keys, args=args), "fail")
+            reply = self.persistence.retried(
+                partial(self.scripts.fail, keys=keys, args=args), "fail"
+            )
             totals = [a + int(b) for a, b in zip(totals, reply, strict=True)]
         return totals[0], totals[1], totals[2]
 
@@ -293,32 +295,20 @@ class FTLayer:
         new ids; attempts count afresh, the history is kept. Returns how many (a retry
         after a lost reply finds them re-driven already and counts 0). Retried on a lost
         connection: a dead letter leaves the hash when it is re-driven, so none twice."""
-        n = 0
         if source_ids is None:
-            for shard in self.keyspace.shards:
-                keys = shard.script_keys
-                n += int(self._retried(
-                    partial(self.scripts.dlq_replay, keys=keys, args=[b""]), "dlq replay"
-                ))  # fmt: skip
-            return n
-        by_shard: dict[int, list[bytes]] = {}
-        for src in source_ids:
-            by_shard.setdefault(shard_of(src, self.config.shards), []).append(
-                src.to_bytes(8, "big")
-            )
-        for k, ids in by_shard.items():
-            keys, args = self.keyspace[k].script_keys, [b"".join(ids)]
-            n += int(self._retried(
-                partial(self.scripts.dlq_replay, keys=keys, args=args), "dlq replay"
+            calls = [(shard.script_keys, b"") for shard in self.keyspace.shards]
+        else:
+            by_shard: dict[int, list[bytes]] = {}
+            for src in source_ids:
+                k = shard_of(src, self.config.shards)
+                by_shard.setdefault(k, []).append(src.to_bytes(8, "big"))
+            calls = [(self.keyspace[k].script_keys, b"".join(ids)) for k, ids in by_shard.items()]
+        return sum(
+            int(self.persistence.retried(
+                partial(self.scripts.dlq_replay, keys=keys, args=[ids]), "dlq replay"
             ))  # fmt: skip
-        return n
-
-    def _retried(self, call: Callable[[], Any], what: str) -> Any:
-        """``call`` retried with backoff on a lost connection (only for calls that are
-        idempotent, by a token or by the state they retire)."""
-        cfg = self.config
-        return with_retries(call, retries=cfg.flush_retries, backoff_s=cfg.flush_backoff_s,
-                            what=what)  # fmt: skip
+            for keys, ids in calls
+        )
 
     def dlq_purge(self) -> int:
         """Delete every dead letter (deliberate loss: the CLI asks first). Returns how

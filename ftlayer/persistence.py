@@ -17,7 +17,6 @@ from typing import Any, cast
 import msgpack
 
 from ftlayer.acker import pack_fails
-from ftlayer.connection import with_retries
 from ftlayer.ids import RecordId, new_ids, shard_of
 from ftlayer.scripts import NamespacePart
 from serialization import Frame, FrameError, decode_frame
@@ -128,10 +127,8 @@ class RedisPersistenceLayer(NamespacePart):
             curs = new_ids(want).astype(">u8").tobytes()
             token = os.urandom(12).hex()  # this claim's: every retry of the call sends it
             args = [source, want, curs, cfg.interval_ms, cfg.buckets, token]
-            reply = with_retries(
-                partial(self.scripts.claim, keys=shard.script_keys, args=args),
-                retries=cfg.flush_retries, backoff_s=cfg.flush_backoff_s, what="claim",
-            )  # fmt: skip
+            reply = self.retried(partial(self.scripts.claim, keys=shard.script_keys, args=args),
+                                 "claim")  # fmt: skip
             bad: list[tuple[int, str, str]] = []
             for i in range(0, len(reply), 3):
                 try:

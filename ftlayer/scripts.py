@@ -3,17 +3,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from importlib.resources import files
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
 from ftlayer.config import FTConfig
+from ftlayer.connection import with_retries
 from ftlayer.keys import Keyspace
 from ftlayer.limits import lua_constants
 
 __all__ = ["SCRIPTS", "NamespacePart", "Scripts", "script_source"]
+
+T = TypeVar("T")
 
 # scripts on one shard's keys: prefixed with the shared prelude lua/_common.lua
 SHARD_SCRIPTS = (
@@ -68,3 +72,11 @@ class NamespacePart:
         self.keyspace = keyspace
         self.scripts = scripts
         self.config = config
+
+    def retried(self, call: Callable[[], T], what: str) -> T:
+        """``call`` retried with backoff on a lost connection (``flush_retries``,
+        ``flush_backoff_s``); only for calls that are idempotent, by a token or by the
+        state they retire. RedisUnavailableError naming ``what`` when Redis stays away."""
+        cfg = self.config
+        return with_retries(call, retries=cfg.flush_retries, backoff_s=cfg.flush_backoff_s,
+                            what=what)  # fmt: skip

@@ -54,7 +54,7 @@ def check_settings(client: Any, config: FTConfig, create: bool = True) -> Namesp
     ConfigError on a mismatch, or when ``create`` is False and nothing is stored."""
     key = Keyspace(config.namespace, 1).settings
     mine = NamespaceSettings.of(config)
-    found: NamespaceSettings | None
+    stored: NamespaceSettings | None
     if create:
         try:
             with client.pipeline(transaction=False) as pipe:
@@ -63,16 +63,14 @@ def check_settings(client: Any, config: FTConfig, create: bool = True) -> Namesp
                 pipe.hgetall(key)
                 stored = NamespaceSettings.parse(pipe.execute()[-1])
         except redis.ReadOnlyError:  # a replica, read by an operator: compare only
-            found = read_settings(client, config.namespace)
-            stored = found or mine
+            stored = read_settings(client, config.namespace) or mine
     else:
-        found = read_settings(client, config.namespace)
-        if found is None:
+        stored = read_settings(client, config.namespace)
+        if stored is None:
             raise ConfigError(
                 f"namespace {config.namespace!r} does not exist here: no pipeline or sidecar "
                 "ever opened it (check --namespace and --redis-url)"
             )
-        stored = found
     for name in CHECKED:
         want, have = getattr(mine, name), getattr(stored, name)
         if want != have:
