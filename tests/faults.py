@@ -1,17 +1,21 @@
 """Real faults for tests: a TCP proxy on loopback between a client and Redis that can
 swallow Redis's replies (the request is applied, the answer never arrives) or refuse
-connections, as a dropped link or a partition would."""
+connections, as a dropped link or a partition would; and ``kill_session``, ``kill -9`` of
+every process of a session (a driver machine dying with its JVM and Python workers)."""
 
 from __future__ import annotations
 
+import os
 import select
+import signal
 import socket
 import threading
+from pathlib import Path
 from typing import Literal
 
-__all__ = ["TcpProxy"]
+__all__ = ["TcpProxy", "kill_session", "session_pids"]
 
-Mode = Literal["forward", "swallow_replies", "refuse"]
+Mode = Literal["forward", "swallow_replies", "hold_replies", "refuse"]
 
 
 class TcpProxy:
@@ -34,6 +38,7 @@ class TcpProxy:
         self.limit = limit  # swallow_replies: drop at most this many replies, then forward
         self.mode: Mode = "forward"
         self.swallowed = 0  # replies dropped so far
+        self.held = threading.Event()  # hold_replies: a reply is being held
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -89,16 +94,52 @@ class TcpProxy:
                     if not data:
                         return
                     if sock is client:
-                        if self.mode == "swallow_replies":
+                        if self.mode in ("swallow_replies", "hold_replies"):
                             armed = armed or self.marker is None or self.marker in data
                         server.sendall(data)
                     elif self.mode == "forward" or not armed or self.limit == self.swallowed:
                         client.sendall(data)
                     else:  # the reply is lost, and so is the connection
                         self.swallowed += 1
+                        if self.mode == "hold_replies":
+                            self.held.set()
+                            self._until_closed(client)
                         return
         except OSError:
             return
         finally:
             client.close()
             server.close()
+
+    def _until_closed(self, client: socket.socket) -> None:
+        """Read and drop what ``client`` sends until it goes away (or the proxy stops)."""
+        while not self._stop.is_set():
+            ready, _, _ = select.select([client], [], [], 0.05)
+            if ready and not client.recv(65536):
+                return
+
+
+def session_pids(sid: int) -> list[int]:
+    """The processes whose session id is ``sid`` (Linux ``/proc``)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # after "pid (comm)": state, ppid, pgrp, session
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def kill_session(sid: int) -> int:
+    """``kill -9`` every process of session ``sid`` (started with
+    ``start_new_session=True``: its sid is its pid), including those that moved to a
+    process group of their own (PySpark's worker daemon does). Returns how many."""
+    pids = session_pids(sid)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(pids)

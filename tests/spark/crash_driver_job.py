@@ -1,0 +1,114 @@
+"""The driver of a streaming query, run as its own process by test_crash_driver.py, which
+kills it with ``kill -9`` (its whole session: Python driver, JVM, Python workers) in the
+middle of a batch and then starts it again on the same checkpoint.
+
+    python crash_driver_job.py <redis_url> <namespace> <input dir> <checkpoint dir> <mode>
+
+The query reads JSON files of ``id, key`` rows one file per batch. Pipeline: stage 1 ->
+partition_by(key, 4) -> stage 2 -> sink. Stage 2 fails ids = 7 (mod 61) in every attempt
+(they exhaust their two replays and end in the dead letters) and ids = 3 (mod 13) the first
+time any attempt sees them (they replay from the queue; those the killed batch had claimed
+fail a second time, by timeout, and replay again). The sink pushes ids to
+``<ns>:sink``. Each batch id the query starts is pushed to ``<ns>:batches``.
+
+Mode ``crash``: in batch 2 the sink writes its rows, sets ``<ns>:holding`` and sleeps:
+the test kills the session then. Mode ``finish``: run until every file is processed, then
+drain and print ``RESULT <json>`` (drain result and stats).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from ftlayer import FTConfig
+from ftlayer.connection import connect
+from ftlayer.spark import FaultTolerance, Outcome
+
+HOLD_BATCH = 2
+
+
+class Stage2:
+    def __init__(self, url: str, ns: str) -> None:
+        self.url, self.ns = url, ns
+
+    def __call__(self, b: pa.RecordBatch) -> Outcome:
+        ids = b.column("id").to_numpy()
+        always = np.flatnonzero(ids % 61 == 7)
+        cand = np.flatnonzero(ids % 13 == 3)
+        r = connect(self.url)
+        with r.pipeline(transaction=False) as p:
+            for i in cand:
+                p.sadd(f"{self.ns}:failed_once", int(ids[i]))
+            first = p.execute()
+        once = [int(i) for i, new in zip(cand, first, strict=True) if new]
+        return Outcome(b, failed=sorted({*always.tolist(), *once}), errors="stage 2 fails")
+
+
+class Sink:
+    def __init__(self, url: str, ns: str, hold: bool) -> None:
+        self.url, self.ns, self.hold = url, ns, hold
+
+    def __call__(self, b: pa.RecordBatch) -> None:
+        r = connect(self.url)
+        ids = b.column("id").to_pylist()
+        if ids:
+            r.rpush(f"{self.ns}:sink", *ids)
+        if self.hold and int(r.get(f"{self.ns}:batch") or -1) == HOLD_BATCH:
+            r.set(f"{self.ns}:holding", 1)
+            time.sleep(600)  # killed here, mid-batch: its rows written, nothing settled
+
+
+def main(url: str, ns: str, input_dir: str, checkpoint: str, mode: str) -> None:
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("ftlayer-crash-driver")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )
+    ft = FaultTolerance(
+        FTConfig(namespace=ns, redis_url=url, timeout_s=3.0, max_replays=2), rotate=True
+    )
+    pipeline = (
+        ft.pipeline(source=0)
+        .map_batches(lambda b: b, "id long, key long")
+        .partition_by(["key"], 4)
+        .map_batches(Stage2(url, ns), "id long, key long")
+        .sink_batches(Sink(url, ns, hold=mode == "crash"))
+    )
+    r = connect(url)
+
+    def each_batch(df: Any, batch_id: int) -> None:
+        r.set(f"{ns}:batch", batch_id)
+        r.rpush(f"{ns}:batches", batch_id)
+        pipeline(df, batch_id)
+
+    stream = (
+        spark.readStream.schema("id long, key long").option("maxFilesPerTrigger", 1).json(input_dir)
+    )
+    query = (
+        stream.writeStream.foreachBatch(each_batch).option("checkpointLocation", checkpoint).start()
+    )
+    query.processAllAvailable()  # mode crash: killed inside this
+    drained = ft.drain(timeout_s=90, query=query)
+    st = ft.layer.stats() if ft.layer else None
+    print("RESULT " + json.dumps({
+        "drained": drained.drained,
+        "pending": drained.pending,
+        "drain_batches": drained.batches,
+        "dead_lettered": st.dead_letters if st else -1,
+        "unsettled_segments": st.unsettled_segments if st else -1,
+    }), flush=True)  # fmt: skip
+    ft.close()
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:6])

@@ -1,0 +1,123 @@
+"""``kill -9`` of the driver of a streaming query in the middle of a batch, then a restart
+on the same checkpoint (issue 12, crash test a).
+
+The driver runs as its own process session (crash_driver_job.py): Python driver, its JVM
+and PySpark's Python workers. The test kills every process of that session with SIGKILL
+while batch 2's sink is inside its write (its rows written, nothing settled), then starts
+the job again on the same checkpoint: Spark re-runs batch 2 under the same batch id, the
+FT layer replaces the dead run's segments, replays what the dead run had claimed once it
+times out, and at the end sink ∪ dead letters = source with nothing pending.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ftlayer import EmbeddedRedis, FTConfig, FTLayer
+from tests.faults import kill_session, session_pids
+
+JOB = Path(__file__).with_name("crash_driver_job.py")
+FILES, ROWS = 5, 400  # one file per batch; batch 2 is the one killed
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, str(JOB), *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its own session: kill_session reaches every child
+        )
+
+
+@pytest.fixture(scope="module")
+def run(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("crash-driver")
+    ns = f"cd{uuid.uuid4().hex[:10]}"
+    inputs = tmp / "in"
+    inputs.mkdir()
+    for f in range(FILES):
+        rows = range(f * ROWS, (f + 1) * ROWS)
+        text = "".join(json.dumps({"id": i, "key": i % 17}) + "\n" for i in rows)
+        (inputs / f"part-{f:02d}.json").write_text(text)
+    args = [redis_server.url, ns, str(inputs), str(tmp / "checkpoint")]
+    r = redis_server.client()
+    log = tmp / "job.log"
+    first = _start([*args, "crash"], log)
+    deadline = time.monotonic() + 240
+    try:
+        while not r.exists(f"{ns}:holding"):
+            assert first.poll() is None, f"the job ended before batch 2: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "batch 2 never reached its sink"
+            time.sleep(0.1)
+        time.sleep(0.5)  # the other sink tasks of batch 2 reach their hold too
+        killed = kill_session(first.pid)
+        first.wait(timeout=30)
+        for _ in range(100):  # the session's processes are gone, not just signalled
+            if not session_pids(first.pid):
+                break
+            time.sleep(0.1)
+        assert not session_pids(first.pid), "processes of the killed driver survived"
+    finally:
+        if first.poll() is None:
+            kill_session(first.pid)
+    sink_at_kill = len(r.lrange(f"{ns}:sink", 0, -1))
+    second = _start([*args, "finish"], log)
+    try:
+        second.wait(timeout=300)
+    finally:
+        if second.poll() is None:
+            kill_session(second.pid)
+    text = log.read_text()
+    lines = [x for x in text.splitlines() if x.startswith("RESULT ")]
+    assert second.returncode == 0 and lines, text[-4000:]
+    layer = FTLayer(r, FTConfig(namespace=ns, timeout_s=3.0), create=False)
+    dead = [d.frame.decode()["id"] for d in layer.persistence.dead_letters() if d.frame]
+    out = {
+        **json.loads(lines[-1][len("RESULT ") :]),
+        "killed": killed,
+        "sink_at_kill": sink_at_kill,
+        "sink": [int(x) for x in r.lrange(f"{ns}:sink", 0, -1)],
+        "batches": [int(x) for x in r.lrange(f"{ns}:batches", 0, -1)],
+        "dead": dead,
+        "stats": layer.stats(),
+    }
+    layer.clear()
+    for k in r.scan_iter(f"{ns}:*"):
+        r.delete(k)
+    return out
+
+
+def test_the_driver_died_mid_batch_and_spark_reran_that_batch(run: dict[str, Any]) -> None:
+    assert run["killed"] >= 3, "the driver, its JVM and Python workers were killed"
+    assert run["sink_at_kill"] > 0, "batch 2 had written rows when the driver died"
+    assert Counter(run["batches"])[2] == 2, "the restart re-ran batch 2 under its own id"
+    assert sorted(set(run["batches"])) == list(range(FILES))
+
+
+def test_sink_and_dead_letters_hold_every_source_record(run: dict[str, Any]) -> None:
+    source = set(range(FILES * ROWS))
+    sink, dead = set(run["sink"]), set(run["dead"])
+    assert sink | dead == source, f"lost: {sorted(source - sink - dead)[:20]}"
+    assert dead == {i for i in source if i % 61 == 7}, "only the always-failing ids"
+    assert not sink & dead
+
+
+def test_nothing_is_pending_after_the_drain(run: dict[str, Any]) -> None:
+    assert run["drained"] and run["pending"] == 0 and run["unsettled_segments"] == 0
+    st = run["stats"]
+    assert st.pending == 0 and st.queued_replays == 0 and st.unsettled_segments == 0
+    assert st.dead_letters == len(run["dead"])
