@@ -10,10 +10,11 @@ import select
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["TcpProxy", "kill_session", "session_pids"]
+__all__ = ["TcpProxy", "kill_session", "session_pids", "socket_owner"]
 
 Mode = Literal["forward", "swallow_replies", "hold_replies", "refuse"]
 
@@ -31,14 +32,20 @@ class TcpProxy:
     Use as a context manager; ``mode`` may change at any time."""
 
     def __init__(
-        self, target_port: int, marker: bytes | None = None, limit: int | None = None
+        self,
+        target_port: int,
+        marker: bytes | None = None,
+        limit: int | None = None,
+        arm_if: Callable[[int], bool] | None = None,
     ) -> None:
         self.target_port = target_port
         self.marker = marker
         self.limit = limit  # swallow_replies: drop at most this many replies, then forward
         self.mode: Mode = "forward"
         self.swallowed = 0  # replies dropped so far
+        self.arm_if = arm_if  # called with the client's port: hold/swallow only if True
         self.held = threading.Event()  # hold_replies: a reply is being held
+        self.held_peer = 0  # hold_replies: the client's port of the held connection
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -94,14 +101,15 @@ class TcpProxy:
                     if not data:
                         return
                     if sock is client:
-                        if self.mode in ("swallow_replies", "hold_replies"):
-                            armed = armed or self.marker is None or self.marker in data
+                        if self.mode in ("swallow_replies", "hold_replies") and not armed:
+                            armed = self._arm(data, client)
                         server.sendall(data)
                     elif self.mode == "forward" or not armed or self.limit == self.swallowed:
                         client.sendall(data)
                     else:  # the reply is lost, and so is the connection
                         self.swallowed += 1
                         if self.mode == "hold_replies":
+                            self.held_peer = client.getpeername()[1]
                             self.held.set()
                             self._until_closed(client)
                         return
@@ -110,6 +118,11 @@ class TcpProxy:
         finally:
             client.close()
             server.close()
+
+    def _arm(self, data: bytes, client: socket.socket) -> bool:
+        if self.marker is not None and self.marker not in data:
+            return False
+        return self.arm_if is None or self.arm_if(client.getpeername()[1])
 
     def _until_closed(self, client: socket.socket) -> None:
         """Read and drop what ``client`` sends until it goes away (or the proxy stops)."""
@@ -143,3 +156,25 @@ def kill_session(sid: int) -> int:
         except ProcessLookupError:
             pass
     return len(pids)
+
+
+def socket_owner(local_port: int) -> int | None:
+    """The pid of the process holding the loopback TCP socket bound to ``local_port``
+    (Linux ``/proc/net/tcp``: its inode, then the process with that inode open)."""
+    inode = None
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == f"0100007F:{local_port:04X}":
+            inode = fields[9]
+            break
+    if inode is None:
+        return None
+    target = f"socket:[{inode}]"
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            for fd in fd_dir.iterdir():
+                if os.readlink(fd) == target:
+                    return int(fd_dir.parent.name)
+        except OSError:
+            continue
+    return None
