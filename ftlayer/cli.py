@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from ftlayer import __version__
@@ -115,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
         "record carries from its pipeline's FTConfig.max_replays (default: no override)",
     )
     _opt(serve, "--lease-s", float, 10.0, "leadership lease; a standby takes over within it")
+    _opt(serve, "--expire-batch", int, 1000, "due records failed per script call (smaller: "
+         "shorter Redis pauses, more calls)")  # fmt: skip
     _opt(serve, "--metrics-host", str, "127.0.0.1", "address of /metrics and /healthz")
     _opt(serve, "--metrics-port", int, 9464, "0 picks a free port, -1 disables")
     serve.set_defaults(func=_cmd_serve)
@@ -193,6 +196,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     override = args.max_replays
     config = _config(args, timeout_s=args.timeout_s, buckets=args.buckets)
+    config = replace(config, expire_batch=args.expire_batch)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -181,6 +181,44 @@ def test_kill_9_at_random_moments_loses_nothing(backend_url, ns, tmp_path) -> No
     layer.clear()
 
 
+def test_a_sidecar_killed_in_the_middle_of_an_expiry_loses_nothing(redis_server, ns, tmp_path):
+    """Crash test (c): ``kill -9`` of the sidecar while it expires a large batch of due
+    records (some chunks done, some not); a second sidecar takes the lease and finishes.
+    Every record times out exactly once and waits in the replay queue exactly once."""
+    n = 60_000
+    layer = FTLayer(redis_server.client(), FTConfig(namespace=ns, timeout_s=T))
+    h = layer.handler()
+    for i in range(n):
+        rid = h.persist_record({"id": i}, source=0)
+        with h.processing(rid):
+            h.emit()  # a child no one acks: the record must time out
+    h.flush()
+    first = Serve(redis_server.url, ns, tmp_path / "a.log", "--expire-batch", "500")
+    try:
+        t0 = time.monotonic()
+        while (done := layer.stats().failed_timeout) == 0:
+            assert time.monotonic() - t0 < 30, "the sidecar never started expiring"
+            time.sleep(0.005)
+        first.kill()
+    finally:
+        first.stop()
+    at_kill = layer.stats().failed_timeout
+    assert 0 < done <= at_kill < n, f"killed mid-expiry: {done}..{at_kill} of {n}"
+    second = Serve(redis_server.url, ns, tmp_path / "b.log")
+    try:
+        t0 = time.monotonic()
+        while layer.stats().queued_replays < n:
+            assert time.monotonic() - t0 < LEASE_S + 30, f"not finished: {layer.stats()}"
+            time.sleep(0.1)
+    finally:
+        second.stop()
+    st = layer.stats()
+    assert (st.failed_timeout, st.replayed, st.queued_replays, st.pending) == (n, n, n, n)
+    claimed = Counter(c.frame.decode()["id"] for c in layer.claim_replays(0, 2 * n))
+    assert set(claimed) == set(range(n)) and max(claimed.values()) == 1
+    layer.clear()
+
+
 def test_two_sidecars_replay_each_expiry_once_and_fail_over(backend_url, ns, tmp_path):
     layer = FTLayer(connect(backend_url), FTConfig(namespace=ns, timeout_s=T))
     load = Load(layer, seed=2)
