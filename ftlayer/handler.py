@@ -20,7 +20,7 @@ from ftlayer.acker import FlushResult, RedisAckerTable, ShardBatch
 from ftlayer.config import FTConfig
 from ftlayer.errors import FailRecord, FTLayerError, RecordError
 from ftlayer.ids import IdPool, RecordId, shard_of
-from ftlayer.limits import MAX_SOURCE
+from ftlayer.limits import MAX_RECORD_BYTES, MAX_SOURCE
 from serialization import encode_frame, encode_payload
 
 __all__ = ["AbstractFTHandler", "FTHandler", "NonFTHandler"]
@@ -42,6 +42,15 @@ class AbstractFTHandler:
     ) -> RecordId:
         """msgpack-encode ``record`` and persist it (PayloadEncodeError if it cannot be)."""
         return self.persist(encode_payload(record), hash_code, source, partition)
+
+    def reject(
+        self, raw: bytes, error: str, hash_code: int = 0, source: int = 0, partition: int = -1
+    ) -> RecordId:
+        """A source record that cannot enter the pipeline (it does not encode, or it is
+        larger than ``max_record_bytes``): the next flush stores ``raw`` (its bytes, or
+        a repr of it) and dead-letters it at once with ``error`` (replay budget 0), so it
+        shows in ``ftlayer dlq`` to be fixed and re-driven. Never dropped."""
+        raise NotImplementedError
 
     def anchor(self, record_id: RecordId | None) -> None:
         raise NotImplementedError
@@ -98,6 +107,11 @@ class NonFTHandler(AbstractFTHandler):
     ) -> RecordId:
         return _NO_ID
 
+    def reject(
+        self, raw: bytes, error: str, hash_code: int = 0, source: int = 0, partition: int = -1
+    ) -> RecordId:
+        return _NO_ID
+
     def anchor(self, record_id: RecordId | None) -> None:
         pass
 
@@ -132,7 +146,7 @@ class FTHandler(AbstractFTHandler):
     """The operating handler of one task attempt."""
 
     __slots__ = ("table", "config", "partition", "_deltas", "_born", "_failed", "_anchor",
-                 "_ids", "_reset", "_unsent")  # fmt: skip
+                 "_ids", "_reset", "_unsent", "_rejected")  # fmt: skip
 
     def __init__(
         self,
@@ -148,6 +162,7 @@ class FTHandler(AbstractFTHandler):
         self._deltas: dict[int, int] = {}
         self._born: dict[int, tuple[bytes, int, int, int, int]] = {}
         self._failed: dict[int, tuple[str, str]] = {}
+        self._rejected: set[int] = set()  # born here to be dead-lettered (budget 0)
         self._anchor: RecordId | None = None
         self._ids = IdPool()
         self._unsent: _Unsent | None = None
@@ -178,6 +193,25 @@ class FTHandler(AbstractFTHandler):
         cur = self._ids.next()
         self._born[src] = (bytes(payload), cur, hash_code, source, partition)
         self._deltas[src] = cur
+        return RecordId(src, cur)
+
+    def reject(
+        self, raw: bytes, error: str, hash_code: int = 0, source: int = 0, partition: int = -1
+    ) -> RecordId:
+        if partition < 0:
+            partition = self.partition
+        if not 0 <= source <= MAX_SOURCE:
+            raise RecordError(f"source index {source} is outside 0..{MAX_SOURCE}")
+        cap = self.config.flush_chunk_bytes // 2  # one flush call must still carry it
+        if len(raw) > cap:
+            error = f"{error} [dead letter keeps the first {cap} of {len(raw)} bytes]"
+            raw = raw[:cap]
+        if not -(2**31) <= hash_code < 2**31:
+            hash_code = 0
+        src, cur = self._ids.next(), self._ids.next()
+        self._born[src] = (bytes(raw), cur, hash_code, source, partition)
+        self._failed[src] = ("explicit", error)
+        self._rejected.add(src)
         return RecordId(src, cur)
 
     # -- task side ---------------------------------------------------------------------
@@ -250,6 +284,7 @@ class FTHandler(AbstractFTHandler):
             self._deltas.clear()
             self._born.clear()
             self._failed.clear()
+            self._rejected.clear()
             result.merge(self.table.apply(batches, token=self._unsent.token))
             self._unsent = None
         return result
@@ -269,6 +304,7 @@ class FTHandler(AbstractFTHandler):
             return b
 
         local_done = 0
+        rejected = self._rejected
         for src, (payload, cur, hash_code, source, partition) in self._born.items():
             delta = deltas.pop(src, 0)
             if src in failed:
@@ -283,8 +319,8 @@ class FTHandler(AbstractFTHandler):
                 hash_code,
                 source,
                 partition=partition,
-                max_replays=budget,
-                max_payload=max_payload,
+                max_replays=0 if src in rejected else budget,
+                max_payload=MAX_RECORD_BYTES if src in rejected else max_payload,
             )
             batch(src).add_persist(delta, frame)
         if local_done:

@@ -166,11 +166,16 @@ class FTLayer:
 
     # -- failing and timeouts ------------------------------------------------------------
     def fail(
-        self, record_ids: Iterable[RecordId | int], error: str = "", reason: str = "explicit"
+        self,
+        record_ids: Iterable[RecordId | int],
+        error: str = "",
+        reason: str = "explicit",
+        max_replays: int | None = None,
     ) -> tuple[int, int, int]:
         """Fail source records now: each is retired and replayed under a new source id in
         its shard, or dead-lettered past its replay budget (the ``max_replays`` of the
-        pipeline that persisted it). Returns (replayed,
+        pipeline that persisted it, unless ``max_replays`` overrides it: 0 dead-letters
+        at once, for records no replay can fix). Returns (replayed,
         dead_lettered, orphans) where orphans were not pending. Retried on a lost
         connection: a retry finds the records it already failed retired (orphans), so
         nothing is failed twice."""
@@ -180,7 +185,8 @@ class FTLayer:
             by_shard.setdefault(shard_of(src, self.config.shards), []).append((src, reason, error))
         totals = [0, 0, 0]
         for shard, fails in by_shard.items():
-            keys, args = self.keyspace[shard].script_keys, [-1, pack_fails(fails)]
+            budget = -1 if max_replays is None else max_replays
+            keys, args = self.keyspace[shard].script_keys, [budget, pack_fails(fails)]
             reply = self.persistence.retried(
                 partial(self.scripts.fail, keys=keys, args=args), "fail"
             )

@@ -14,9 +14,10 @@ from dataclasses import replace
 
 import pytest
 
-from ftlayer import EmbeddedRedis, FTLayer
+from ftlayer import EmbeddedRedis, FTLayer, RecordError
 from ftlayer.connection import is_cluster
 from ftlayer.ids import shard_of
+from serialization import encode_payload
 
 
 def test_a_corrupt_and_an_oversized_replay_are_dead_lettered_alone(
@@ -66,3 +67,30 @@ def test_a_corrupt_and_an_oversized_replay_are_dead_lettered_alone(
     assert all(d["attempts"] == 2 for d in listed.values())
     assert "checksum" in listed[f"{corrupt:016x}"]["frame_error"].lower()
     assert listed[f"{by_n[3]:016x}"]["payload_bytes"] > 600  # decodes under the CLI's limit
+
+
+def test_a_source_record_that_cannot_enter_is_a_dead_letter_with_its_bytes(make_layer) -> None:
+    """Rejected rows are dead letters, not log lines: ``FTHandler.reject`` (what the
+    ``ack_scope="task"`` source does with a row that does not encode or is too large)
+    stores the bytes and dead-letters them in the task's one flush, budget 0, nothing
+    else touched; a retried flush does it once."""
+    layer = make_layer(max_record_bytes=100, max_replays=3)
+    h = layer.handler()
+    big = {"id": 7, "pad": "y" * 300}
+    payload = encode_payload(big)
+    with pytest.raises(RecordError, match="exceeds max_record_bytes=100"):
+        h.persist(payload, source=0)
+    h.reject(payload, "rejected: too large", hash_code=5, source=0, partition=2)
+    h.reject(encode_payload("{'id': 8, 'xs': [Decimal('1.50')]}"), "rejected: no msgpack")
+    ok = h.persist_record({"id": 9}, source=0)
+    res = h.flush()
+    assert res.dead_lettered == 2
+    st = layer.stats()
+    assert (st.dead_letters, st.pending, st.replayed, st.queued_replays) == (2, 1, 0, 0)
+    assert layer.persistence.get(ok.source_id) is not None
+    dead = sorted(layer.persistence.dead_letters(), key=lambda d: len(d.raw))
+    assert [d.history[0].error for d in dead] == ["rejected: no msgpack", "rejected: too large"]
+    assert dead[0].frame is not None and "Decimal" in dead[0].frame.decode()
+    # larger than max_record_bytes: kept whole as raw bytes, its frame error says why
+    assert dead[1].frame is None and "exceeds the limit" in (dead[1].frame_error or "")
+    assert payload in dead[1].raw and all(len(d.history) == 1 for d in dead)

@@ -226,7 +226,7 @@ class VectorRun:
             if len(self.result.errors) < MAX_MESSAGES:
                 self.result.errors.append(text)
             log.error("replay rejected batch_id=%s %s", self.result.batch_id, text)
-            self.layer.fail([rid], error=text)
+            self.layer.fail([rid], error=text, max_replays=0)  # no replay decodes it
             self.calls += 1
         if not rows:
             return None

@@ -289,7 +289,7 @@ class FaultTolerance:
                 log.error(
                     "replay rejected batch_id=%s %s %s", result.batch_id, c.frame.describe(), text
                 )
-                self.layer.fail([c.record_id], error=text)
+                self.layer.fail([c.record_id], error=text, max_replays=0)  # no replay fixes it
                 continue
             if keyed is not None:
                 target = keyed.select(c.frame.hash_code, c.original_partition)[0]

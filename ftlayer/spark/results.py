@@ -33,8 +33,9 @@ class StageCounts:
 @dataclass
 class BatchResult:
     """What one batch did. ``failed`` records are replayed later (or dead-lettered);
-    ``rejected`` fresh rows could not enter the FT layer (e.g. not msgpack-encodable) and
-    are named in ``rejects``; ``undecodable`` replays were failed again with the error.
+    ``rejected`` fresh rows could not enter the pipeline (e.g. not msgpack-encodable, or
+    too large): they are named in ``rejects`` and dead-lettered with their bytes (or
+    repr); ``undecodable`` replays were dead-lettered at once with the error.
     ``redis_calls`` counts the Redis round trips the batch made (vectorized path)."""
 
     batch_id: Any

@@ -30,6 +30,7 @@ from ftlayer.spark.plan import (
 )
 from ftlayer.spark.worker import task_context, task_handler
 from partitioners import HashPartitioner
+from serialization import encode_payload
 
 __all__ = ["HASH_COL", "TaskPlan", "TaskSummary", "run_shuffled_task", "run_source_task"]
 
@@ -82,10 +83,18 @@ def _describe(plan: TaskPlan, partition: int, row_no: int, record: dict[str, Any
     return f"source={plan.source} partition={partition} row={row_no} {what}"
 
 
+def _repr_payload(record: dict[str, Any]) -> bytes:
+    """What a dead letter keeps of a record msgpack cannot carry: its repr, as msgpack."""
+    return encode_payload(repr(record))
+
+
 def run_source_task(plan: TaskPlan, replays: Any, index: int, rows: Iterable[Any]) -> Iterator[Any]:
     """The source segment of one partition: persist each fresh row (payload = the row
     as a msgpack map, hash code = the JVM's ``hash(key)``), then this partition's
-    claimed replays (already inited with their new ids), all through segment 0."""
+    claimed replays (already inited with their new ids), all through segment 0. A row
+    that cannot be persisted (it does not encode, or it is too large) is dead-lettered
+    with its bytes (or repr) and the error, never dropped (``on_error="fail_batch"``:
+    the task raises instead)."""
     partition, attempt = task_context()
     partition = index if partition < 0 else partition
     h = task_handler(plan.config, partition)
@@ -99,6 +108,7 @@ def run_source_task(plan: TaskPlan, replays: Any, index: int, rows: Iterable[Any
             normalize_row(record, plan.codecs)
             summary.fresh += 1
             if encode:
+                payload = None
                 try:
                     payload = encode_record(record, plan.codecs)
                     rid = h.persist(payload, hash_code, plan.source, partition)
@@ -109,6 +119,8 @@ def run_source_task(plan: TaskPlan, replays: Any, index: int, rows: Iterable[Any
                     log.error("record rejected batch_stage=0 %s", desc)
                     if plan.on_error == "fail_batch":
                         raise
+                    raw = payload if payload is not None else _repr_payload(record)
+                    h.reject(raw, f"rejected: {desc}", hash_code, plan.source, partition)
                     continue
             else:
                 rid = h.persist(b"", hash_code, plan.source, partition)

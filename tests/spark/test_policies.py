@@ -26,10 +26,11 @@ def test_bad_input_is_named_counted_and_everything_else_runs(
     spark: SparkSession, make_ft: Any, probe: Probe, scope: str
 ) -> None:
     """A key that does not fit its partition_by type fails its record; an undecodable
-    replay is failed again: both end in the dead-letter list with their failure history.
+    replay is dead-lettered at once: both end in the dead-letter list with their failure history.
     With ``ack_scope="task"`` rows msgpack cannot carry (an array of decimals) are
-    rejected at the source (named, counted); the batch scope persists rows as Arrow and
-    carries them. Nothing is acked to make them go away."""
+    rejected at the source (named, counted, dead-lettered with their repr); the batch
+    scope persists rows as Arrow and carries them. Nothing is acked to make them go
+    away."""
     ft = make_ft(timeout_s=30, max_replays=1)
     layer = ft.layer
     h = layer.handler(partition=0)  # a persisted record whose payload is not msgpack
@@ -62,11 +63,15 @@ def test_bad_input_is_named_counted_and_everything_else_runs(
     assert result.failed == 20
     assert any("partition_by['k2']" in e for e in result.errors)
     report = ft.drain(timeout_s=30)
-    assert report.drained and report.dead_lettered == 21
+    assert report.drained and report.dead_lettered == 21 + len(rejected)
     dead = layer.persistence.dead_letters()
     histories = [" | ".join(f.error for f in d.history) for d in dead]
     assert sum("undecodable replay payload" in t for t in histories) == 1
     assert sum("partition_by" in t for t in histories) == 20
+    # rejected rows are dead letters (budget 0, never replayed), with the row's repr
+    kept = [d for d in dead if "rejected: source=0" in d.history[0].error]
+    assert len(kept) == len(rejected) and all(len(d.history) == 1 for d in kept)
+    assert {int(d.frame.decode().split("'id': ")[1].split(",")[0]) for d in kept} == rejected
     bad_keys = {i for i in range(2000) if i % 100 == 7}
     assert sorted(probe.ids()) == sorted(set(range(2000)) - rejected - bad_keys)
 
