@@ -12,8 +12,6 @@ from typing import Any
 import redis
 from pyspark import TaskContext, cloudpickle
 
-from partitioners import HashPartitioner
-
 
 def _clients() -> dict[tuple[int, str], redis.Redis]:
     """Clients per (process, URL), kept on ``sys`` (pickled by reference): a module-level
@@ -49,9 +47,10 @@ class Probe:
     def write_one(self, record: dict[str, Any]) -> None:
         self.r.rpush(f"{self.prefix}:out", repr(sorted(record.items())))
 
-    def check_partition(self, record: dict[str, Any], cols: list[str], n: int, types: list[str]):
+    def check_partition(self, record: dict[str, Any], want: int) -> None:
+        """Record where ``record`` ran against ``want``, the partition real Spark gives
+        its key (``spark_placement``): never a partitioner of ours on both sides."""
         tc = TaskContext.get()
-        want = HashPartitioner(n, types).partition(tuple(record[c] for c in cols))
         self.r.rpush(f"{self.prefix}:placed_ids", str(record["id"]))
         replay = not self.first_time("placed", record["id"])
         self.r.incr(f"{self.prefix}:checked:{'replay' if replay else 'fresh'}")
@@ -75,3 +74,13 @@ class Probe:
 
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def spark_placement(spark: Any, keys: int, spark_type: str, n: int) -> dict[int, int]:
+    """Key -> partition as Spark's own ``repartition(n, key)`` places keys 0..keys-1 of
+    ``spark_type`` (the oracle the pipelines' placement is checked against)."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    df = spark.range(keys).select(F.col("id").cast(spark_type).alias("key"))
+    rows = df.repartition(n, "key").select("key", F.spark_partition_id().alias("p")).collect()
+    return {int(r["key"]): int(r["p"]) for r in rows}

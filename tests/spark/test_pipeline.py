@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from probe import Probe, TaskKilled
+from probe import Probe, TaskKilled, spark_placement
 from pyspark import TaskContext, cloudpickle
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F  # noqa: N812
@@ -70,6 +70,7 @@ def test_end_to_end_with_every_kind_of_failure(
     layer = ft.layer
     n = 4000
     df = spark.range(n).select("id", (F.col("id") % 13).cast("int").alias("key"))
+    placement = spark_placement(spark, 13, "int", 4)
 
     def stage1(r: dict[str, Any]) -> dict[str, Any]:
         tc = TaskContext.get()
@@ -84,7 +85,7 @@ def test_end_to_end_with_every_kind_of_failure(
         return {**r, "double": r["id"] * 2}
 
     def stage2(r: dict[str, Any]) -> dict[str, Any]:
-        probe.check_partition(r, ["key"], 4, ["int"])
+        probe.check_partition(r, placement[r["key"]])
         tc = TaskContext.get()
         if tc.partitionId() == 1 and tc.attemptNumber() == 0 and r["id"] % 7 == 0:
             raise TaskKilled("task after the shuffle crashes before its flush")
@@ -150,8 +151,10 @@ def test_streaming_query_keyed_source_places_fresh_and_replayed_records(
         lines = [f'{{"id": {i}, "key": {i * 7919 % 101}}}' for i in range(f * 500, f * 500 + 500)]
         (src / f"part-{f}.json").write_text("\n".join(lines))
 
+    placement = spark_placement(spark, 101, "bigint", 3)
+
     def check(r: dict[str, Any]) -> dict[str, Any]:
-        probe.check_partition(r, ["key"], 3, ["bigint"])
+        probe.check_partition(r, placement[r["key"]])
         if r["id"] % 40 == 3 and probe.first_time("fail", r["id"]):
             raise FailRecord("first attempt fails")
         return r
