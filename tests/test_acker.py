@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import redis
 
@@ -36,18 +38,25 @@ def test_completion_deletes_entry_record_and_timeout_in_one_call(layer: FTLayer)
     assert (s.completed, s.pending, s.latency_count) == (1, 0, 1)
 
 
-def test_scripts_reload_after_script_flush(layer: FTLayer) -> None:
+def test_scripts_reload_after_script_flush(make_layer) -> None:
+    """Every script call survives SCRIPT FLUSH (a Redis restart without its script cache)
+    and does its work: a flush completes, an expiry times a record out, a fail retires."""
+    layer = make_layer(timeout_s=0.3)
     h = layer.handler()
-    rid = h.persist_record("a", source=0)
+    rid, _late, failing = (h.persist_record(x, source=0) for x in ("a", "b", "c"))
     h.flush()
     layer.client.script_flush()
     sink = layer.handler()
     sink.ack(rid)
     assert sink.flush().completed == 1  # EVALSHA -> NoScriptError -> reloaded
     layer.client.script_flush()
-    assert layer.expire_due().calls >= 1
+    assert layer.fail([failing]) == (1, 0, 0)
+    time.sleep(0.6)
     layer.client.script_flush()
-    assert layer.fail([12345]) == (0, 0, 1)
+    assert layer.expire_due().timed_out == 1  # ``late`` timed out
+    s = layer.stats()
+    assert (s.completed, s.failed_explicit, s.failed_timeout, s.queued_replays) == (1, 1, 1, 2)
+    assert {c.frame.decode() for c in layer.claim_replays(0, 10)} == {"b", "c"}
 
 
 def test_a_retried_flush_is_applied_once(layer: FTLayer) -> None:
