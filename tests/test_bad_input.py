@@ -58,3 +58,12 @@ def test_corrupted_persisted_record_is_reported_not_dropped(layer: FTLayer) -> N
     with pytest.raises(ChecksumMismatchError, match=f"src={rid.source_id:016x}"):
         layer.persistence.get(rid.source_id)
     assert layer.stats().pending == 1, "still pending: it will be failed, not acked"
+    # failed (as its timeout would), then claimed: dead-lettered with its corrupt bytes
+    assert layer.fail([rid], error="timed out") == (1, 0, 0)
+    assert layer.claim_replays(0, 10) == []
+    st = layer.stats()
+    assert (st.pending, st.queued_replays, st.dead_letters) == (0, 0, 1)
+    [dead] = layer.persistence.dead_letters()
+    assert dead.frame is None and "checksum" in (dead.frame_error or "").lower()
+    assert dead.raw[24:] == bytes(raw)[24:]  # the same bytes (the claim rewrote the id)
+    assert [f.error for f in dead.history][0] == "timed out"

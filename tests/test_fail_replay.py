@@ -6,6 +6,7 @@ import msgpack
 
 from ftlayer import FailRecord, FTLayer, RecordId
 from ftlayer.ids import shard_of
+from ftlayer.limits import FLUSH_TOKEN_TTL_MS
 
 
 def test_explicit_fail_replays_under_a_new_id_in_the_same_shard(make_layer) -> None:
@@ -121,6 +122,13 @@ def test_records_complete_inside_one_task_cost_no_redis_state(layer: FTLayer) ->
     s = layer.stats()
     assert (s.persisted, s.completed, s.completed_local, s.pending) == (100, 100, 100, 0)
     assert result.calls == 1 and layer.acker.size() == 0
+    # nothing but counters in Redis (and the flush's idempotency token, which expires):
+    # no frame, history, timeout or queue entry
+    ns = layer.config.namespace
+    keys = {k.decode() for k in layer.client.scan_iter(match=f"*{ns}*")}
+    tokens = {k for k in keys if ":flush:" in k}
+    assert all(0 < layer.client.pttl(k) <= FLUSH_TOKEN_TTL_MS for k in tokens)
+    assert all(k.endswith((":stats", ":settings")) for k in keys - tokens), sorted(keys)
 
 
 def test_dead_letter_entries_are_msgpack_only(make_layer) -> None:

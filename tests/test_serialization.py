@@ -39,16 +39,20 @@ def _frame(args) -> bytes:
 
 
 @settings(max_examples=300, deadline=None)
-@given(frames_args)
-def test_round_trip(args) -> None:
+@given(frames_args, st.integers(0, 65535))
+def test_round_trip(args, max_replays: int) -> None:
+    """Every header field, the replay budget included, and the payload come back."""
     record, src, cur, hc, source, part = args
-    f = decode_frame(_frame(args))
-    assert (f.source_id, f.current_id, f.hash_code, f.source, f.partition) == (
+    raw = encode_frame(encode_payload(record), src, cur, hc, source, partition=part,
+                       max_replays=max_replays)  # fmt: skip
+    f = decode_frame(raw)
+    assert (f.source_id, f.current_id, f.hash_code, f.source, f.partition, f.max_replays) == (
         src,
         cur,
         hc,
         source,
         part,
+        max_replays,
     )
     assert f.decode() == record
     assert f.payload == encode_payload(record), "the payload bytes are carried untouched"
