@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the acker sidecar: timeouts, replays, lease, metrics",
         description="Rotates the timeout buckets every T/(B-1) while holding the namespace's "
         "lease (several sidecars may run; one rotates), fails what expired, collects "
-        "orphans, and serves Prometheus /metrics and /healthz. All state is in Redis: kill "
+        "orphans, and serves Prometheus /metrics, /healthz (liveness) and /readyz (Redis "
+        "reachable; leader or standby). All state is in Redis: kill "
         "it at any moment. SIGTERM stops it cleanly. Without --redis-url it starts an "
         "embedded redis-server and prints its URL.",
     )
@@ -118,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     _opt(serve, "--lease-s", float, 10.0, "leadership lease; a standby takes over within it")
     _opt(serve, "--expire-batch", int, 1000, "due records failed per script call (smaller: "
          "shorter Redis pauses, more calls)")  # fmt: skip
-    _opt(serve, "--metrics-host", str, "127.0.0.1", "address of /metrics and /healthz")
+    _opt(serve, "--metrics-host", str, "127.0.0.1", "address of /metrics, /healthz, /readyz")
     _opt(serve, "--metrics-port", int, 9464, "0 picks a free port, -1 disables")
     serve.set_defaults(func=_cmd_serve)
 
@@ -191,8 +192,7 @@ def _config(args: argparse.Namespace, **more: Any) -> FTConfig:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from ftlayer.embedded import EmbeddedRedis
     from ftlayer.layer import FTLayer
-    from ftlayer.metrics import MetricsServer
-    from ftlayer.sidecar import Sidecar
+    from ftlayer.service import ServiceServer, Sidecar
 
     override = args.max_replays
     config = _config(args, timeout_s=args.timeout_s, buckets=args.buckets)
@@ -214,10 +214,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     server = None
     try:
         if args.metrics_port >= 0:
-            server = MetricsServer(sidecar.metrics, sidecar.healthy, args.metrics_host,
-                                   args.metrics_port).start()  # fmt: skip
-            host, port = server.address
-            print(f"ftlayer serve: metrics at http://{host}:{port}/metrics", flush=True)
+            server = ServiceServer(sidecar, args.metrics_host, args.metrics_port).start()
+            print(f"ftlayer serve: metrics at {server.url}/metrics", flush=True)
         sidecar.run(stop)
     finally:
         if server:

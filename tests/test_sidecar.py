@@ -6,63 +6,21 @@ from __future__ import annotations
 
 import os
 import random
-import re
-import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from ftlayer import EmbeddedRedis, FTConfig, FTLayer, FTLayerError
+from ftlayer import EmbeddedRedis, FTConfig, FTLayer, FTLayerError, __version__
 from ftlayer.connection import connect
-
-T = 0.6  # record timeout of these tests
-LEASE_S = 1.5
-
-
-class Serve:
-    """One `ftlayer serve` process."""
-
-    def __init__(self, url: str, namespace: str, log: Path, *extra: str) -> None:
-        self.log = log
-        cmd = [sys.executable, "-m", "ftlayer.cli", "serve", "--redis-url", url,
-               "--namespace", namespace, "--timeout-s", str(T),
-               "--lease-s", str(LEASE_S), "--metrics-port", "0", *extra]  # fmt: skip
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=open(log, "ab"),
-            text=True,  # noqa: SIM115
-        )
-        line = self.proc.stdout.readline()
-        m = re.search(r"metrics at (http://\S+)/metrics", line)
-        assert m, f"no metrics line: {line!r} {log.read_text()[-2000:]}"
-        self.base = m.group(1)
-
-    def get(self, path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(self.base + path, timeout=5) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode()
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        return self.proc.wait(timeout=30)
+from ftlayer.service.metrics import METRIC_TYPES
+from tests.serving import LEASE_S, Serve, T
 
 
 def lease_holder(layer: FTLayer) -> str | None:
@@ -280,7 +238,7 @@ def test_redis_restart_with_aof_mid_run_loses_nothing(tmp_path) -> None:
         for _ in range(40):
             load.round()  # the first rounds fail and are re-run until Redis is back
         load.drain()
-        assert sidecar.get("/healthz")[0] == 200, "the sidecar recovered"
+        assert sidecar.get("/readyz")[0] == 200, "the sidecar recovered"
         assert "redis unreachable" in (tmp_path / "serve.log").read_text()
         load.check()
     finally:
@@ -308,22 +266,60 @@ def test_metrics_health_and_nothing_else(redis_server, ns, tmp_path) -> None:
         val = {f"{x.name}:{tuple(sorted(x.labels.items()))}": x.value
                for f in fams.values() for x in f.samples}  # fmt: skip
         s = layer.stats()
-        assert val["ftlayer_persisted_total:()"] == s.persisted == 3
-        assert val["ftlayer_completed_total:()"] == s.completed == 1
-        assert val["ftlayer_failed_total:(('reason', 'explicit'),)"] == 1
-        assert val["ftlayer_failed_total:(('reason', 'timeout'),)"] == 1
-        assert val["ftlayer_dead_lettered_total:()"] == 2
-        assert val["ftlayer_pending_total:()"] == 0
-        assert val["ftlayer_redis_up:()"] == 1
-        assert val["ftlayer_completion_latency_seconds_count:()"] == 1
-        assert val["ftlayer_rotations_total:()"] >= 1
-        assert "ftlayer_oldest_pending_age_seconds" in fams
-        assert sidecar.get("/healthz")[0] == 200
+        n = (("namespace", ns),)
+        assert val[f"ftlayer_persisted_total:{n}"] == s.persisted == 3
+        assert val[f"ftlayer_completed_total:{n}"] == s.completed == 1
+        assert val[f"ftlayer_failed_total:{(*n, ('reason', 'explicit'))}"] == 1
+        assert val[f"ftlayer_failed_total:{(*n, ('reason', 'timeout'))}"] == 1
+        assert val[f"ftlayer_dead_lettered_total:{n}"] == 2
+        assert val[f"ftlayer_dead_letters:{n}"] == 2
+        assert val[f"ftlayer_pending:{(*n, ('source', '0'))}"] == 0
+        assert val[f"ftlayer_redis_up:{n}"] == 1
+        assert val[f"ftlayer_completion_latency_seconds_count:{n}"] == 1
+        assert val[f"ftlayer_rotations_total:{n}"] >= 1
+        info = (*n, ("shards", "8"), ("timeout_s", f"{T:g}"), ("buckets", "3"))
+        assert val[f"ftlayer_info:{tuple(sorted((*info, ('version', __version__))))}"] == 1
+        assert f"ftlayer_oldest_pending_age_seconds:{n}" in val
+        assert not [k for k in val if "_created" in k], "no _created series"
+        labelled = {dict(x.labels).get("namespace") for f in fams.values() for x in f.samples}
+        assert labelled == {ns}, "every series names its namespace"
+        exported = {f.name + "_total" if f.type == "counter" else f.name: f.type
+                    for f in fams.values()}  # fmt: skip
+        assert exported == METRIC_TYPES, "the documented names and types are the exported ones"
+        code, body = sidecar.get("/healthz")
+        assert code == 200 and body == f"alive id={body[9:].strip()}\n"
+        assert body.endswith(f":{sidecar.proc.pid}\n")
+        assert sidecar.get("/readyz")[1].startswith("ready leader")
         assert sidecar.get("/")[0] == 404 and sidecar.get("/debug")[0] == 404
     finally:
         assert sidecar.stop() == 0, "SIGTERM stops it cleanly"
     assert "lease released" in (tmp_path / "serve.log").read_text()
     layer.clear()
+
+
+def test_a_redis_outage_makes_the_sidecar_unready_never_dead(tmp_path) -> None:
+    """Liveness does not depend on Redis (a Redis outage must not crash-loop every
+    sidecar under Kubernetes); readiness does, and comes back with Redis."""
+    server = EmbeddedRedis(data_dir=tmp_path / "redis", appendonly=True).start()
+    sidecar = Serve(server.url, "outage", tmp_path / "serve.log")
+    try:
+        _until(lambda: sidecar.get("/readyz")[0] == 200, "ready")
+        server.stop(keep_dir=True)
+        _until(lambda: sidecar.get("/readyz")[0] == 503, "unready while Redis is down")
+        assert sidecar.get("/healthz")[0] == 200, "alive while Redis is down"
+        assert "redis not reached" in sidecar.get("/readyz")[1]
+        server.start()
+        _until(lambda: sidecar.get("/readyz")[0] == 200, "ready again")
+    finally:
+        sidecar.stop()
+        server.stop()
+
+
+def _until(cond, what: str, timeout_s: float = 15.0) -> None:  # noqa: ANN001
+    end = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < end, f"never {what}"
+        time.sleep(0.1)
 
 
 def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -1,10 +1,11 @@
 """The acker sidecar (``ftlayer serve``): owns the clock of one namespace.
 
 It rotates the timeout buckets every T/(B-1) -- failing what expired and collecting
-orphans -- while it holds the namespace's lease, and serves metrics. It keeps no state
-that matters: everything is in Redis, so it may be killed at any moment and a restarted
-(or standby) sidecar carries on. Expiry is idempotent (see lua/expire.lua), so even two
-sidecars rotating at once would fail each record once; the lease only saves the work.
+orphans -- while it holds the namespace's lease (its metrics and health are served by
+ftlayer.service.http). It keeps no state that matters: everything is in Redis, so it
+may be killed at any moment and a restarted (or standby) sidecar carries on. Expiry is
+idempotent (see lua/expire.lua), so even two sidecars rotating at once would fail each
+record once; the lease only saves the work.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 import redis
 
 from ftlayer.layer import FTLayer
-from ftlayer.metrics import SidecarMetrics
+from ftlayer.service.metrics import SidecarMetrics
 
 __all__ = ["Sidecar"]
 
@@ -43,18 +44,31 @@ class Sidecar:
         self.metrics = SidecarMetrics(layer, self.id)
         self.leader = False
         self.last_ok = 0.0  # monotonic time of the last loop pass that reached Redis
+        self.last_pass = time.monotonic()  # ... of the last loop pass, whatever Redis did
         self.last_error = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     # -- health ---------------------------------------------------------------------------
-    def healthy(self) -> tuple[bool, str]:
-        """Healthy while the loop reached Redis within the last few ticks."""
+    LIVENESS_S = 120.0
+    """The loop is dead when a pass is older than this (a Redis call may block for its
+    socket timeout, 30 s in ``ftlayer serve``, and back off 5 s after)."""
+
+    def alive(self) -> tuple[bool, str]:
+        """Liveness: the loop ran a pass (reaching Redis or not) within LIVENESS_S."""
+        age = time.monotonic() - self.last_pass
+        if age < self.LIVENESS_S:
+            return True, f"alive id={self.id}\n"
+        return False, f"dead: no loop pass for {age:.0f}s id={self.id}\n"
+
+    def ready(self) -> tuple[bool, str]:
+        """Readiness: the loop reached Redis within the last few ticks; says whether this
+        sidecar holds the lease."""
         age = time.monotonic() - self.last_ok
         if self.last_ok and age < 3 * self._tick_s() + 1:
             role = "leader" if self.leader else "standby"
-            return True, f"ok {role} id={self.id}\n"
-        return False, f"unhealthy: redis not reached for {age:.1f}s {self.last_error}\n"
+            return True, f"ready {role} id={self.id}\n"
+        return False, f"not ready: redis not reached for {age:.1f}s {self.last_error}\n"
 
     def _tick_s(self) -> float:
         return min(self.layer.config.rotation_interval_s, self.lease_s / 3)
@@ -103,6 +117,7 @@ class Sidecar:
         offset = 0.0
         next_rotation = 0.0
         while not stop.is_set():
+            self.last_pass = time.monotonic()
             try:
                 if not self.last_ok:
                     sec, usec = self.layer.client.time()
