@@ -10,14 +10,14 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 from ftlayer import __version__
 from ftlayer.config import FTConfig
 from ftlayer.connection import redact_url
-from ftlayer.errors import ConfigError, FTLayerError
+from ftlayer.errors import ConfigError, FrameError, FTLayerError
 
 __all__ = ["build_parser", "main"]
 
@@ -28,7 +28,9 @@ def _env(name: str, default: Any = None) -> Any:
     return os.environ.get(f"FTLAYER_{name}", default)
 
 
-def _opt(p: argparse.ArgumentParser, flag: str, kind: type, default: Any, text: str) -> None:
+def _opt(
+    p: argparse.ArgumentParser, flag: str, kind: Callable[[str], Any], default: Any, text: str
+) -> None:
     """A flag that falls back to FTLAYER_<FLAG>; argparse converts (and checks) the
     environment's string with ``kind`` like any command-line value."""
     env = flag.lstrip("-").upper().replace("-", "_")
@@ -45,14 +47,68 @@ def _add_common(p: argparse.ArgumentParser) -> None:
          "stored by its first open; 8 for a new one)")  # fmt: skip
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line (``ftlayer stats: error: ...``), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _level(value: str) -> str:
+    if value.upper() not in _LEVELS:
+        raise argparse.ArgumentTypeError(f"{value!r} is not one of {', '.join(_LEVELS)}")
+    return value.upper()
+
+
+def _add_globals(p: argparse.ArgumentParser, top: bool) -> None:
+    """--log-level and --log-format, accepted before or after any subcommand. Below the
+    top, their defaults are SUPPRESS: a subcommand that is not given them keeps the
+    value the top level parsed (or took from the environment)."""
+    if top:
+        _opt(p, "--log-level", _level, "INFO", "DEBUG, INFO, WARNING, ERROR")
+        _opt(p, "--log-format", _format, "text", "text or json (one JSON object per line)")
+        return
+    p.add_argument("--log-level", type=_level, default=argparse.SUPPRESS,
+                   help="DEBUG, INFO, WARNING, ERROR [env: FTLAYER_LOG_LEVEL]")  # fmt: skip
+    p.add_argument("--log-format", type=_format, default=argparse.SUPPRESS,
+                   help="text or json [env: FTLAYER_LOG_FORMAT]")  # fmt: skip
+
+
+def _format(value: str) -> str:
+    if value not in ("text", "json"):
+        raise argparse.ArgumentTypeError(f"{value!r} is not text or json")
+    return value
+
+
+def _subparsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every parser below ``p`` (subcommands, and theirs)."""
+    found = []
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                found += [child, *_subparsers(child)]
+    return found
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ftlayer",
         description="Record-level, Storm-style guaranteed processing for PySpark streaming.",
     )
     parser.add_argument("--version", action="version", version=f"ftlayer {__version__}")
-    _opt(parser, "--log-level", str, "INFO", "DEBUG, INFO, WARNING")
+    _add_globals(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _build_commands(sub)
+    for child in _subparsers(parser):
+        _add_globals(child, top=False)
+    return parser
+
+
+def _build_commands(sub: Any) -> None:
 
     stats = sub.add_parser("stats", help="print the FT counters of a namespace")
     _add_common(stats)
@@ -148,7 +204,16 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--dir", default=None, help="data directory (default: a temp dir)")
     server.add_argument("--appendonly", action="store_true", help="turn AOF persistence on")
     server.set_defaults(func=_cmd_redis)
-    return parser
+
+    completion = sub.add_parser(
+        "completion", help="print a shell completion script",
+        description="Completion of commands and options. bash: "
+        "`eval \"$(ftlayer completion bash)\"` (or save it under "
+        "/etc/bash_completion.d/ftlayer); zsh: `ftlayer completion zsh > "
+        "\"${fpath[1]}/_ftlayer\"`.",
+    )  # fmt: skip
+    completion.add_argument("shell", choices=["bash", "zsh", "tcsh"])
+    completion.set_defaults(func=_cmd_completion)
 
 
 def _open_existing(args: argparse.Namespace) -> Any:
@@ -363,22 +428,36 @@ def _cmd_redis(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_completion(args: argparse.Namespace) -> int:
+    import shtab
+
+    print(shtab.complete(build_parser(), shell=args.shell))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Exit status: 0 ok, 1 the command's own "not all" (see each command), 2 an error:
+    a bad option or value, or any error of ours or of Redis -- always one line on stderr
+    (the traceback only at ``--log-level debug``)."""
+    import redis
+
+    from ftlayer.logs import configure_logging
+
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=str(args.log_level).upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(args.log_level, args.log_format)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
     try:
         return int(args.func(args))
-    except FTLayerError as e:
+    except (FTLayerError, FrameError, redis.RedisError, OSError) as e:
+        log.debug("command failed", exc_info=True)
         print(f"ftlayer: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("ftlayer: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

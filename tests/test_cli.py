@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
 import subprocess
 import sys
@@ -96,3 +98,75 @@ def test_stats_and_dlq_need_a_url() -> None:
     for args in (["stats"], ["dlq", "list"]):
         out = _run([*FTLAYER, *args])
         assert out.returncode == 2 and "give --redis-url" in out.stderr, out.stderr
+
+
+def test_global_options_go_anywhere_and_bad_values_are_one_line(redis_server) -> None:
+    url = redis_server.url
+    from ftlayer import FTConfig, FTLayer
+
+    FTLayer(redis_server.client(), FTConfig(namespace="cli-globals")).handler()
+    for args in (["--log-level", "warning", "stats"], ["stats", "--log-level", "warning"]):
+        out = _run([*FTLAYER, *args, "--redis-url", url, "--namespace", "cli-globals"])
+        assert out.returncode == 0 and "persisted" in out.stdout, out.stderr
+    for bad in (["stats", "--log-level", "loud"], ["--log-format", "xml", "stats"],
+                ["stats", "--shards", "many"], ["dlq", "list", "--bogus"], ["dlq"]):  # fmt: skip
+        out = _run([*FTLAYER, *bad])
+        assert out.returncode == 2, (bad, out)
+        assert len(out.stderr.strip().splitlines()) == 1, (bad, out.stderr)
+        assert "error:" in out.stderr and "Traceback" not in out.stderr
+    env = {**os.environ, "FTLAYER_LOG_LEVEL": "shouting"}
+    out = _run([*FTLAYER, "stats"], env=env)
+    assert out.returncode == 2 and "'shouting' is not one of" in out.stderr
+
+
+def test_every_error_of_ours_is_one_line_and_exit_2(redis_server) -> None:
+    cases = {
+        "no url": ["stats"],
+        "unreachable": ["stats", "--redis-url", "redis://127.0.0.1:1/0"],
+        "nobody opened it": ["dlq", "list", "--redis-url", redis_server.url, "--namespace",
+                             "never-opened"],
+        "bad id": ["dlq", "replay", "zz", "--redis-url", redis_server.url],
+    }  # fmt: skip
+    for why, args in cases.items():
+        out = _run([*FTLAYER, *args])
+        assert out.returncode == 2, (why, out)
+        assert len(out.stderr.strip().splitlines()) == 1, (why, out.stderr)
+        assert out.stderr.startswith("ftlayer"), (why, out.stderr)
+
+
+def test_json_logs_are_one_object_per_line_with_the_messages_fields() -> None:
+    out = _run([*FTLAYER, "stats", "--log-format", "json", "--log-level", "debug"])
+    assert out.returncode == 2
+    *logs, last = out.stderr.strip().splitlines()
+    assert last.startswith("ftlayer: error: `ftlayer stats` reads an existing namespace")
+    records = [json.loads(line) for line in logs]
+    failed = [r for r in records if r["message"] == "command failed"]
+    assert failed and failed[0]["level"] == "DEBUG" and "ConfigError" in failed[0]["exception"]
+    from ftlayer.logs import JsonFormatter
+
+    rec = logging.LogRecord("ftlayer.x", logging.INFO, __file__, 1,
+                            "batch done batch_id=%s error=%r", (7, "a b"), None)  # fmt: skip
+    assert {k: v for k, v in json.loads(JsonFormatter().format(rec)).items()
+            if k in ("batch_id", "error", "level")} == {"batch_id": "7", "error": "a b",
+                                                         "level": "INFO"}  # fmt: skip
+
+
+def test_bash_completion_completes_commands_and_options(tmp_path) -> None:
+    out = _run([*FTLAYER, "completion", "bash"])
+    assert out.returncode == 0, out.stderr
+    script = tmp_path / "ftlayer.bash"
+    script.write_text(out.stdout)
+
+    def complete(*words: str) -> list[str]:
+        line = " ".join(words)
+        cmd = (f"source {script}; COMP_WORDS=({' '.join(repr(w) for w in words)}); "
+               f"COMP_CWORD={len(words) - 1}; COMP_LINE={line!r}; COMP_POINT={len(line)}; "
+               "_shtab_ftlayer; printf '%s\\n' \"${COMPREPLY[@]}\"")  # fmt: skip
+        res = _run(["bash", "-c", cmd])
+        assert res.returncode == 0, res.stderr
+        return res.stdout.split()
+
+    assert complete("ftlayer", "dl") == ["dlq"]
+    assert set(complete("ftlayer", "dlq", "")) >= {"list", "replay", "purge"}
+    assert "--log-format" in complete("ftlayer", "stats", "--log-f")
+    assert _run([*FTLAYER, "completion", "zsh"]).stdout.startswith("#compdef ftlayer")
