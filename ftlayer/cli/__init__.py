@@ -1,50 +1,28 @@
-"""The ``ftlayer`` command. Flags fall back to FTLAYER_* environment variables, shown in
-``--help``; this is the only place that reads the environment."""
+"""The ``ftlayer`` command: the parser, ``main`` and the commands other than ``dlq``
+(ftlayer.cli.dlq). Flags fall back to FTLAYER_* environment variables (ftlayer.cli.common),
+shown in ``--help``."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
-import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, NoReturn
 
 from ftlayer import __version__
-from ftlayer.config import FTConfig
+from ftlayer.cli.common import add_common, config_of, open_existing, opt
+from ftlayer.cli.dlq import add_dlq_commands
 from ftlayer.connection import redact_url
-from ftlayer.errors import ConfigError, FrameError, FTLayerError
+from ftlayer.errors import FrameError, FTLayerError
 
 __all__ = ["build_parser", "main"]
 
 log = logging.getLogger("ftlayer.cli")
-
-
-def _env(name: str, default: Any = None) -> Any:
-    return os.environ.get(f"FTLAYER_{name}", default)
-
-
-def _opt(
-    p: argparse.ArgumentParser, flag: str, kind: Callable[[str], Any], default: Any, text: str
-) -> None:
-    """A flag that falls back to FTLAYER_<FLAG>; argparse converts (and checks) the
-    environment's string with ``kind`` like any command-line value."""
-    env = flag.lstrip("-").upper().replace("-", "_")
-    shown = "" if default is None else " (default: %(default)s)"
-    p.add_argument(flag, type=kind, default=_env(env, default),
-                   help=f"{text}{shown} [env: FTLAYER_{env}]")  # fmt: skip
-
-
-def _add_common(p: argparse.ArgumentParser) -> None:
-    _opt(p, "--redis-url", str, None, "redis://[user:password@]host:port/db, rediss:// for "
-         "TLS, redis+cluster://host:port for a Redis Cluster")  # fmt: skip
-    _opt(p, "--namespace", str, "ftlayer", "key prefix of the pipeline")
-    _opt(p, "--shards", int, None, "hash-tagged key groups (default: the namespace's, "
-         "stored by its first open; 8 for a new one)")  # fmt: skip
 
 
 class _Parser(argparse.ArgumentParser):
@@ -69,8 +47,8 @@ def _add_globals(p: argparse.ArgumentParser, top: bool) -> None:
     top, their defaults are SUPPRESS: a subcommand that is not given them keeps the
     value the top level parsed (or took from the environment)."""
     if top:
-        _opt(p, "--log-level", _level, "INFO", "DEBUG, INFO, WARNING, ERROR")
-        _opt(p, "--log-format", _format, "text", "text or json (one JSON object per line)")
+        opt(p, "--log-level", _level, "INFO", "DEBUG, INFO, WARNING, ERROR")
+        opt(p, "--log-format", _format, "text", "text or json (one JSON object per line)")
         return
     p.add_argument("--log-level", type=_level, default=argparse.SUPPRESS,
                    help="DEBUG, INFO, WARNING, ERROR [env: FTLAYER_LOG_LEVEL]")  # fmt: skip
@@ -111,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _build_commands(sub: Any) -> None:
 
     stats = sub.add_parser("stats", help="print the FT counters of a namespace")
-    _add_common(stats)
+    add_common(stats)
     stats.add_argument("--json", action="store_true", help="one JSON object")
     stats.set_defaults(func=_cmd_stats)
 
@@ -124,7 +102,7 @@ def _build_commands(sub: Any) -> None:
         "they time out) and task crashes (Spark retries), drains and prints a report. "
         "Exit status 1 if any record was lost.",
     )
-    _opt(demo, "--redis-url", str, None, "default: an embedded redis-server")
+    opt(demo, "--redis-url", str, None, "default: an embedded redis-server")
     demo.add_argument("--records", type=int, default=20_000, help="default: %(default)s")
     demo.add_argument("--batches", type=int, default=8, help="micro-batches (default: %(default)s)")
     demo.add_argument(
@@ -159,12 +137,12 @@ def _build_commands(sub: Any) -> None:
         "it at any moment. SIGTERM stops it cleanly. Without --redis-url it starts an "
         "embedded redis-server and prints its URL.",
     )
-    _add_common(serve)
-    _opt(serve, "--timeout-s", float, None, "record timeout T (default: the namespace's; "
+    add_common(serve)
+    opt(serve, "--timeout-s", float, None, "record timeout T (default: the namespace's; "
          "30 for a new one)")  # fmt: skip
-    _opt(serve, "--buckets", int, None, "timeout buckets B (default: the namespace's; 3 for "
+    opt(serve, "--buckets", int, None, "timeout buckets B (default: the namespace's; 3 for "
          "a new one)")  # fmt: skip
-    _opt(
+    opt(
         serve,
         "--max-replays",
         int,
@@ -172,30 +150,14 @@ def _build_commands(sub: Any) -> None:
         "override, for timeouts, the replay budget each "
         "record carries from its pipeline's FTConfig.max_replays (default: no override)",
     )
-    _opt(serve, "--lease-s", float, 10.0, "leadership lease; a standby takes over within it")
-    _opt(serve, "--expire-batch", int, 1000, "due records failed per script call (smaller: "
+    opt(serve, "--lease-s", float, 10.0, "leadership lease; a standby takes over within it")
+    opt(serve, "--expire-batch", int, 1000, "due records failed per script call (smaller: "
          "shorter Redis pauses, more calls)")  # fmt: skip
-    _opt(serve, "--metrics-host", str, "127.0.0.1", "address of /metrics, /healthz, /readyz")
-    _opt(serve, "--metrics-port", int, 9464, "0 picks a free port, -1 disables")
+    opt(serve, "--metrics-host", str, "127.0.0.1", "address of /metrics, /healthz, /readyz")
+    opt(serve, "--metrics-port", int, 9464, "0 picks a free port, -1 disables")
     serve.set_defaults(func=_cmd_serve)
 
-    dlq = sub.add_parser("dlq", help="list, re-drive or purge dead letters")
-    dlq_sub = dlq.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
-    dlq_list = dlq_sub.add_parser("list", help="show each dead letter with its history")
-    _add_common(dlq_list)
-    dlq_list.add_argument("--json", action="store_true", help="a JSON list")
-    dlq_list.set_defaults(func=_cmd_dlq_list)
-    dlq_replay = dlq_sub.add_parser(
-        "replay", help="re-drive dead letters (after a fix) under new ids"
-    )
-    _add_common(dlq_replay)
-    dlq_replay.add_argument("ids", nargs="*", help="ids as `dlq list` prints them (hex)")
-    dlq_replay.add_argument("--all", action="store_true", help="every dead letter")
-    dlq_replay.set_defaults(func=_cmd_dlq_replay)
-    dlq_purge = dlq_sub.add_parser("purge", help="delete every dead letter")
-    _add_common(dlq_purge)
-    dlq_purge.add_argument("--yes", action="store_true", help="do not ask")
-    dlq_purge.set_defaults(func=_cmd_dlq_purge)
+    add_dlq_commands(sub)
 
     server = sub.add_parser(
         "redis", help="run an embedded redis-server in the foreground and print its URL"
@@ -216,51 +178,13 @@ def _build_commands(sub: Any) -> None:
     completion.set_defaults(func=_cmd_completion)
 
 
-def _open_existing(args: argparse.Namespace) -> Any:
-    """The FTLayer of a namespace that lives in the user's Redis (stats, dlq): an
-    embedded server would be empty, so a URL is required."""
-    from ftlayer.layer import FTLayer
-
-    if not args.redis_url:
-        raise ConfigError(
-            f"`ftlayer {args.command}` reads an existing namespace: give --redis-url "
-            "(or FTLAYER_REDIS_URL)"
-        )
-    return FTLayer.open(_config(args, timeout_s=None, buckets=None), create=False)
-
-
-_NEW = {"shards": 8, "timeout_s": 30.0, "buckets": 3}  # a new namespace's settings
-
-
-def _config(args: argparse.Namespace, **more: Any) -> FTConfig:
-    """The config of ``args``: settings not given on the command line (None) are the
-    namespace's stored ones (ftlayer.settings), or a new namespace's defaults. Given ones
-    that differ from the stored ones are refused when the layer opens."""
-    from ftlayer.settings import read_settings
-
-    wanted = {"shards": args.shards, **more}
-    stored = None
-    if args.redis_url and None in wanted.values():
-        from ftlayer.connection import connect
-
-        client = connect(args.redis_url)
-        try:
-            stored = read_settings(client, args.namespace)
-        finally:
-            client.close()
-    for name, value in wanted.items():
-        if value is None:
-            wanted[name] = getattr(stored, name) if stored else _NEW[name]
-    return FTConfig(namespace=args.namespace, redis_url=args.redis_url, **wanted)
-
-
 def _cmd_serve(args: argparse.Namespace) -> int:
     from ftlayer.embedded import EmbeddedRedis
     from ftlayer.layer import FTLayer
     from ftlayer.service import ServiceServer, Sidecar
 
     override = args.max_replays
-    config = _config(args, timeout_s=args.timeout_s, buckets=args.buckets)
+    config = config_of(args, timeout_s=args.timeout_s, buckets=args.buckets)
     config = replace(config, expire_batch=args.expire_batch)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -292,85 +216,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dead_letter_dict(d: Any) -> dict[str, Any]:
-    f = d.frame  # None: its bytes no longer decode (frame_error says why)
-    return {
-        "id": f"{d.source_id:016x}",
-        "source": f.source if f else None,
-        "payload_bytes": len(f.payload) if f else len(d.raw),
-        "hash_code": f.hash_code if f else None,
-        "partition": f.partition if f else None,
-        "frame_error": d.frame_error,
-        "attempts": d.attempts,
-        "dead_lettered_ms": d.time_ms,
-        "history": [
-            {"reason": f.reason, "time_ms": f.time_ms, "attempt": f.attempt, "error": f.error}
-            for f in d.history
-        ],
-    }
-
-
-def _cmd_dlq_list(args: argparse.Namespace) -> int:
-
-    with _open_existing(args) as layer:
-        letters = [_dead_letter_dict(d) for d in layer.persistence.dead_letters()]
-    if args.json:
-        print(json.dumps(letters))
-        return 0
-    if not letters:
-        print("no dead letters")
-        return 0
-    print(f"{'id':<16}  {'source':>6}  {'bytes':>7}  {'attempts':>8}  history")
-    for d in letters:
-        hist = "; ".join(
-            f"{h['reason']}#{h['attempt']}" + (f" {h['error']!r}" if h["error"] else "")
-            for h in d["history"]
-        )
-        source = "?" if d["source"] is None else d["source"]
-        print(f"{d['id']:<16}  {source:>6}  {d['payload_bytes']:>7}  {d['attempts']:>8}  {hist}")
-    return 0
-
-
-def _cmd_dlq_replay(args: argparse.Namespace) -> int:
-
-    if bool(args.ids) == args.all:
-        print("ftlayer: error: give dead-letter ids or --all (not both)", file=sys.stderr)
-        return 2
-    try:
-        ids = None if args.all else [int(i, 16) for i in args.ids]
-    except ValueError:
-        print(
-            f"ftlayer: error: ids are hex, as `dlq list` prints them: {args.ids}", file=sys.stderr
-        )
-        return 2
-    with _open_existing(args) as layer:
-        n = layer.dlq_replay(ids)
-    print(f"re-driven: {n}")
-    return 0 if args.all or n == len(ids or []) else 1
-
-
-def _cmd_dlq_purge(args: argparse.Namespace) -> int:
-
-    with _open_existing(args) as layer:
-        n = layer.stats().dead_letters
-        if not n:
-            print("no dead letters")
-            return 0
-        if not args.yes:
-            if not sys.stdin.isatty():
-                print(f"ftlayer: refusing to purge {n} dead letters without --yes", file=sys.stderr)
-                return 2
-            answer = input(f"Delete {n} dead letters for good? [y/N] ")
-            if answer.strip().lower() not in ("y", "yes"):
-                print("nothing purged")
-                return 1
-        print(f"purged: {layer.dlq_purge()}")
-    return 0
-
-
 def _cmd_stats(args: argparse.Namespace) -> int:
 
-    with _open_existing(args) as layer:
+    with open_existing(args) as layer:
         st = layer.stats().as_dict()
     if args.json:
         print(json.dumps(st, sort_keys=True))
@@ -458,7 +306,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ftlayer: interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

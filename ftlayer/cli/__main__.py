@@ -1,0 +1,7 @@
+"""``python -m ftlayer.cli``: the ``ftlayer`` command."""
+
+import sys
+
+from ftlayer.cli import main
+
+sys.exit(main())
