@@ -135,13 +135,15 @@ class TcpProxy:
 def session_pids(sid: int) -> list[int]:
     """The processes whose session id is ``sid`` (Linux ``/proc``)."""
     pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for name in os.listdir("/proc"):  # not Path.glob: it stats entries that may vanish
+        if not name.isdigit():
+            continue
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process exited meanwhile
             continue
         if int(fields[3]) == sid:  # after "pid (comm)": state, ppid, pgrp, session
-            pids.append(int(stat.parent.name))
+            pids.append(int(name))
     return pids
 
 
