@@ -66,13 +66,14 @@ MARKER_PARTITION = (1 << _PARTITION_BITS) - 1
 def mix64(x: np.ndarray) -> np.ndarray:
     """SplitMix64's finalizer (Steele, Lea, Flood 2014): a bijection of uint64 whose
     outputs of consecutive inputs look independent and uniform."""
-    return _mix64_into(x + _U(0x9E3779B97F4A7C15))
+    return _mix64_into(np.array(x, dtype=np.uint64))
 
 
 def _mix64_into(z: np.ndarray) -> np.ndarray:
-    """SplitMix64's finalizer without its increment, in place on ``z`` (one array for
-    the whole computation: it runs on every row crossing a shuffle)."""
+    """``mix64`` in place on ``z`` (one array for the whole computation: it runs on every
+    row crossing a shuffle)."""
     with np.errstate(over="ignore"):
+        z += _U(0x9E3779B97F4A7C15)
         z ^= z >> _U(30)
         z *= _U(0xBF58476D1CE4E5B9)
         z ^= z >> _U(27)
@@ -118,10 +119,7 @@ def edge_hashes(src: np.ndarray, salt: int) -> np.ndarray:
     """What a row of source ``src`` counts when it crosses the shuffle edge with ``salt``:
     odd, so that no multiple below 2**64 of one value sums to 0 (siblings sharing a source
     id cannot cancel, as they could under XOR)."""
-    z = src ^ _U(salt)  # a new array: ``src`` is left as it is
-    with np.errstate(over="ignore"):
-        z += _U(0x9E3779B97F4A7C15)
-    z = _mix64_into(z)
+    z = _mix64_into(src ^ _U(salt))  # a new array: ``src`` is left as it is
     z |= _U(1)
     return z
 

@@ -69,6 +69,7 @@ class FTStats:
     """Upper bound on the age of the oldest record with a live timeout, from the earliest
     deadline (exact to within T/(B-1)); None when nothing has a timeout."""
     pending_by_source: dict[int, int] = field(default_factory=dict)
+    queued_by_source: dict[int, int] = field(default_factory=dict)
     latency_count: int = 0
     latency_sum_ms: int = 0
     latency_buckets: dict[str, int] = field(default_factory=dict)  # cumulative, "le" -> n
@@ -231,7 +232,8 @@ class FTLayer:
         deadline = time.monotonic() + timeout_s
         delay, logged = 0.05, False
         while True:
-            pending = self.pending_by_source().get(source, 0) - self.persistence.queued(source)
+            st = self.stats()
+            pending = st.pending_by_source.get(source, 0) - st.queued_by_source.get(source, 0)
             if pending <= limit:
                 return True
             if not logged:
@@ -292,7 +294,8 @@ class FTLayer:
             running += raw.get(f"latency_le_{bound}", 0)
             st.latency_buckets[str(bound)] = running
         st.latency_buckets["+Inf"] = st.latency_count
-        st.queued_replays = sum(self.persistence.queued(s) for s in st.pending_by_source)
+        st.queued_by_source = {s: self.persistence.queued(s) for s in st.pending_by_source}
+        st.queued_replays = sum(st.queued_by_source.values())
         return st
 
     # -- dead letters ----------------------------------------------------------------------

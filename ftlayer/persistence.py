@@ -145,15 +145,25 @@ class RedisPersistenceLayer(NamespacePart):
         return out
 
     def dead_letters(self) -> list[DeadLetter]:
+        """Every dead letter, oldest first."""
         out = []
         for shard in self.keyspace.shards:
             for key, raw in self.client.hgetall(shard.dlq).items():
-                frame_bytes, hist, when = msgpack.unpackb(raw, raw=True)
-                frame, error = None, None
-                try:
-                    frame = decode_frame(frame_bytes, max_payload=self.config.max_record_bytes)
-                except FrameError as e:
-                    error = str(e)
-                src = int.from_bytes(cast(bytes, key), "big")
-                out.append(DeadLetter(src, frame, _failures(hist), int(when), frame_bytes, error))
+                out.append(
+                    self._dead_letter(int.from_bytes(cast(bytes, key), "big"), cast(bytes, raw))
+                )
         return sorted(out, key=lambda d: d.time_ms)
+
+    def dead_letter(self, source_id: int) -> DeadLetter | None:
+        """One dead letter by its source id (one HGET), or ``None``."""
+        raw = self.client.hget(self._shard(source_id).dlq, source_id.to_bytes(8, "big"))
+        return None if raw is None else self._dead_letter(source_id, cast(bytes, raw))
+
+    def _dead_letter(self, source_id: int, raw: bytes) -> DeadLetter:
+        frame_bytes, hist, when = msgpack.unpackb(raw, raw=True)
+        frame, error = None, None
+        try:
+            frame = decode_frame(frame_bytes, max_payload=self.config.max_record_bytes)
+        except FrameError as e:
+            error = str(e)
+        return DeadLetter(source_id, frame, _failures(hist), int(when), frame_bytes, error)

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any, NoReturn
 
 from ftlayer import __version__
-from ftlayer.cli.common import add_common, config_of, open_existing, opt
+from ftlayer.cli.common import add_common, config_of, env_name, open_existing, opt
 from ftlayer.cli.dlq import add_dlq_commands
 from ftlayer.connection import redact_url
 from ftlayer.errors import FrameError, FTLayerError
@@ -42,24 +42,28 @@ def _level(value: str) -> str:
     return value.upper()
 
 
-def _add_globals(p: argparse.ArgumentParser, top: bool) -> None:
-    """--log-level and --log-format, accepted before or after any subcommand. Below the
-    top, their defaults are SUPPRESS: a subcommand that is not given them keeps the
-    value the top level parsed (or took from the environment)."""
-    if top:
-        opt(p, "--log-level", _level, "INFO", "DEBUG, INFO, WARNING, ERROR")
-        opt(p, "--log-format", _format, "text", "text or json (one JSON object per line)")
-        return
-    p.add_argument("--log-level", type=_level, default=argparse.SUPPRESS,
-                   help="DEBUG, INFO, WARNING, ERROR [env: FTLAYER_LOG_LEVEL]")  # fmt: skip
-    p.add_argument("--log-format", type=_format, default=argparse.SUPPRESS,
-                   help="text or json [env: FTLAYER_LOG_FORMAT]")  # fmt: skip
-
-
 def _format(value: str) -> str:
     if value not in ("text", "json"):
         raise argparse.ArgumentTypeError(f"{value!r} is not text or json")
     return value
+
+
+_GLOBALS = (
+    ("--log-level", _level, "INFO", "DEBUG, INFO, WARNING, ERROR"),
+    ("--log-format", _format, "text", "text or json (one JSON object per line)"),
+)
+
+
+def _add_globals(p: argparse.ArgumentParser, top: bool) -> None:
+    """--log-level and --log-format, accepted before or after any subcommand. Below the
+    top, their defaults are SUPPRESS: a subcommand that is not given them keeps the
+    value the top level parsed (or took from the environment)."""
+    for flag, kind, default, text in _GLOBALS:
+        if top:
+            opt(p, flag, kind, default, text)
+        else:
+            p.add_argument(flag, type=kind, default=argparse.SUPPRESS,
+                           help=f"{text} [env: {env_name(flag)}]")  # fmt: skip
 
 
 def _subparsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:

@@ -11,22 +11,23 @@ from typing import Any
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
 
-__all__ = ["add_common", "config_of", "open_existing", "opt"]
+__all__ = ["add_common", "config_of", "env_name", "open_existing", "opt"]
 
 
-def _env(name: str, default: Any = None) -> Any:
-    return os.environ.get(f"FTLAYER_{name}", default)
+def env_name(flag: str) -> str:
+    """The environment variable a flag falls back to: ``--redis-url`` -> FTLAYER_REDIS_URL."""
+    return "FTLAYER_" + flag.lstrip("-").upper().replace("-", "_")
 
 
 def opt(
     p: argparse.ArgumentParser, flag: str, kind: Callable[[str], Any], default: Any, text: str
 ) -> None:
-    """A flag that falls back to FTLAYER_<FLAG>; argparse converts (and checks) the
-    environment's string with ``kind`` like any command-line value."""
-    env = flag.lstrip("-").upper().replace("-", "_")
+    """A flag that falls back to its environment variable (env_name); argparse converts
+    (and checks) the environment's string with ``kind`` like any command-line value."""
+    env = env_name(flag)
     shown = "" if default is None else " (default: %(default)s)"
-    p.add_argument(flag, type=kind, default=_env(env, default),
-                   help=f"{text}{shown} [env: FTLAYER_{env}]")  # fmt: skip
+    p.add_argument(flag, type=kind, default=os.environ.get(env, default),
+                   help=f"{text}{shown} [env: {env}]")  # fmt: skip
 
 
 def add_common(p: argparse.ArgumentParser) -> None:

@@ -168,10 +168,10 @@ def _cmd_show(args: argparse.Namespace) -> int:
         text = f"dead-letter ids are hex, as `dlq list` prints them: {args.id!r}"
         raise ConfigError(text) from None
     with open_existing(args) as layer:
-        found = [d for d in layer.persistence.dead_letters() if d.source_id == wanted]
-    if not found:
+        found = layer.persistence.dead_letter(wanted)
+    if found is None:
         raise ConfigError(f"no dead letter {args.id} in namespace {args.namespace}")
-    d = dead_letter_dict(found[0])
+    d = dead_letter_dict(found)
     if args.json:
         print(json.dumps(d))
         return 0

@@ -122,7 +122,7 @@ class _FTCollector(Collector):
                               ["source"])  # fmt: skip
         for source, n in sorted(st.pending_by_source.items()):
             pending.add_metric([ns, str(source)], n)
-            queued.add_metric([ns, str(source)], self.layer.persistence.queued(source))
+            queued.add_metric([ns, str(source)], st.queued_by_source.get(source, 0))
         yield pending
         yield queued
         for field, name, doc in _GAUGES:
