@@ -21,11 +21,13 @@ local[2] Spark session, written as:
   batch-scope machinery; ``row_task_ft_on``: the same with ``ack_scope="task"`` (over
   ``df.rdd``, acking in Redis per task). Once each, not repeated.
 
-After a warm-up round, every round runs each variant once, ``arrow`` right beside the ftlayer
-variants (before them in even rounds, after them in odd ones). ``records_per_s`` are medians
-over the rounds; each ``ratio_*_vs_arrow`` is the median of the per-round ratios (paired:
-a shared machine's slow spells hit both sides of a pair), with the ratio of the medians
-beside it in ``ratio_of_medians``. Goals: ``ft_on`` >= 0.9x ``arrow``, ``ft_on_failing``
+After a warm-up round, every round runs each ftlayer variant right beside an ``arrow`` run
+of its own (``arrow`` first in one round, second in the next: ABBA), then the other
+baselines once. ``records_per_s`` are medians over the rounds (``arrow``'s over all its
+runs); each ``ratio_*_vs_arrow`` is the median of the per-round ratios of a variant to the
+``arrow`` run beside it (paired: a shared machine's slow spells, and the JVM's state after
+the previous variant, hit both sides of a pair alike), with the ratio of the medians beside
+it in ``ratio_of_medians``. Goals: ``ft_on`` >= 0.9x ``arrow``, ``ft_on_failing``
 >= 0.8x, ``ft_off`` >= 0.97x. ``--scale`` also reports how records/s of ``arrow`` and
 ``ft_on`` grow with N.
 
@@ -266,25 +268,26 @@ def run(records: int, repeat: int, url: str | None, scale: list[int], row: bool)
             }  # fmt: skip
             df = _input(spark, records)
             times: dict[str, list[float]] = {k: [] for k in variants}
-            ft_names = FT_VARIANTS
-            others = ["dataframe", "pandas", "rdd"]
+            pairs: dict[str, list[float]] = {k: [] for k in FT_VARIANTS}
             for rep in range(repeat + 1):  # round 0 warms the JVM and the workers
-                paired = ["arrow", *ft_names] if rep % 2 == 0 else [*ft_names, "arrow"]
-                for name in [*paired, *others]:
-                    dt = _time(lambda name=name: variants[name](df, records))
+                for i, name in enumerate(FT_VARIANTS):  # each beside its own arrow run
+                    pair = ("arrow", name) if (rep + i) % 2 == 0 else (name, "arrow")
+                    dt = {k: _time(lambda k=k: variants[k](df, records)) for k in pair}
                     if rep:
-                        times[name].append(dt)
+                        times["arrow"].append(dt["arrow"])
+                        times[name].append(dt[name])
+                        pairs[name].append(dt["arrow"] / dt[name])
+                for name in ("dataframe", "pandas", "rdd"):
+                    dt1 = _time(lambda name=name: variants[name](df, records))
+                    if rep:
+                        times[name].append(dt1)
             rate = {k: records / median(v) for k, v in times.items()}
-            pairs = {k: [a / b for a, b in zip(times["arrow"], times[k], strict=True)]
-                     for k in ft_names}  # fmt: skip
             paired_ratio = {k: median(v) for k, v in pairs.items()}
             spread = {k: [round(q, 3) for q in _quartiles(v)] for k, v in pairs.items()}
             main_calls = list(ft.calls)  # the scale runs below add theirs
             if row:  # once each, not paired: no goal rides on them
                 rate["row_ft_on"] = records / _time(lambda: ft(df, records, "on", row="batch"))
-                rate["row_task_ft_on"] = records / _time(
-                    lambda: ft(df, records, "on", row="task")
-                )
+                rate["row_task_ft_on"] = records / _time(lambda: ft(df, records, "on", row="task"))
             df.unpersist()
             growth = {}
             for n in scale:

@@ -27,7 +27,8 @@ __all__ = ["AckEntry", "FlushResult", "RedisAckerTable", "ShardBatch", "pack_fai
 _ENTRY = struct.Struct(">iiddH")
 _PERSIST_HEAD = struct.Struct(">QI")
 _FAIL_HEAD = struct.Struct(">QBH")
-REASON_CODES = {"explicit": 1, "timeout": 2}
+REASON_CODES = {"explicit": 1, "timeout": 2, "dead_letter": 3}
+"""``dead_letter``: an explicit failure that no replay can fix (dead-lettered now)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from serialization import encode_frame, encode_payload
 __all__ = ["AbstractFTHandler", "FTHandler", "NonFTHandler"]
 
 _NO_ID = RecordId(0, 0)
-_REASONS = ("explicit", "timeout")
+_REASONS = ("explicit", "timeout", "dead_letter")
 
 
 class AbstractFTHandler:

@@ -73,6 +73,15 @@ class ShardKeys:
     def replay(self, source: int) -> str:
         return f"{self.prefix}:replay:{source}"
 
+    @property
+    def dlqlog(self) -> str:
+        """The dead-letter log: a capped stream of (src, source), one per dead letter."""
+        return f"{self.prefix}:dlqlog"
+
+    def dlqlog_cursor(self, source: int) -> str:
+        """The last log entry the ``on_dead_letter`` callback of ``source`` was given."""
+        return f"{self.prefix}:dlqlog:cursor:{source}"
+
 
 class Keyspace:
     """The keys of one namespace: ``ft:{<ns>:<k>}:…`` for shard k."""

@@ -18,13 +18,22 @@ __all__ = [
     "MAX_REPLAYS",
     "MAX_SHARDS",
     "MAX_SOURCE",
+    "DEAD_NOW",
+    "DLQ_LOG_MAX",
     "SEGMENT_DONE_TTL_MS",
     "UNKNOWN_SOURCE",
     "lua_constants",
 ]
 
-MAX_REPLAYS = 0xFFFF
-"""A record's replay budget travels in 16 bits (the frame header, segment residues)."""
+MAX_REPLAYS = 0x7FFF
+"""A record's replay budget travels in 16 bits (the frame header, segment residues); the
+top bit of a residue's attempt count is DEAD_NOW."""
+DEAD_NOW = 0x8000
+"""Set in a residue's attempt count: dead-letter it at settlement whatever its budget
+(an exception type of ``ErrorPolicy.dead_letter_on``, ``Outcome.dead_letter``)."""
+DLQ_LOG_MAX = 100_000
+"""Entries kept (about) in each shard's dead-letter log, the stream ``on_dead_letter``
+callbacks read (the dead letters themselves are kept until purged or re-driven)."""
 UNKNOWN_SOURCE = 0xFFFF
 """The source index of an acker entry made by an XOR before its init."""
 MAX_SOURCE = UNKNOWN_SOURCE - 1
@@ -46,7 +55,7 @@ SEGMENT_DONE_TTL_MS = 3_600_000
 """How long Redis remembers that a batch settled (a late attempt then stores nothing)."""
 
 _LUA = ("MAX_REPLAYS", "UNKNOWN_SOURCE", "MAX_ERROR_BYTES", "FLUSH_TOKEN_TTL_MS",
-        "CLAIM_TOKEN_TTL_MS", "SEGMENT_DONE_TTL_MS")  # fmt: skip
+        "CLAIM_TOKEN_TTL_MS", "SEGMENT_DONE_TTL_MS", "DEAD_NOW", "DLQ_LOG_MAX")  # fmt: skip
 
 
 def lua_constants() -> str:

@@ -41,6 +41,8 @@ class ClaimedRecord:
     record_id: RecordId
     frame: Frame
     original_partition: int
+    attempts: int = 0
+    """Attempts that failed before this replay (since its last re-drive)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +132,7 @@ class RedisPersistenceLayer(NamespacePart):
             reply = self.retried(partial(self.scripts.claim, keys=shard.script_keys, args=args),
                                  "claim")  # fmt: skip
             bad: list[tuple[int, str, str]] = []
-            for i in range(0, len(reply), 3):
+            for i in range(0, len(reply), 4):
                 try:
                     frame = decode_frame(reply[i + 1], max_payload=cfg.max_record_bytes)
                 except FrameError as e:  # dead-lettered alone; the rest are delivered
@@ -139,7 +141,7 @@ class RedisPersistenceLayer(NamespacePart):
                     log.error("replay dead-lettered source_id=%016x error=%s", src, e)
                     continue
                 rid = RecordId(frame.source_id, frame.current_id)
-                out.append(ClaimedRecord(rid, frame, int(reply[i + 2])))
+                out.append(ClaimedRecord(rid, frame, int(reply[i + 2]), int(reply[i + 3])))
             if bad:  # budget 0: straight to the dead letters, raw bytes and error kept
                 self.scripts.fail(keys=shard.script_keys, args=[0, pack_fails(bad)])
         return out
@@ -153,6 +155,18 @@ class RedisPersistenceLayer(NamespacePart):
                     self._dead_letter(int.from_bytes(cast(bytes, key), "big"), cast(bytes, raw))
                 )
         return sorted(out, key=lambda d: d.time_ms)
+
+    def dead_letter_log(self, shard: int, after: bytes, count: int) -> list[tuple[bytes, int, int]]:
+        """Up to ``count`` entries of a shard's dead-letter log after entry id ``after``
+        (b"0": from the start): (entry id, source id, source index), oldest first."""
+        key = self.keyspace[shard].dlqlog
+        out = []
+        entries = cast(list[tuple[bytes, dict[bytes, bytes]]],
+                       self.client.xrange(key, b"(" + after, "+", count=count))  # fmt: skip
+        for entry_id, fields in entries:
+            src, source = fields[b"src"], fields[b"source"]
+            out.append((entry_id, int.from_bytes(src, "big"), int(source)))
+        return out
 
     def dead_letter(self, source_id: int) -> DeadLetter | None:
         """One dead letter by its source id (one HGET), or ``None``."""

@@ -103,13 +103,27 @@ local function attempts_since_redrive(hist)
   return hist[#hist][3]
 end
 
+-- A replay queue entry: new id | hash code | original partition | failed attempts u16
+-- (18 bytes; claim hands the attempts to the stage contexts).
+local function queue_entry(new, frame, attempts)
+  return new .. string.sub(frame, 25, 32) .. struct.pack('>I2', math.min(attempts, 65535))
+end
+
+-- Note a dead letter in this shard's dead-letter log (a capped stream that the drivers'
+-- on_dead_letter callbacks read: ftlayer/deadletters.py).
+local function log_dead_letter(src, source)
+  redis.call('XADD', PREFIX .. ':dlqlog', 'MAXLEN', '~', DLQ_LOG_MAX, '*',
+             'src', src, 'source', source)
+end
+
 -- Store a frame under a new source id and queue it for replay (the record already
--- counts as pending). queue entry: new id | hash code | original partition (16 bytes)
+-- counts as pending).
 local function requeue(src, frame, hist, salt)
   local new = new_source_id(src, salt)
   redis.call('HSET', REC, new, string.sub(frame, 1, 8) .. new .. string.sub(frame, 17))
   redis.call('HSET', HIST, new, cmsgpack.pack(hist))
-  redis.call('RPUSH', PREFIX .. ':replay:' .. source_of(frame), new .. string.sub(frame, 25, 32))
+  redis.call('RPUSH', PREFIX .. ':replay:' .. source_of(frame),
+             queue_entry(new, frame, attempts_since_redrive(hist)))
   return new
 end
 
@@ -117,6 +131,7 @@ end
 -- source id in the same shard and queue it for replay with its hash code and original
 -- partition, or, past max_replays, move it to the dead-letter hash with its history.
 -- Never acks. Returns 1 replayed, 2 dead-lettered, 0 orphan (nothing pending under src).
+-- max_replays: -1 each record's own budget; 0 dead-letters at once.
 local function fail_record(src, reason, err, max_replays)
   local frame = redis.call('HGET', REC, src)
   local entry = redis.call('HGET', ACKS, src)
@@ -140,6 +155,7 @@ local function fail_record(src, reason, err, max_replays)
     redis.call('HSET', DLQ, src, cmsgpack.pack({frame, hist, NOW}))
     redis.call('HDEL', REC, src)
     redis.call('HDEL', HIST, src)
+    log_dead_letter(src, source)
     count('dead_lettered')
     count('pending:' .. source, -1)
     return 2
@@ -152,8 +168,9 @@ local function fail_record(src, reason, err, max_replays)
 end
 
 -- Fail a packed list of records: repeated [source id 8][reason u8: 1 explicit,
--- 2 timeout][err_len u16][err]. Returns {replayed, dead_lettered, orphans}.
-local REASONS = {'explicit', 'timeout'}
+-- 2 timeout, 3 explicit and dead-lettered now][err_len u16][err].
+-- Returns {replayed, dead_lettered, orphans}.
+local REASONS = {'explicit', 'timeout', 'explicit'}
 local function fail_packed(fails, max_replays)
   local done = {0, 0, 0}
   local pos, n = 1, #fails
@@ -162,7 +179,9 @@ local function fail_packed(fails, max_replays)
     src, code, elen, pos = struct.unpack('>c8BI2', fails, pos)
     local err = string.sub(fails, pos, pos + elen - 1)
     pos = pos + elen
-    local r = fail_record(src, REASONS[code] or 'explicit', err, max_replays)
+    local budget = max_replays
+    if code == 3 then budget = 0 end
+    local r = fail_record(src, REASONS[code] or 'explicit', err, budget)
     if r == 0 then r = 3 end
     done[r] = done[r] + 1
   end

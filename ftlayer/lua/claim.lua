@@ -6,9 +6,9 @@
 -- Each claimed record is inited here with the current id it will be emitted with, and
 -- gets a fresh timeout: if the claiming task dies, the record times out and is replayed
 -- again (nothing lost); while it only waits in the queue it burns no attempt.
--- Returns a flat list: source id, frame, original partition, source id, frame, ... (frames
--- carry the claimed current id; the source id is the queue's, so a record whose frame no
--- longer decodes can still be dead-lettered on its own by the caller).
+-- Returns a flat list: source id, frame, original partition, failed attempts, source id,
+-- ... (frames carry the claimed current id; the source id is the queue's, so a record
+-- whose frame no longer decodes can still be dead-lettered on its own by the caller).
 -- Redis is called in bulk (one HMGET / HSET / SADD per CHUNK records), not per record.
 
 local token_key = PREFIX .. ':claim:' .. ARGV[6]
@@ -43,6 +43,9 @@ for first = 1, #items, CHUNK do
       out[#out + 1] = src
       out[#out + 1] = string.sub(frame, 1, 16) .. cur .. string.sub(frame, 25)
       out[#out + 1] = (struct.unpack('>i4', items[i], 13))
+      local attempts = 0
+      if #items[i] >= 18 then attempts = (struct.unpack('>I2', items[i], 17)) end
+      out[#out + 1] = attempts
     else
       vanished = vanished + 1
     end
@@ -57,7 +60,7 @@ if #out > 0 and not indexed[deadline] then
   indexed[deadline] = true
 end
 count('replays_vanished', vanished)
-count('replays_claimed', #out / 3)
+count('replays_claimed', #out / 4)
 flush_counts()
 redis.call('SET', token_key, cmsgpack.pack(out), 'PX', CLAIM_TOKEN_TTL_MS)
 return out

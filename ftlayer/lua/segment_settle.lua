@@ -52,10 +52,13 @@ while pos <= #segs do
       local frame, err, attempts = f[1], f[2], f[3]
       local src = string.sub(frame, 9, 16)
       source = source_of(frame)
+      local dead_now = attempts >= DEAD_NOW
+      if dead_now then attempts = attempts - DEAD_NOW end
       local hist = {{reason, NOW, attempts, err}}
-      if attempts > budget then
+      if dead_now or attempts > budget then
         dlq_set[#dlq_set + 1] = src
         dlq_set[#dlq_set + 1] = cmsgpack.pack({frame, hist, NOW})
+        log_dead_letter(src, source)
         done[4] = done[4] + 1
       else
         rec_set[#rec_set + 1] = src
@@ -64,7 +67,7 @@ while pos <= #segs do
         hist_set[#hist_set + 1] = cmsgpack.pack(hist)
         local q = PREFIX .. ':replay:' .. source
         queues[q] = queues[q] or {}
-        queues[q][#queues[q] + 1] = src .. string.sub(frame, 25, 32)
+        queues[q][#queues[q] + 1] = queue_entry(src, frame, attempts)
         done[3] = done[3] + 1
         count('pending:' .. source)
       end

@@ -29,7 +29,9 @@ Invariants:
 Modules: ``driver`` (FaultTolerance), ``pipeline`` (the builder), ``plan`` (what tasks
 run), ``outcome`` (per-row outcomes, bisection), ``vector_tasks`` / ``batch_scope`` (the
 vectorized path: executors / driver), ``row_stages`` (row stages compiled to batch stages),
-``row_tasks`` (``ack_scope="task"``: row stages over ``df.rdd``), ``standalone`` (a Spark
+``row_tasks`` (``ack_scope="task"``: row stages over ``df.rdd``), ``policy``
+(ErrorPolicy: retries, backoff, dead-letter types; stage contexts), ``dead_letter_feed``
+(``on_dead_letter`` callbacks), ``standalone`` (a Spark
 standalone cluster on loopback, for tests and benchmarks), ``results``.
 """
 
@@ -37,16 +39,20 @@ from ftlayer.spark.driver import FaultTolerance
 from ftlayer.spark.outcome import Outcome, StageContractError
 from ftlayer.spark.pipeline import OnError, Pipeline
 from ftlayer.spark.plan import UNCONFIRMED, Unconfirmed
+from ftlayer.spark.policy import BatchContext, ErrorPolicy, RecordContext
 from ftlayer.spark.results import BatchResult, DrainResult, StageCounts
 
 __all__ = [
     "UNCONFIRMED",
+    "BatchContext",
     "BatchResult",
     "DrainResult",
+    "ErrorPolicy",
     "FaultTolerance",
     "OnError",
     "Outcome",
     "Pipeline",
+    "RecordContext",
     "StageContractError",
     "StageCounts",
     "Unconfirmed",

@@ -41,11 +41,14 @@ from ftlayer.acker import ShardBatch
 from ftlayer.connection import is_cluster
 from ftlayer.errors import ConfigError
 from ftlayer.ids import RecordId, is_local, new_ids, shard_of, split_local
+from ftlayer.limits import DEAD_NOW
 from ftlayer.payloads import arrow_codecs, decode_record
 from ftlayer.segments import frames_of_rows
 from ftlayer.spark.plan import MAX_MESSAGES, Segment
+from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy
 from ftlayer.spark.results import BatchResult, StageCounts
 from ftlayer.spark.vector_tasks import (
+    ATT_COL,
     ID_FIELDS,
     SRC_COL,
     SUMMARY_COL,
@@ -96,6 +99,7 @@ def plan_batch(
     batch_key: str,
     on_error: str,
     immediate_replays: int | None = None,
+    errors: ErrorPolicy = DEFAULT_POLICY,
 ) -> VectorPlan:
     """The plan of one run of a vectorized batch (a fresh salt per run)."""
     inputs = [arrow_schema(input_schema, spark)]
@@ -117,7 +121,8 @@ def plan_batch(
     salt = int(new_ids(1)[0] & np.uint64(0x7FFF_FFFF_FFFF_FFFF))
     budget = config.max_replays if immediate_replays is None else immediate_replays
     return VectorPlan(config, source, batch_key, salt, segments, on_error,
-                      min(budget, config.max_replays), tuple(inputs), tuple(outputs))  # fmt: skip
+                      min(budget, config.max_replays), tuple(inputs), tuple(outputs),
+                      errors)  # fmt: skip
 
 
 class Failure(NamedTuple):
@@ -163,8 +168,9 @@ class VectorRun:
                 from pyspark.sql import functions as F  # noqa: N812
 
                 source_df = source_df.select(
-                    "*", F.lit(None).cast("long").alias(SRC_COL)
-                ).unionByName(replays)
+                    "*", F.lit(None).cast("long").alias(SRC_COL),
+                    F.lit(None).cast("int").alias(ATT_COL),
+                ).unionByName(replays)  # fmt: skip
         if key and partitions:
             source_df = source_df.repartition(partitions, *key)
         out = source_df
@@ -194,7 +200,7 @@ class VectorRun:
             return None
         schema = self.plan.inputs[0]
         codecs = arrow_codecs(schema)
-        rows, srcs, curs, bad = [], [], [], []
+        rows, srcs, curs, atts, bad = [], [], [], [], []
         for c in claimed:
             desc = c.frame.describe()
             try:
@@ -207,6 +213,7 @@ class VectorRun:
             rows.append(record)
             srcs.append(c.record_id[0])
             curs.append(c.record_id[1])
+            atts.append(c.attempts)
         try:
             table = pa.Table.from_pylist(rows, schema=schema)
         except (pa.ArrowException, TypeError, ValueError):  # find the rows that do not fit
@@ -220,6 +227,7 @@ class VectorRun:
                     bad.append((rid, f"replay does not fit the input schema: {e}"))
             rows = [rows[i] for i in fit]
             srcs, curs = [srcs[i] for i in fit], [curs[i] for i in fit]
+            atts = [atts[i] for i in fit]
             table = pa.Table.from_pylist(rows, schema=schema)
         for rid, text in bad:  # each failed with its own error (rare: one call each)
             self.result.undecodable += 1
@@ -232,6 +240,7 @@ class VectorRun:
             return None
         self.injected = dict(zip(srcs, curs, strict=True))
         table = table.append_column(SRC_COL, pa.array(np.array(srcs, np.uint64).view(np.int64)))
+        table = table.append_column(ATT_COL, pa.array(atts, pa.int32()))
         log.info("replays claimed batch_id=%s source=%d claimed=%d undecodable=%d",
                  self.result.batch_id, self.plan.source, len(claimed), len(bad))  # fmt: skip
         return df.sparkSession.createDataFrame(table)
@@ -416,9 +425,9 @@ class VectorRun:
         for src, cur in self.injected.items():
             k = shard_of(src, shards)
             if src in failed:
-                batches.setdefault(k, ShardBatch()).fails.append(
-                    (src, "explicit", failed[src].error)
-                )
+                why = failed[src]
+                reason = "dead_letter" if why.attempts & DEAD_NOW else "explicit"
+                batches.setdefault(k, ShardBatch()).fails.append((src, reason, why.error))
             elif src not in unconfirmed:
                 done.setdefault(k, []).append((src, cur))
         for k, pairs in done.items():

@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -44,9 +44,12 @@ from ftlayer.errors import ConfigError
 from ftlayer.layer import FTLayer
 from ftlayer.limits import MAX_REPLAYS
 from ftlayer.payloads import decode_record, field_codecs
+from ftlayer.persistence import DeadLetter
 from ftlayer.spark.batch_scope import VectorRun, arrow_schema, plan_batch
+from ftlayer.spark.dead_letter_feed import DeadLetterFeed
 from ftlayer.spark.pipeline import AckScope, OnError, Pipeline
 from ftlayer.spark.plan import MAX_MESSAGES
+from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy
 from ftlayer.spark.results import BatchResult, DrainResult
 from ftlayer.spark.row_stages import compile_rows
 from ftlayer.spark.row_tasks import (
@@ -141,8 +144,12 @@ class FaultTolerance:
         on_error: OnError = "fail_record",
         immediate_replays: int | None = None,
         ack_scope: AckScope = "batch",
+        errors: ErrorPolicy | None = None,
+        on_dead_letter: Callable[[DeadLetter], None] | None = None,
     ) -> Pipeline:
-        """A new pipeline reading source ``source``; see :class:`Pipeline`."""
+        """A new pipeline reading source ``source``; see :class:`Pipeline` (``errors``:
+        ftlayer.spark.policy.ErrorPolicy for its stages; ``on_dead_letter``: called on
+        the driver with each record of this source that is dead-lettered)."""
         if on_error not in ("fail_record", "fail_batch"):
             raise ConfigError(f"on_error must be 'fail_record' or 'fail_batch', not {on_error!r}")
         if ack_scope not in ("batch", "task"):
@@ -154,7 +161,10 @@ class FaultTolerance:
         key = (key,) if isinstance(key, str) else tuple(key)
         if partitions is not None and (not key or partitions < 1):
             raise ConfigError("partitions= needs key columns and must be >= 1")
-        return Pipeline(self, source, key, partitions, on_error, immediate_replays, ack_scope)
+        if on_dead_letter is not None and not callable(on_dead_letter):
+            raise ConfigError("on_dead_letter takes a function of one DeadLetter")
+        return Pipeline(self, source, key, partitions, on_error, immediate_replays, ack_scope,
+                        errors or DEFAULT_POLICY, on_dead_letter)  # fmt: skip
 
     # -- one batch ----------------------------------------------------------------------
     def run_batch(self, pipeline: Pipeline, df: DataFrame, batch_id: Any) -> BatchResult:
@@ -210,14 +220,15 @@ class FaultTolerance:
         segments = pipeline.segments
         if not pipeline.vectorized:
             segments = compile_rows(segments, df.schema, pipeline.on_error,
-                                    lambda ddl: arrow_schema(ddl, spark))  # fmt: skip
+                                    lambda ddl: arrow_schema(ddl, spark),
+                                    pipeline.errors)  # fmt: skip
         result = BatchResult(batch_id)
         self._backpressure(pipeline.source, batch_id)
         plan = plan_batch(
             segments, df.schema, spark, config=self.task_config,
             source=pipeline.source,
             batch_key=str(batch_id), on_error=pipeline.on_error,
-            immediate_replays=pipeline.immediate_replays,
+            immediate_replays=pipeline.immediate_replays, errors=pipeline.errors,
         )  # fmt: skip
         run = VectorRun(plan, self.layer, result)
         out = run.dataframe(df, pipeline.key, pipeline.partitions, self.replay_limit)
@@ -241,6 +252,7 @@ class FaultTolerance:
             pipeline.on_error,
             field_codecs(schema),
             pipeline.key,
+            pipeline.errors,
         )
 
     def _keyed(self, pipeline: Pipeline, df: DataFrame) -> DataFrame:
@@ -324,6 +336,12 @@ class FaultTolerance:
                 result.rejects.append(text)
 
     def _done(self, result: BatchResult, started: float) -> BatchResult:
+        pipeline = self._last[0] if self._last else None
+        if pipeline is not None and pipeline.on_dead_letter and self.layer is not None:
+            given = DeadLetterFeed(self.layer, pipeline.source, pipeline.on_dead_letter).deliver()
+            if given:
+                log.info("dead letters given to on_dead_letter batch_id=%s n=%d",
+                         result.batch_id, given)  # fmt: skip
         result.elapsed_s = round(time.monotonic() - started, 3)
         self.results.append(result)
         log.info(

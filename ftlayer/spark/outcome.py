@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from ftlayer.errors import FTLayerError
 from ftlayer.spark.plan import error_text
+from ftlayer.spark.policy import DEFAULT_POLICY, BatchContext, ErrorPolicy, is_dead, wants_context
 
 __all__ = ["Outcome", "StageContractError", "StageResult", "run_stage"]
 
@@ -54,6 +55,9 @@ class Outcome:
     failed: Indices | None = None
     errors: str | Sequence[str] = "failed by the stage"
     unconfirmed: Indices | None = None
+    dead_letter: Indices | None = None
+    """Those of the ``failed`` rows that no replay can fix (bad input): they go straight
+    to the dead letters instead of being replayed."""
 
 
 _NONE = np.empty(0, np.int64)
@@ -71,6 +75,7 @@ class StageResult:
     unconfirmed: np.ndarray = field(default_factory=lambda: _NONE)
     extra_calls: int = 0  # calls spent bisecting
     identity: bool = False  # output row i derives from input row i, for every i
+    dead: np.ndarray = field(default_factory=lambda: _NONE)  # failed rows to dead-letter
 
 
 def _indices(value: Indices | None, n_in: int, what: str) -> np.ndarray:
@@ -131,6 +136,9 @@ def _normalize(
         order = np.argsort(_indices(out.failed, n_in, "failed"), kind="stable")
         errors = [str(out.errors[i]) for i in order]
     unconfirmed = np.setdiff1d(_indices(out.unconfirmed, n_in, "unconfirmed"), failed)
+    dead = np.unique(_indices(out.dead_letter, n_in, "dead_letter"))
+    if not np.isin(dead, failed).all():
+        raise StageContractError("dead_letter names rows that are not in failed")
     n_out = 0 if batch is None else batch.num_rows
     if out.parents is None:
         if batch is not None and n_out != n_in:
@@ -148,7 +156,7 @@ def _normalize(
         if not keep.all():
             batch = batch.filter(pa.array(keep))
             parents = parents[keep]
-    return StageResult(batch, parents, failed, errors, unconfirmed)
+    return StageResult(batch, parents, failed, errors, unconfirmed, dead=dead)
 
 
 def _concat(parts: list[tuple[int, StageResult]], schema: pa.Schema | None) -> StageResult:
@@ -167,11 +175,12 @@ def _concat(parts: list[tuple[int, StageResult]], schema: pa.Schema | None) -> S
         [e for _, r in parts for e in r.errors],
         np.concatenate([r.unconfirmed + start for start, r in parts]),
         sum(r.extra_calls for _, r in parts),
+        dead=np.concatenate([r.dead + start for start, r in parts]),
     )
 
 
 def run_stage(
-    fn: Callable[[Any], Any],
+    fn: Callable[..., Any],
     batch: pa.RecordBatch,
     where: str,
     *,
@@ -179,33 +188,70 @@ def run_stage(
     pandas: bool = False,
     is_sink: bool = False,
     bisect: bool = True,
+    policy: ErrorPolicy = DEFAULT_POLICY,
+    ctx: BatchContext | None = None,
 ) -> StageResult:
-    """Run ``fn`` over ``batch``; on an exception, isolate the rows that raise (see the
-    module docstring). ``bisect=False`` lets the exception propagate (``fail_batch``)."""
-    n = batch.num_rows
+    """Run ``fn`` over ``batch`` (retried as ``policy`` says); on an exception, isolate
+    the rows that raise (see the module docstring). ``bisect=False`` lets the exception
+    propagate (``fail_batch``). ``ctx``: passed as ``fn(batch, ctx)`` when ``fn`` wants it."""
+    with_ctx = ctx is not None and wants_context(fn)
     try:
-        raw = fn(batch.to_pandas() if pandas else batch)
+        raw = policy.call(_call, fn, batch, pandas, ctx if with_ctx else None)
     except StageContractError:
         raise
     except Exception as e:
         if not bisect:
             raise
-        if n <= 1:
-            return StageResult(
-                None if is_sink else _to_arrow(None, schema, pandas),
-                np.empty(0, np.int64),
-                np.arange(n, dtype=np.int64),
-                [error_text(where, e)] * n,
-            )
-        mid = n // 2
-        parts = [
-            (start, run_stage(fn, batch.slice(start, size), where, schema=schema,
-                              pandas=pandas, is_sink=is_sink))
-            for start, size in ((0, mid), (mid, n - mid))
-        ]  # fmt: skip
-        result = _concat(parts, schema if not is_sink else None)
-        if is_sink:
-            result.output = None
-        result.extra_calls += 2
-        return result
-    return _normalize(raw, n, schema, pandas, is_sink)
+        return _isolate(fn, batch, where, e, schema, pandas, is_sink, policy,
+                        ctx if with_ctx else None)  # fmt: skip
+    return _normalize(raw, batch.num_rows, schema, pandas, is_sink)
+
+
+def _call(fn: Callable[..., Any], batch: pa.RecordBatch, pandas: bool,
+          ctx: BatchContext | None) -> Any:  # fmt: skip
+    arg = batch.to_pandas() if pandas else batch
+    return fn(arg) if ctx is None else fn(arg, ctx)
+
+
+def _isolate(
+    fn: Callable[..., Any],
+    batch: pa.RecordBatch,
+    where: str,
+    e: Exception,
+    schema: pa.Schema | None,
+    pandas: bool,
+    is_sink: bool,
+    policy: ErrorPolicy,
+    ctx: BatchContext | None,
+) -> StageResult:
+    """Bisection: the rows of ``batch`` whose calls raise, each failed with its text (and
+    dead-lettered when its exception is fatal); halves are called once, without retries."""
+    n = batch.num_rows
+    if n <= 1:
+        rows = np.arange(n, dtype=np.int64)
+        return StageResult(
+            None if is_sink else _to_arrow(None, schema, pandas),
+            np.empty(0, np.int64),
+            rows,
+            [error_text(where, e)] * n,
+            dead=rows if policy.fatal(e) or is_dead(e) else _NONE,
+        )
+    mid = n // 2
+    parts = []
+    for start, size in ((0, mid), (mid, n - mid)):
+        half = batch.slice(start, size)
+        sub = None if ctx is None else ctx.slice(start, size)
+        try:
+            raw = _call(fn, half, pandas, sub)
+        except StageContractError:
+            raise
+        except Exception as e2:
+            part = _isolate(fn, half, where, e2, schema, pandas, is_sink, policy, sub)
+        else:
+            part = _normalize(raw, size, schema, pandas, is_sink)
+        parts.append((start, part))
+    result = _concat(parts, schema if not is_sink else None)
+    if is_sink:
+        result.output = None
+    result.extra_calls += 2
+    return result

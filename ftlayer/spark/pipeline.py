@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ftlayer.errors import ConfigError
-from ftlayer.spark.plan import BatchStage, Op, Segment
+from ftlayer.spark.plan import BatchStage, Op, RowFn, Segment
+from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy
 from partitioners import HashPartitioner
 
 if TYPE_CHECKING:
@@ -70,6 +71,13 @@ class Pipeline:
     """``"batch"``: a batch's records are settled together when it ends (Redis touched
     O(tasks) times on the success path). ``"task"`` (row stages only): every task emits
     and acks its records in Redis as it runs, O(records) Redis work."""
+    errors: ErrorPolicy = DEFAULT_POLICY
+    """Retries with backoff, and exception types that go straight to the dead letters,
+    for every stage without its own ``errors=`` (see ftlayer.spark.policy)."""
+    on_dead_letter: Callable[[Any], None] | None = None
+    """Called on the driver with each :class:`~ftlayer.persistence.DeadLetter` of this
+    pipeline's source, after the batch that dead-lettered it (or, for one dead-lettered
+    by the sidecar's timeouts, after the next batch): at least once, in order."""
     segments: tuple[Segment, ...] = (Segment(()),)
     sunk: bool = False
 
@@ -94,19 +102,27 @@ class Pipeline:
         if self.sunk:
             raise ConfigError("the pipeline already ends in a sink")
 
-    def map_batches(self, fn: Callable[[Any], Any], schema: Any) -> Pipeline:
+    def map_batches(
+        self, fn: Callable[..., Any], schema: Any, errors: ErrorPolicy | None = None
+    ) -> Pipeline:
         """A vectorized stage: ``fn(batch: pyarrow.RecordBatch)`` returns the output
         batch with ``schema`` (DDL string or StructType), or an ``Outcome`` naming failed
         rows, fan-out parents and (sinks) unconfirmed rows. A row that makes ``fn`` raise
-        is isolated by bisection and fails alone (see ftlayer.spark.outcome)."""
-        return self._add(("batches", BatchStage(fn, schema)))
+        is isolated by bisection and fails alone (see ftlayer.spark.outcome). ``fn(batch,
+        ctx)`` receives a :class:`~ftlayer.spark.policy.BatchContext`; ``errors``: this
+        stage's error policy (default: the pipeline's)."""
+        return self._add(("batches", BatchStage(fn, schema, errors=errors)))
 
-    def map_pandas(self, fn: Callable[[Any], Any], schema: Any) -> Pipeline:
+    def map_pandas(
+        self, fn: Callable[..., Any], schema: Any, errors: ErrorPolicy | None = None
+    ) -> Pipeline:
         """``map_batches`` with pandas: ``fn(pandas.DataFrame)`` returns a DataFrame
         (or an ``Outcome`` whose ``output`` is one)."""
-        return self._add(("batches", BatchStage(fn, schema, pandas=True)))
+        return self._add(("batches", BatchStage(fn, schema, pandas=True, errors=errors)))
 
-    def sink_batches(self, fn: Callable[[Any], Any], pandas: bool = False) -> Pipeline:
+    def sink_batches(
+        self, fn: Callable[..., Any], pandas: bool = False, errors: ErrorPolicy | None = None
+    ) -> Pipeline:
         """The last stage, vectorized: ``fn(batch)`` writes a batch (a pandas DataFrame
         with ``pandas=True``). Its rows are acked when ``fn`` returns; it may return an
         ``Outcome(failed=..., unconfirmed=...)`` for rows whose writes failed or were not
@@ -116,20 +132,25 @@ class Pipeline:
             raise ConfigError("ack_scope='task' runs row stages only: end it with sink()")
         if self.segments[-1].ops and not self.vectorized:
             raise ConfigError("sink_batches ends a pipeline of batch stages; use sink()")
-        last = replace(self.segments[-1], sink=fn, sink_per="batch", sink_pandas=pandas)
+        last = replace(self.segments[-1], sink=fn, sink_per="batch", sink_pandas=pandas,
+                       sink_errors=errors)  # fmt: skip
         return replace(self, segments=(*self.segments[:-1], last), sunk=True)
 
-    def map(self, fn: Callable[[Any], Any]) -> Pipeline:
-        """One output per record (acked when ``fn`` returns, via its outputs' fate)."""
-        return self._add(("map", fn))
+    def map(self, fn: Callable[..., Any], errors: ErrorPolicy | None = None) -> Pipeline:
+        """One output per record (acked when ``fn`` returns, via its outputs' fate).
+        ``fn(record, ctx)`` receives a :class:`~ftlayer.spark.policy.RecordContext`;
+        ``errors``: this stage's error policy (default: the pipeline's)."""
+        return self._add(("map", RowFn.of(fn, errors)))
 
-    def flat_map(self, fn: Callable[[Any], Iterable[Any]]) -> Pipeline:
+    def flat_map(
+        self, fn: Callable[..., Iterable[Any]], errors: ErrorPolicy | None = None
+    ) -> Pipeline:
         """Zero or more outputs per record; a record with none is complete."""
-        return self._add(("flat_map", fn))
+        return self._add(("flat_map", RowFn.of(fn, errors)))
 
-    def filter(self, fn: Callable[[Any], Any]) -> Pipeline:
+    def filter(self, fn: Callable[..., Any], errors: ErrorPolicy | None = None) -> Pipeline:
         """Keep records where ``fn`` is true; dropped records are acked (complete)."""
-        return self._add(("filter", fn))
+        return self._add(("filter", RowFn.of(fn, errors)))
 
     def partition_by(
         self, cols: Sequence[str] | str, n: int, types: Sequence[str] | None = None
@@ -152,7 +173,10 @@ class Pipeline:
         return replace(self, segments=(*self.segments[:-1], last, Segment(())))
 
     def sink(
-        self, fn: Callable[[Any], Any], per: Literal["record", "partition"] = "record"
+        self,
+        fn: Callable[..., Any],
+        per: Literal["record", "partition"] = "record",
+        errors: ErrorPolicy | None = None,
     ) -> Pipeline:
         """The last stage. ``per="record"``: ``fn(record)``; ``per="partition"``:
         ``fn(list_of_records)`` once per Arrow batch of a task (up to
@@ -165,7 +189,7 @@ class Pipeline:
             raise ConfigError("a pipeline of batch stages ends with sink_batches()")
         if per not in ("record", "partition"):
             raise ConfigError(f"per must be 'record' or 'partition', not {per!r}")
-        last = replace(self.segments[-1], sink=fn, sink_per=per)
+        last = replace(self.segments[-1], sink=fn, sink_per=per, sink_errors=errors)
         return replace(self, segments=(*self.segments[:-1], last), sunk=True)
 
     def __call__(self, df: DataFrame, batch_id: Any) -> None:

@@ -13,13 +13,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ftlayer.errors import FailRecord
+from ftlayer.errors import ConfigError, FailRecord
+from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy, RecordContext, wants_context
 
 __all__ = [
     "MAX_MESSAGES",
     "UNCONFIRMED",
     "BatchStage",
     "Op",
+    "RowFn",
     "Segment",
     "SinkPer",
     "Unconfirmed",
@@ -40,13 +42,43 @@ class BatchStage:
     """A vectorized stage: ``fn(batch) -> batch | Outcome`` with output ``schema`` (a DDL
     string or StructType). ``pandas=True``: ``fn`` takes and returns pandas DataFrames."""
 
-    fn: Callable[[Any], Any]
+    fn: Callable[..., Any]
     schema: Any
     pandas: bool = False
+    errors: ErrorPolicy | None = None
+    """The stage's own error policy (None: the pipeline's)."""
+
+
+@dataclass(frozen=True)
+class RowFn:
+    """A row stage's function with its own error policy (None: the pipeline's);
+    ``ctx``: it declares a ``ctx`` parameter (decided once, on the driver)."""
+
+    fn: Callable[..., Any]
+    errors: ErrorPolicy | None = None
+    ctx: bool = False
+
+    @classmethod
+    def of(cls, fn: Callable[..., Any], errors: ErrorPolicy | None = None) -> RowFn:
+        if not callable(fn):
+            raise ConfigError(f"a stage takes a function, not {fn!r}")
+        return cls(fn, errors, wants_context(fn))
+
+    @property
+    def __name__(self) -> str:
+        return stage_name(self.fn)
+
+    def __call__(self, x: Any, ctx: RecordContext | None = None,
+                 policy: ErrorPolicy = DEFAULT_POLICY) -> Any:  # fmt: skip
+        """``fn(x)`` (``fn(x, ctx)`` when it wants one), retried as its policy says."""
+        pol = self.errors or policy
+        if self.ctx:
+            return pol.call(self.fn, x, ctx)
+        return pol.call(self.fn, x)
 
 
 Op = tuple[str, Any]
-"""A stage: ("map" | "flat_map" | "filter", function) or ("batches", BatchStage)."""
+"""A stage: ("map" | "flat_map" | "filter", RowFn) or ("batches", BatchStage)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +92,7 @@ class Segment:
     sink: Callable[[Any], Any] | None = None
     sink_per: SinkPer = "record"
     sink_pandas: bool = False
+    sink_errors: ErrorPolicy | None = None
 
     @property
     def vectorized(self) -> bool:
@@ -98,18 +131,25 @@ def stage_name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
 
-def apply_ops(ops: tuple[Op, ...], record: Any) -> list[Any]:
-    """Run chained row stages on one record: its outputs, or the stage's exception with
-    the stage's label attached as ``e.ft_where`` (e.g. ``"map[0] price"``)."""
+def apply_ops(
+    ops: tuple[Op, ...],
+    record: Any,
+    policy: ErrorPolicy = DEFAULT_POLICY,
+    ctx: RecordContext | None = None,
+) -> list[Any]:
+    """Run chained row stages on one record (each retried as its policy, else
+    ``policy``, says): its outputs, or the stage's exception with the stage's label
+    attached as ``e.ft_where`` (e.g. ``"map[0] price"``)."""
     items = [record]
-    for i, (kind, fn) in enumerate(ops):
+    for i, (kind, op) in enumerate(ops):
+        fn = op if isinstance(op, RowFn) else RowFn(op)
         try:
             if kind == "map":
-                items = [fn(x) for x in items]
+                items = [fn(x, ctx, policy) for x in items]
             elif kind == "filter":
-                items = [x for x in items if fn(x)]
+                items = [x for x in items if fn(x, ctx, policy)]
             else:
-                items = [y for x in items for y in fn(x)]
+                items = [y for x in items for y in fn(x, ctx, policy)]
         except Exception as e:
             with contextlib.suppress(AttributeError, TypeError):
                 e.ft_where = f"{kind}[{i}] {stage_name(fn)}"  # type: ignore[attr-defined]

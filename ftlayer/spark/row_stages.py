@@ -21,7 +21,6 @@ persisted as Arrow segments, and residues do.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
@@ -32,7 +31,16 @@ import pyarrow as pa
 
 from ftlayer.errors import ConfigError, FailRecord
 from ftlayer.spark.outcome import Outcome
-from ftlayer.spark.plan import BatchStage, Op, Segment, Unconfirmed, apply_ops, error_text
+from ftlayer.spark.plan import (
+    BatchStage,
+    Op,
+    RowFn,
+    Segment,
+    Unconfirmed,
+    apply_ops,
+    error_text,
+)
+from ftlayer.spark.policy import DEFAULT_POLICY, BatchContext, ErrorPolicy, is_dead
 
 __all__ = ["REC_COL", "RowSink", "RowStage", "compile_rows", "decode_rec", "encode_rec"]
 
@@ -98,15 +106,19 @@ class _Failures:
     def __init__(self, raise_all: bool) -> None:
         self.raise_all = raise_all
         self.rows: dict[int, str] = {}
+        self.dead: set[int] = set()
 
     def add(self, row: int, where: str, e: BaseException) -> None:
         if self.raise_all and not isinstance(e, FailRecord):
             raise e
+        if row not in self.rows and is_dead(e):
+            self.dead.add(row)
         self.rows.setdefault(row, error_text(where, e))
 
     def outcome(self, **kw: Any) -> Outcome:
         rows = sorted(self.rows)
-        return Outcome(failed=rows, errors=[self.rows[r] for r in rows], **kw)
+        return Outcome(failed=rows, errors=[self.rows[r] for r in rows],
+                       dead_letter=sorted(self.dead), **kw)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -118,8 +130,13 @@ class RowStage:
     key_cols: tuple[str, ...]
     key_types: tuple[pa.DataType, ...]
     raise_all: bool
+    errors: ErrorPolicy = DEFAULT_POLICY
 
     ft_kind = "rows"
+
+    @property
+    def wants_ctx(self) -> bool:
+        return any(isinstance(fn, RowFn) and fn.ctx for _, fn in self.ops)
 
     @property
     def __name__(self) -> str:  # the stage's label in BatchResult.stages
@@ -128,13 +145,14 @@ class RowStage:
             names.append(f"partition_by{list(self.key_cols)}")
         return " | ".join(names) or "records"
 
-    def __call__(self, batch: pa.RecordBatch) -> Outcome:
+    def __call__(self, batch: pa.RecordBatch, ctx: BatchContext | None = None) -> Outcome:
         fails = _Failures(self.raise_all)
         outs: list[Any] = []
         parents: list[int] = []
         for i, record in enumerate(_records(batch)):
             try:
-                items = apply_ops(self.ops, record)
+                rctx = None if ctx is None else ctx.record(i)
+                items = apply_ops(self.ops, record, self.errors, rctx)
             except Exception as e:
                 fails.add(i, getattr(e, "ft_where", "stage"), e)
                 continue
@@ -186,17 +204,23 @@ class RowSink:
     each record, ``per="partition"`` calls ``fn(records)`` once per input batch (up to
     ``spark.sql.execution.arrow.maxRecordsPerBatch`` records, 10,000 by default)."""
 
-    fn: Callable[[Any], Any]
+    fn: RowFn
     per: str
     raise_all: bool
+    errors: ErrorPolicy = DEFAULT_POLICY
 
     ft_kind = "sink"
 
     @property
-    def __name__(self) -> str:
-        return getattr(self.fn, "__name__", type(self.fn).__name__)
+    def wants_ctx(self) -> bool:
+        return self.fn.ctx
 
-    def __call__(self, batch: pa.RecordBatch) -> Outcome:
+    @property
+    def __name__(self) -> str:
+        return self.fn.__name__
+
+    def __call__(self, batch: pa.RecordBatch, ctx: BatchContext | None = None) -> Outcome:
+        """``per="partition"``: ``ctx`` (when the sink wants one) is the batch's."""
         fails = _Failures(self.raise_all)
         where = f"sink {self.__name__}"
         records = _records(batch)
@@ -204,7 +228,8 @@ class RowSink:
         if self.per == "record":
             for i, record in enumerate(records):
                 try:
-                    if isinstance(self.fn(record), Unconfirmed):
+                    rctx = None if ctx is None else ctx.record(i)
+                    if isinstance(self.fn(record, rctx, self.errors), Unconfirmed):
                         unconfirmed.append(i)
                 except Exception as e:
                     fails.add(i, where, e)
@@ -212,7 +237,7 @@ class RowSink:
         if not records:
             return fails.outcome()
         try:
-            answer = self.fn(records)
+            answer = self.fn(records, ctx, self.errors)  # type: ignore[arg-type]
         except Exception as e:
             for i in range(len(records)):
                 fails.add(i, where, e)
@@ -227,10 +252,16 @@ def _key_ddl(types: tuple[str, ...], cols: tuple[str, ...]) -> str:
 
 
 def compile_rows(
-    segments: tuple[Segment, ...], input_schema: Any, on_error: str, arrow_schema: Any
+    segments: tuple[Segment, ...],
+    input_schema: Any,
+    on_error: str,
+    arrow_schema: Any,
+    errors: ErrorPolicy = DEFAULT_POLICY,
 ) -> tuple[Segment, ...]:
     """The batch-stage segments running a row pipeline (``input_schema``: the source
-    DataFrame's StructType; ``arrow_schema(ddl)``: the session's DDL parser)."""
+    DataFrame's StructType; ``arrow_schema(ddl)``: the session's DDL parser; ``errors``:
+    the pipeline's policy, applied per record -- the batch stages they compile to retry
+    nothing themselves)."""
     names = set(input_schema.fieldNames())
     raise_all = on_error == "fail_batch"
     out = []
@@ -250,15 +281,18 @@ def compile_rows(
                 types = tuple(input_schema[c].dataType.simpleString() for c in seg.shuffle_cols)
             ddl = _key_ddl(types, seg.shuffle_cols)
             arrow_types = tuple(f.type for f in arrow_schema(ddl))
-            stage = RowStage(seg.ops, seg.shuffle_cols, arrow_types, raise_all)
-            stages = (("batches", BatchStage(stage, f"{ddl}, `{REC_COL}` binary")),)
+            stage = RowStage(seg.ops, seg.shuffle_cols, arrow_types, raise_all, errors)
+            stages = (("batches", BatchStage(stage, f"{ddl}, `{REC_COL}` binary",
+                                             errors=DEFAULT_POLICY)),)  # fmt: skip
         elif seg.ops:
-            stage = RowStage(seg.ops, (), (), raise_all)
-            stages = (("batches", BatchStage(stage, f"`{REC_COL}` binary")),)
+            stage = RowStage(seg.ops, (), (), raise_all, errors)
+            stages = (("batches", BatchStage(stage, f"`{REC_COL}` binary",
+                                             errors=DEFAULT_POLICY)),)  # fmt: skip
         sink = None
         if i == last:
             assert seg.sink is not None
-            sink = RowSink(seg.sink, seg.sink_per, raise_all)
+            sink = RowSink(RowFn.of(seg.sink), seg.sink_per, raise_all,
+                           seg.sink_errors or errors)  # fmt: skip
         out.append(replace(seg, ops=stages, shuffle_types=None, sink=sink, sink_per="batch",
-                           sink_pandas=False))  # fmt: skip
+                           sink_pandas=False, sink_errors=DEFAULT_POLICY))  # fmt: skip
     return tuple(out)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ftlayer.config import FTConfig
@@ -22,12 +23,13 @@ from ftlayer.ids import RecordId
 from ftlayer.payloads import Codecs, encode_record, normalize_row
 from ftlayer.spark.plan import (
     MAX_MESSAGES,
+    RowFn,
     Segment,
     Unconfirmed,
     apply_ops,
     error_text,
-    stage_name,
 )
+from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy, RecordContext, is_dead
 from ftlayer.spark.worker import task_context, task_handler
 from partitioners import HashPartitioner
 from serialization import encode_payload
@@ -50,6 +52,7 @@ class TaskPlan:
     on_error: str
     codecs: Codecs
     key: tuple[str, ...]
+    errors: ErrorPolicy = DEFAULT_POLICY
 
 
 @dataclass
@@ -169,11 +172,20 @@ def _run_segment(
     buffer: list[Any] = []
     owners: list[RecordId] = []  # owners[i]: the input whose output is buffer[i]
 
+    sink = None if seg.sink is None else RowFn.of(seg.sink, seg.sink_errors)
+    wants = sink is not None and sink.ctx or any(fn.ctx for _, fn in seg.ops)
+
+    def ctx_of(rid: RecordId) -> RecordContext | None:  # attempts: not known on this path
+        if not wants:
+            return None
+        return RecordContext(rid[0], None, summary.partition, task_context()[1], stage,
+                             partial(h.reset_timeout, rid))  # fmt: skip
+
     def fail(rid: RecordId, where: str, e: BaseException) -> None:
         if raise_all and not isinstance(e, FailRecord):
             raise e
         text = error_text(where, e)
-        h.fail(rid, text)
+        h.fail(rid, text, "dead_letter" if is_dead(e) else "explicit")
         summary.failed += 1
         summary.note(summary.errors, text)
         log.info("record failed stage=%d partition=%d %s", stage, summary.partition, text)
@@ -181,7 +193,7 @@ def _run_segment(
     for rid, record in inputs:
         summary.inputs += 1
         try:
-            outs = apply_ops(seg.ops, record)
+            outs = apply_ops(seg.ops, record, plan.errors, ctx_of(rid))
         except Exception as e:
             fail(rid, getattr(e, "ft_where", "stage"), e)
             continue
@@ -202,14 +214,14 @@ def _run_segment(
             buffer.extend(outs)
             owners.extend([rid] * len(outs))
         else:
-            assert seg.sink is not None
+            assert sink is not None
             confirmed = True
             try:
                 for out in outs:
-                    if isinstance(seg.sink(out), Unconfirmed):
+                    if isinstance(sink(out, ctx_of(rid), plan.errors), Unconfirmed):
                         confirmed = False
             except Exception as e:
-                fail(rid, f"sink {stage_name(seg.sink)}", e)
+                fail(rid, f"sink {sink.__name__}", e)
                 continue
             summary.written += len(outs)
             if confirmed:
@@ -218,12 +230,12 @@ def _run_segment(
             else:
                 summary.unconfirmed += 1  # left pending: it times out and is replayed
     if held:
-        assert seg.sink is not None
+        assert sink is not None
         try:
-            answer = seg.sink(buffer)
+            answer = sink(buffer, None, plan.errors)
         except Exception as e:
             for rid in dict.fromkeys(held):
-                fail(rid, f"sink {stage_name(seg.sink)}", e)
+                fail(rid, f"sink {sink.__name__}", e)
         else:
             summary.written += len(buffer)
             unconfirmed = set()

@@ -44,12 +44,15 @@ from ftlayer.ids import (
     batch_source_ids,
     edge_hashes,
     fold_sum,
+    is_local,
     marker_id,
     mix64,
     split_local,
 )
+from ftlayer.limits import DEAD_NOW
 from ftlayer.spark.outcome import run_stage
 from ftlayer.spark.plan import MAX_MESSAGES, Segment, stage_name
+from ftlayer.spark.policy import DEFAULT_POLICY, BatchContext, ErrorPolicy, wants_context
 from ftlayer.spark.worker import task_context, worker_layer
 
 __all__ = ["SRC_COL", "SUMMARY_COL", "VectorPlan", "run_vector_task", "stage_label"]
@@ -57,6 +60,8 @@ __all__ = ["SRC_COL", "SUMMARY_COL", "VectorPlan", "run_vector_task", "stage_lab
 log = logging.getLogger(__name__)
 
 SRC_COL = "__ft_src"
+ATT_COL = "__ft_att"
+"""Claimed replays enter the source stage with their failed attempts so far (int32)."""
 SUMMARY_COL = "__ft_summary"
 ID_FIELDS = [pa.field(SRC_COL, pa.int64())]
 _U8 = np.dtype(">u8")
@@ -79,6 +84,8 @@ class VectorPlan:
     """User columns entering each segment."""
     outputs: tuple[tuple[pa.Schema, ...], ...]
     """Output schema of each batch stage of each segment."""
+    errors: ErrorPolicy = DEFAULT_POLICY
+    """The pipeline's error policy (a stage's own ``errors=`` overrides it)."""
 
     @cached_property
     def edge_salts(self) -> tuple[int, ...]:
@@ -171,38 +178,59 @@ class _Chain:
     out: pa.RecordBatch | None
     failed: np.ndarray
     texts: list[str]
+    dead: np.ndarray  # bool, aligned with failed: dead-letter it now (no replay fixes it)
 
 
 _NO_ROWS = np.zeros(0, np.int64)
+_NO_DEAD = np.zeros(0, bool)
 
 
 def _run_chain(
-    plan: VectorPlan, stage: int, task: _Task, batch: pa.RecordBatch, src: np.ndarray | None
+    plan: VectorPlan,
+    stage: int,
+    task: _Task,
+    batch: pa.RecordBatch,
+    src: np.ndarray | None,
+    ctx: BatchContext | None = None,
 ) -> _Chain:
     """Run one segment's stages over one input batch. ``origin`` maps each row to the
-    input row it derives from (for its source id and for replays at the source)."""
+    input row it derives from (for its source id and for replays at the source).
+    ``ctx``: the input rows' context, for stages that declare one."""
     seg = plan.segments[stage]
     bisect = plan.on_error != "fail_batch"
     origin: np.ndarray | None = None  # None: row i derives from input row i
     failed: list[np.ndarray] = []
+    dead: list[np.ndarray] = []
     texts: list[str] = []
 
-    def note(rows: np.ndarray, errors: list[str]) -> None:
+    def note(rows: np.ndarray, errors: list[str], fatal: np.ndarray) -> None:
         if len(rows):
             failed.append(_at(origin, rows))
+            dead.append(np.isin(rows, fatal) if len(fatal) else np.zeros(len(rows), bool))
             texts.extend(errors)
         _note_failures(task, errors)
 
     def done(out: pa.RecordBatch | None) -> _Chain:
-        return _Chain(out, np.concatenate(failed) if failed else _NO_ROWS, texts)
+        if not failed:
+            return _Chain(out, _NO_ROWS, texts, _NO_DEAD)
+        return _Chain(out, np.concatenate(failed), texts, np.concatenate(dead))
+
+    def context(fn: Any) -> BatchContext | None:
+        if not wants_context(fn):
+            return None
+        if ctx is None:  # FT off: no ids, no timeouts
+            return BatchContext(np.zeros(batch.num_rows, np.uint64), None, task.partition,
+                                task.attempt, stage)  # fmt: skip
+        return ctx if origin is None else ctx.take(origin)
 
     for j, (_, op) in enumerate(seg.ops):
         label = stage_label(stage, j, op.fn)
         res = run_stage(op.fn, batch, label, schema=plan.outputs[stage][j], pandas=op.pandas,
-                        bisect=bisect)  # fmt: skip
+                        bisect=bisect, policy=op.errors or plan.errors,
+                        ctx=context(op.fn))  # fmt: skip
         n_out = 0 if res.output is None else res.output.num_rows
         task.count(label, batch.num_rows, n_out, len(res.failed), 0, res.extra_calls)
-        note(res.failed, res.errors)
+        note(res.failed, res.errors, res.dead)
         if res.output is None or n_out == 0:
             return done(None)
         if not res.identity:
@@ -217,9 +245,10 @@ def _run_chain(
                                                schema=plan.id_schemas[stage]))  # fmt: skip
     label = stage_label(stage, len(seg.ops), seg.sink, sink=True)
     res = run_stage(seg.sink, batch, label, schema=None, pandas=seg.sink_pandas,
-                    is_sink=True, bisect=bisect)  # fmt: skip
+                    is_sink=True, bisect=bisect, policy=seg.sink_errors or plan.errors,
+                    ctx=context(seg.sink))  # fmt: skip
     task.count(label, batch.num_rows, 0, len(res.failed), len(res.unconfirmed), res.extra_calls)
-    note(res.failed, res.errors)
+    note(res.failed, res.errors, res.dead)
     task.written += batch.num_rows - len(res.failed) - len(res.unconfirmed)
     if src is not None and len(res.unconfirmed):
         task.unc_src.append(src[_at(origin, res.unconfirmed)])
@@ -227,33 +256,77 @@ def _run_chain(
 
 
 def _run_with_replays(
-    plan: VectorPlan, task: _Task, batch: pa.RecordBatch, src: np.ndarray, budget: int
+    plan: VectorPlan,
+    task: _Task,
+    batch: pa.RecordBatch,
+    src: np.ndarray,
+    budget: int,
+    before: np.ndarray | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Run the source segment over ``batch`` and replay its failed rows at once, in this
     task, up to ``budget`` times (Storm's spout re-emitting a failed tuple): a replay
     takes the same path as its first attempt, so it lands where Spark places its key.
-    Rows still failing become residues with the number of attempts they used."""
-    chain = _run_chain(plan, 0, task, batch, src)
+    Rows still failing become residues with the number of attempts they used; rows to
+    dead-letter now are not replayed. ``before``: attempts each row failed already (a
+    claimed replay's), for stage contexts (None: fresh rows, 0)."""
+    prior = np.zeros(len(src), np.int32) if before is None else before
+    ctx = _context(plan, task, 0, src, prior + 1)
+    chain = _run_chain(plan, 0, task, batch, src, ctx)
     attempts = 1
     while True:
         if chain.out is not None:
             yield chain.out
+        if chain.dead.any():  # dead letters now: no replay fixes them
+            dead = chain.dead
+            _residue(task, src[chain.failed[dead]], _pick(chain.texts, dead),
+                     attempts | DEAD_NOW)  # fmt: skip
+            chain = _Chain(chain.out, chain.failed[~dead], _pick(chain.texts, ~dead), _NO_DEAD)
         if not len(chain.failed) or attempts > budget:
             break
         rows = np.unique(chain.failed)
         task.immediate_replays += len(rows)
-        retry = _run_chain(plan, 0, task, batch.take(pa.array(rows)), src[rows])
-        chain = _Chain(retry.out, rows[retry.failed], retry.texts)
+        sub = _context(plan, task, 0, src[rows], prior[rows] + attempts + 1)
+        retry = _run_chain(plan, 0, task, batch.take(pa.array(rows)), src[rows], sub)
+        chain = _Chain(retry.out, rows[retry.failed], retry.texts, retry.dead)
         attempts += 1
     _residue(task, src[chain.failed], chain.texts, attempts)
 
 
+def _context(
+    plan: VectorPlan, task: _Task, stage: int, src: np.ndarray, attempts: np.ndarray | None
+) -> BatchContext:
+    """The context of one input batch (cheap: no copies until a stage asks for one)."""
+
+    def reset() -> None:  # the batch's segments, and the rows stored as records
+        layer = worker_layer(plan.config)
+        layer.segments.touch_batch(plan.source, plan.batch_key)
+        stored = src[~is_local(src)]
+        if len(stored):
+            layer.reset_timeout([int(x) for x in stored])
+
+    return BatchContext(src, attempts, task.partition, task.attempt, stage, reset)
+
+
 def _residue(task: _Task, src: np.ndarray, texts: list[str], attempts: int) -> None:
-    """Failed rows (by source id) after ``attempts`` failed attempts each."""
+    """Failed rows (by source id) after ``attempts`` failed attempts each (with the
+    ``DEAD_NOW`` bit: dead-lettered at settlement whatever their budget)."""
     if len(src):
         task.failed_src.append(src)
         task.failed_err.extend(texts)
         task.failed_att.append(np.full(len(src), attempts, np.uint16))
+
+
+def _residues(task: _Task, src: np.ndarray, chain: _Chain, attempts: int) -> None:
+    """A chain's failed rows: the dead ones with ``DEAD_NOW``, the rest with ``attempts``."""
+    if not chain.dead.any():
+        _residue(task, src[chain.failed], chain.texts, attempts)
+        return
+    for mask, n in ((chain.dead, attempts | DEAD_NOW), (~chain.dead, attempts)):
+        _residue(task, src[chain.failed[mask]], _pick(chain.texts, mask), n)
+
+
+def _pick(texts: list[str], mask: np.ndarray) -> list[str]:
+    return [t for t, keep in zip(texts, mask, strict=True) if keep]
 
 
 def _at(origin: np.ndarray | None, rows: np.ndarray) -> np.ndarray:
@@ -300,8 +373,12 @@ def run_vector_task(
             if n_fresh < batch.num_rows:  # claimed replays: their budget is in Redis
                 keep = ~is_fresh
                 task.replayed += int(keep.sum())
+                before = None
+                if ATT_COL in batch.schema.names:
+                    att = batch.column(ATT_COL).fill_null(0).to_numpy(zero_copy_only=False)
+                    before = np.asarray(att, np.int32)[keep]
                 yield from _run_with_replays(plan, task, user.filter(pa.array(keep)),
-                                             src[keep], 0)  # fmt: skip
+                                             src[keep], 0, before)  # fmt: skip
             continue
         markers = _markers(src)
         if markers.any():
@@ -311,8 +388,8 @@ def run_vector_task(
             if user.num_rows == 0:
                 continue
         task.fold -= fold_sum(edge_hashes(src, plan.edge_salts[stage - 1]))  # received
-        chain = _run_chain(plan, stage, task, user, src)
-        _residue(task, src[chain.failed], chain.texts, 1)
+        chain = _run_chain(plan, stage, task, user, src, _context(plan, task, stage, src, None))
+        _residues(task, src, chain, 1)
         if chain.out is not None:
             yield chain.out
     yield from _finish(plan, stage, task, fresh, final)

@@ -1,0 +1,165 @@
+"""Error policy and stage context: what a stage may retry, what it may not, what it knows.
+
+:class:`ErrorPolicy` (per pipeline, or per stage) says how a stage's exceptions are met:
+
+* ``retries`` more calls, in the task, with exponential backoff and full jitter
+  (redis-py's ``ExponentialWithJitterBackoff``: ``random() * backoff_s * 2**n``, capped at
+  ``max_backoff_s``) before the record fails -- for transient errors (a flaky HTTP call).
+  A row stage retries the one record; a batch stage retries its whole call once per
+  retry, *then* isolates the rows that still raise by bisection (the halves are not
+  retried again: a poison row costs no backoff sleeps beyond the first call's).
+* ``dead_letter_on``: exception types no retry or replay can fix (bad input). A record
+  raising one is not retried and not replayed: it goes straight to the dead letters with
+  the exception's text (``FailRecord`` never counts as one: it asks for a replay).
+
+Everything else keeps the pipeline's replay budget (``max_replays``): a failed record is
+replayed later under a new id, then dead-lettered. Nothing is acked to make an error go
+away, whatever the policy says.
+
+A stage that declares a parameter named ``ctx`` receives a context: a row stage a
+:class:`RecordContext` (``fn(record, ctx)``), a batch stage a :class:`BatchContext`
+(``fn(batch, ctx)``) whose arrays are aligned with the batch's rows.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from redis.backoff import ExponentialWithJitterBackoff
+
+from ftlayer.errors import ConfigError, FailRecord
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "BatchContext",
+    "ErrorPolicy",
+    "RecordContext",
+    "is_dead",
+    "wants_context",
+]
+
+
+@dataclass(frozen=True)
+class ErrorPolicy:
+    """See the module docstring. The default retries nothing and dead-letters nothing at
+    once: every failure is replayed up to the pipeline's budget."""
+
+    retries: int = 0
+    backoff_s: float = 0.1
+    max_backoff_s: float = 5.0
+    dead_letter_on: tuple[type[BaseException], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.retries < 0 or self.backoff_s < 0 or self.max_backoff_s < 0:
+            raise ConfigError("retries, backoff_s and max_backoff_s must be >= 0")
+        bad = [t for t in self.dead_letter_on
+               if not (isinstance(t, type) and issubclass(t, BaseException))]  # fmt: skip
+        if bad:
+            raise ConfigError(f"dead_letter_on takes exception types, not {bad!r}")
+
+    def fatal(self, e: BaseException) -> bool:
+        """No retry or replay can fix ``e``: its record goes to the dead letters."""
+        return not isinstance(e, FailRecord) and isinstance(e, self.dead_letter_on)
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, retried up to ``retries`` times with backoff. A fatal exception is
+        marked (see :func:`is_dead`) and raised at once; the last one is raised as is."""
+        backoff = ExponentialWithJitterBackoff(cap=self.max_backoff_s, base=self.backoff_s)
+        failures = 0
+        while True:
+            try:
+                return fn(*args)
+            except Exception as e:
+                if self.fatal(e):
+                    _mark_dead(e)
+                    raise
+                if failures >= self.retries or isinstance(e, FailRecord):
+                    raise
+                failures += 1
+                time.sleep(backoff.compute(failures))
+
+
+DEFAULT_POLICY = ErrorPolicy()
+
+
+def _mark_dead(e: BaseException) -> None:
+    try:
+        e.ft_dead = True  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):  # an exception type with __slots__
+        pass
+
+
+def is_dead(e: BaseException) -> bool:
+    """The exception was raised by a stage for a record that must be dead-lettered now."""
+    return bool(getattr(e, "ft_dead", False))
+
+
+def wants_context(fn: Callable[..., Any]) -> bool:
+    """``fn`` declares a parameter named ``ctx`` (it then receives a stage context)."""
+    declared = getattr(fn, "wants_ctx", None)  # ftlayer's own stage objects say so
+    if declared is not None:
+        return bool(declared)
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+    return "ctx" in params
+
+
+@dataclass
+class BatchContext:
+    """What a batch stage knows about its input batch. Arrays are aligned with its rows.
+
+    ``record_ids``: each row's source record id (uint64; the id its replays and dead
+    letter are filed under). ``attempts``: each row's attempt number (1 for a record's
+    first attempt; a replay counts the attempts that failed before it) -- known in the
+    source segment, ``None`` after a shuffle (the shuffle carries no extra column for it).
+    ``task_attempt``: Spark's attempt number of this task (0 first). ``reset_timeout()``:
+    give the records of this batch a fresh deadline (a long-running stage; the driver does
+    the same while it is alive, so this matters only when a stage outlives timeout_s)."""
+
+    record_ids: np.ndarray
+    attempts: np.ndarray | None
+    partition: int
+    task_attempt: int
+    stage: int
+    _reset: Callable[[], object] | None = field(default=None, repr=False)
+
+    def reset_timeout(self) -> None:
+        if self._reset is not None:
+            self._reset()
+
+    def take(self, rows: np.ndarray) -> BatchContext:
+        """The context of the rows ``rows`` of this batch (in that order)."""
+        att = None if self.attempts is None else self.attempts[rows]
+        return BatchContext(self.record_ids[rows], att, self.partition, self.task_attempt,
+                            self.stage, self._reset)  # fmt: skip
+
+    def slice(self, start: int, size: int) -> BatchContext:
+        return self.take(np.arange(start, start + size))
+
+    def record(self, i: int) -> RecordContext:
+        att = None if self.attempts is None else int(self.attempts[i])
+        return RecordContext(int(self.record_ids[i]), att, self.partition, self.task_attempt,
+                             self.stage, self._reset)  # fmt: skip
+
+
+@dataclass
+class RecordContext:
+    """What a row stage knows about its record (see :class:`BatchContext`)."""
+
+    record_id: int
+    attempt: int | None
+    partition: int
+    task_attempt: int
+    stage: int
+    _reset: Callable[[], object] | None = field(default=None, repr=False)
+
+    def reset_timeout(self) -> None:
+        if self._reset is not None:
+            self._reset()
