@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import redis
+from redis.retry import Retry
 
+from ftlayer.backoff import jittered
 from ftlayer.errors import ConfigError, RedisUnavailableError
 
 __all__ = ["connect", "is_cluster", "redact_url", "with_retries"]
@@ -64,24 +65,17 @@ T = TypeVar("T")
 
 
 def with_retries(fn: Callable[[], T], *, retries: int, backoff_s: float, what: str) -> T:
-    """Run ``fn``; on a connection or timeout error retry with doubling backoff, then
-    raise RedisUnavailableError naming ``what``. Only safe for idempotent calls."""
-    delay = backoff_s
-    for attempt in range(retries + 1):
-        try:
-            return fn()
-        except (redis.ConnectionError, redis.TimeoutError) as e:
-            if attempt == retries:
-                raise RedisUnavailableError(
-                    f"{what}: Redis unreachable after {retries + 1} attempts: {e}"
-                ) from e
-            log.warning(
-                "redis call failed what=%s attempt=%d retry_in_s=%.2f error=%s",
-                what,
-                attempt + 1,
-                delay,
-                e,
-            )
-            time.sleep(delay)
-            delay *= 2
-    raise AssertionError("unreachable")
+    """Run ``fn``; on a connection or timeout error retry up to ``retries`` times (redis-py's
+    ``Retry`` with ftlayer's one backoff, ftlayer.backoff: jittered, capped), then raise
+    RedisUnavailableError naming ``what``. Only safe for idempotent calls."""
+    retry = Retry(jittered(backoff_s), retries, (redis.ConnectionError, redis.TimeoutError))
+
+    def note(e: Exception, failures: int) -> None:
+        log.warning("redis call failed what=%s attempt=%d error=%s", what, failures, e)
+
+    try:
+        return retry.call_with_retry(fn, note, with_failure_count=True)
+    except (redis.ConnectionError, redis.TimeoutError) as e:
+        raise RedisUnavailableError(
+            f"{what}: Redis unreachable after {retries + 1} attempts: {e}"
+        ) from e

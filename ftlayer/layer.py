@@ -17,6 +17,7 @@ from typing import Any
 import redis
 
 from ftlayer.acker import RedisAckerTable, pack_fails
+from ftlayer.backoff import jittered
 from ftlayer.config import FTConfig
 from ftlayer.connection import connect
 from ftlayer.embedded import EmbeddedRedis
@@ -230,7 +231,7 @@ class FTLayer:
         if limit is None:
             return True
         deadline = time.monotonic() + timeout_s
-        delay, logged = 0.05, False
+        backoff, polls, logged = jittered(0.05, cap_s=1.0), 0, False
         while True:
             st = self.stats()
             pending = st.pending_by_source.get(source, 0) - st.queued_by_source.get(source, 0)
@@ -250,8 +251,8 @@ class FTLayer:
                     timeout_s,
                 )
                 return False
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            polls += 1
+            time.sleep(backoff.compute(polls))
 
     # -- reporting -----------------------------------------------------------------------
     def stats(self) -> FTStats:

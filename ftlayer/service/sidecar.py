@@ -18,6 +18,7 @@ import time
 
 import redis
 
+from ftlayer.backoff import jittered
 from ftlayer.layer import FTLayer
 from ftlayer.service.metrics import SidecarMetrics
 
@@ -113,7 +114,7 @@ class Sidecar:
         cfg = self.layer.config
         interval = cfg.rotation_interval_s
         log.info("sidecar starting id=%s lease_s=%g %s", self.id, self.lease_s, cfg.summary())
-        backoff = 0.1
+        backoff, failures = jittered(0.1), 0
         offset = 0.0
         next_rotation = 0.0
         while not stop.is_set():
@@ -130,7 +131,7 @@ class Sidecar:
                         next_rotation = (now // interval + 1) * interval + 0.005
                 self.last_ok = time.monotonic()
                 self.last_error = ""
-                backoff = 0.1
+                failures = 0
                 now = time.time() + offset
                 wait = (
                     min(self._tick_s(), max(0.0, next_rotation - now))
@@ -142,9 +143,10 @@ class Sidecar:
                 self.leader = False
                 self.metrics.lease.set(0)
                 self.last_error = str(e)
-                log.warning("redis unreachable, retrying retry_in_s=%.1f error=%s", backoff, e)
-                stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+                failures += 1
+                wait = backoff.compute(failures)
+                log.warning("redis unreachable, retrying retry_in_s=%.2f error=%s", wait, e)
+                stop.wait(wait)
         self._release()
 
     def _release(self) -> None:

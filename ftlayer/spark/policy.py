@@ -3,8 +3,8 @@
 :class:`ErrorPolicy` (per pipeline, or per stage) says how a stage's exceptions are met:
 
 * ``retries`` more calls, in the task, with exponential backoff and full jitter
-  (redis-py's ``ExponentialWithJitterBackoff``: ``random() * backoff_s * 2**n``, capped at
-  ``max_backoff_s``) before the record fails -- for transient errors (a flaky HTTP call).
+  (ftlayer.backoff: ``random() * backoff_s * 2**n``, capped at ``max_backoff_s``)
+  before the record fails -- for transient errors (a flaky HTTP call).
   A row stage retries the one record; a batch stage retries its whole call once per
   retry, *then* isolates the rows that still raise by bisection (the halves are not
   retried again: a poison row costs no backoff sleeps beyond the first call's).
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from redis.backoff import ExponentialWithJitterBackoff
 
+from ftlayer.backoff import jittered
 from ftlayer.errors import ConfigError, FailRecord
 
 __all__ = [
@@ -69,7 +69,7 @@ class ErrorPolicy:
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``, retried up to ``retries`` times with backoff. A fatal exception is
         marked (see :func:`is_dead`) and raised at once; the last one is raised as is."""
-        backoff = ExponentialWithJitterBackoff(cap=self.max_backoff_s, base=self.backoff_s)
+        backoff = jittered(self.backoff_s, self.max_backoff_s)
         failures = 0
         while True:
             try:
