@@ -21,8 +21,9 @@ from ftlayer.errors import FlushError, FTLayerError, RedisUnavailableError
 from ftlayer.ids import shard_of
 from ftlayer.limits import MAX_ERROR_BYTES
 from ftlayer.scripts import NamespacePart
+from ftlayer.tally import Tally
 
-__all__ = ["AckEntry", "FlushResult", "RedisAckerTable", "ShardBatch", "pack_fails"]
+__all__ = ["AckEntry", "RedisAckerTable", "ShardBatch", "pack_fails"]
 
 _ENTRY = struct.Struct(">iiddH")
 _PERSIST_HEAD = struct.Struct(">QI")
@@ -133,34 +134,10 @@ def _group(items: list[bytes], max_bytes: int) -> list[bytes]:
     return out
 
 
-@dataclass(slots=True)
-class FlushResult:
-    completed: int = 0
-    replayed: int = 0
-    dead_lettered: int = 0
-    orphans: int = 0
-    calls: int = 0
-    duplicates: int = 0  # shard calls a retry found already applied
-
-    def merge(self, other: FlushResult) -> None:
-        for name in self.__slots__:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
-    def add(self, reply: list[int]) -> None:
-        self.calls += 1
-        if reply[0] < 0:
-            self.duplicates += 1
-            return
-        self.completed += reply[0]
-        self.replayed += reply[1]
-        self.dead_lettered += reply[2]
-        self.orphans += reply[3]
-
-
 class RedisAckerTable(NamespacePart):
     """The acker table of one namespace."""
 
-    def apply(self, batches: dict[int, ShardBatch], token: str) -> FlushResult:
+    def apply(self, batches: dict[int, ShardBatch], token: str) -> Tally:
         """Send one script call per non-empty shard (more when its arguments would pass
         ``flush_chunk_bytes``), pipelined in one round trip.
 
@@ -180,7 +157,7 @@ class RedisAckerTable(NamespacePart):
                 call_token = f"{token}:{shard}" + (f":{i}" if i else "")
                 args = [call_token, cfg.interval_ms, cfg.buckets, -1, persists, xors, fails, local]
                 calls.append((self.keyspace[shard].script_keys, args))
-        result = FlushResult()
+        result = Tally()
         if not calls:
             return result
 
@@ -216,7 +193,7 @@ class RedisAckerTable(NamespacePart):
                 ) from e
             raise FTLayerError(f"flush script failed: {e}") from e
         for reply in replies:
-            result.add(reply)
+            result.add_flush(reply)
         return result
 
     def _on_node_with_wait(self, keys: list[str], args: list[Any], wait_ms: int) -> Any:

@@ -16,11 +16,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ftlayer.acker import FlushResult, RedisAckerTable, ShardBatch
+from ftlayer.acker import RedisAckerTable, ShardBatch
 from ftlayer.config import FTConfig
 from ftlayer.errors import FailRecord, FTLayerError, RecordError
-from ftlayer.ids import IdPool, RecordId, shard_of
+from ftlayer.ids import IdPool, RecordId, shard_of, shards_of
 from ftlayer.limits import MAX_RECORD_BYTES, MAX_SOURCE
+from ftlayer.tally import Tally
 from serialization import encode_frame, encode_payload
 
 __all__ = ["AbstractFTHandler", "FTHandler", "NonFTHandler"]
@@ -52,9 +53,6 @@ class AbstractFTHandler:
         shows in ``ftlayer dlq`` to be fixed and re-driven. Never dropped."""
         raise NotImplementedError
 
-    def anchor(self, record_id: RecordId | None) -> None:
-        raise NotImplementedError
-
     def emit(self, anchor: RecordId | None = None) -> RecordId:
         raise NotImplementedError
 
@@ -64,7 +62,7 @@ class AbstractFTHandler:
     def fail(self, record_id: RecordId, error: str = "", reason: str = "explicit") -> None:
         raise NotImplementedError
 
-    def flush(self) -> FlushResult:
+    def flush(self) -> Tally:
         raise NotImplementedError
 
     def reset_timeout(self, record_id: RecordId) -> bool:
@@ -112,9 +110,6 @@ class NonFTHandler(AbstractFTHandler):
     ) -> RecordId:
         return _NO_ID
 
-    def anchor(self, record_id: RecordId | None) -> None:
-        pass
-
     def emit(self, anchor: RecordId | None = None) -> RecordId:
         return _NO_ID
 
@@ -124,8 +119,8 @@ class NonFTHandler(AbstractFTHandler):
     def fail(self, record_id: RecordId, error: str = "", reason: str = "explicit") -> None:
         pass
 
-    def flush(self) -> FlushResult:
-        return FlushResult()
+    def flush(self) -> Tally:
+        return Tally()
 
     def reset_timeout(self, record_id: RecordId) -> bool:
         return True
@@ -215,10 +210,6 @@ class FTHandler(AbstractFTHandler):
         return RecordId(src, cur)
 
     # -- task side ---------------------------------------------------------------------
-    def anchor(self, record_id: RecordId | None) -> None:
-        """Remember the input being processed: ``emit()`` anchors children to it."""
-        self._anchor = record_id
-
     def _swap_anchor(self, record_id: RecordId | None) -> RecordId | None:
         previous, self._anchor = self._anchor, record_id
         return previous
@@ -262,7 +253,7 @@ class FTHandler(AbstractFTHandler):
         unsent = self._unsent.srcs if self._unsent else frozenset()
         return len(self._deltas.keys() | self._failed.keys() | unsent)
 
-    def flush(self) -> FlushResult:
+    def flush(self) -> Tally:
         """Send everything to Redis; afterwards every record born here is complete or
         persisted with a live timeout (invariant 1). On FlushError the work is kept, so
         the call may be retried; if the task dies instead, Spark re-runs it.
@@ -273,7 +264,7 @@ class FTHandler(AbstractFTHandler):
         ``WAIT`` timed out) sends the same frozen work under the same token, which Redis
         recognises and skips (for ``FLUSH_TOKEN_TTL_MS``, ftlayer.limits); work buffered
         since then is sent after it, under a token of its own."""
-        result = FlushResult()
+        result = Tally()
         if self._unsent is not None:
             result.merge(self.table.apply(self._unsent.batches, token=self._unsent.token))
             self._unsent = None
@@ -333,7 +324,7 @@ class FTHandler(AbstractFTHandler):
             vals = np.fromiter(deltas.values(), dtype=np.uint64, count=len(deltas))
             keep = vals != 0
             srcs, vals = srcs[keep], vals[keep]
-            shard_ids = (srcs & np.uint64(0xFFFF)) % np.uint64(shards)
+            shard_ids = shards_of(srcs, shards)
             for k in np.unique(shard_ids).tolist():
                 sel = shard_ids == k
                 b = batches.get(k) or batches.setdefault(k, ShardBatch())

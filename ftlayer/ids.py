@@ -26,6 +26,7 @@ __all__ = [
     "new_ids",
     "persisted_ids",
     "shard_of",
+    "shards_of",
     "split_local",
 ]
 
@@ -129,10 +130,19 @@ def fold_sum(values: np.ndarray) -> int:
     return int(values.sum(dtype=np.uint64)) if len(values) else 0
 
 
+_SHARD_BITS = 0xFFFF
+
+
 def shard_of(source_id: int, shards: int) -> int:
     """The shard of a source id: its low 16 bits modulo the shard count. A replayed
-    record's new id keeps those 16 bits (see lua/_common.lua), so it stays in its shard."""
-    return (source_id & 0xFFFF) % shards
+    record's new id keeps those 16 bits (see lua/_common.lua), so it stays in its shard.
+    The one shard rule (:func:`shards_of` is the same over an array)."""
+    return (source_id & _SHARD_BITS) % shards
+
+
+def shards_of(source_ids: np.ndarray, shards: int) -> np.ndarray:
+    """:func:`shard_of` of every id of a uint64 array."""
+    return (source_ids & _U(_SHARD_BITS)) % _U(shards)
 
 
 class IdPool:

@@ -28,7 +28,8 @@ from ftlayer.persistence import ClaimedRecord, RedisPersistenceLayer
 from ftlayer.scripts import Scripts
 from ftlayer.segments import SegmentStore
 from ftlayer.settings import check_settings
-from ftlayer.timeouts import ExpireResult, RedisTimeoutLayer, Rotator
+from ftlayer.tally import Tally
+from ftlayer.timeouts import RedisTimeoutLayer, Rotator
 
 __all__ = ["FTLayer", "FTStats", "LATENCY_BOUNDS_MS"]
 
@@ -195,7 +196,7 @@ class FTLayer:
             totals = [a + int(b) for a, b in zip(totals, reply, strict=True)]
         return totals[0], totals[1], totals[2]
 
-    def expire_due(self, max_replays: int | None = None) -> ExpireResult:
+    def expire_due(self, max_replays: int | None = None) -> Tally:
         """One rotation: fail what timed out, collect orphans (see RedisTimeoutLayer),
         settle segments whose batch never settled them (see SegmentStore.expire_due).
         ``max_replays`` overrides the records' own replay budgets."""

@@ -98,12 +98,6 @@ class RedisPersistenceLayer(NamespacePart):
                 pipe.hlen(shard.rec)
             return sum(pipe.execute())
 
-    def pending_ids(self) -> list[int]:
-        out: list[int] = []
-        for shard in self.keyspace.shards:
-            out.extend(int.from_bytes(cast(bytes, k), "big") for k in self.client.hkeys(shard.rec))
-        return out
-
     def queued(self, source: int) -> int:
         """Replays of ``source`` waiting to be claimed."""
         with self.client.pipeline(transaction=False) as pipe:

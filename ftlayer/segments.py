@@ -30,9 +30,10 @@ from ftlayer.ids import new_ids, persisted_ids
 from ftlayer.limits import MAX_ERROR_BYTES as _MAX_ERROR
 from ftlayer.payloads import arrow_codecs, encode_record
 from ftlayer.scripts import NamespacePart
+from ftlayer.tally import Tally
 from serialization import encode_frame
 
-__all__ = ["Residues", "SegmentStore", "SettleResult", "frames_of_rows"]
+__all__ = ["Residues", "SegmentStore", "frames_of_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -72,26 +73,6 @@ class Residues:
 
     failed: list[tuple[int, str]] = field(default_factory=list)
     pending: list[tuple[int, int]] = field(default_factory=list)
-
-
-@dataclass
-class SettleResult:
-    segments: int = 0
-    completed: int = 0
-    replayed: int = 0
-    dead_lettered: int = 0
-    pending: int = 0
-    skipped: int = 0
-    calls: int = 0
-
-    def add(self, reply: list[int]) -> None:
-        self.calls += 1
-        self.segments += int(reply[0])
-        self.completed += int(reply[1])
-        self.replayed += int(reply[2])
-        self.dead_lettered += int(reply[3])
-        self.pending += int(reply[4])
-        self.skipped += int(reply[5])
 
 
 SegmentEntry = tuple[str, int, list[tuple[bytes, str, int]], list[tuple[bytes, bytes]], int]
@@ -247,7 +228,7 @@ class SegmentStore(NamespacePart):
             out.extend((k, member.decode(), float(score)) for member, score in got)
         return out
 
-    def expire_due(self, now_ms: float | None = None) -> SettleResult:
+    def expire_due(self, now_ms: float | None = None) -> Tally:
         """Settle every segment past its deadline with all of its rows failed (reason
         ``timeout``): its batch never settled it. Returns what was done."""
         import pyarrow as pa
@@ -255,7 +236,7 @@ class SegmentStore(NamespacePart):
         if now_ms is None:
             sec, usec = self.client.time()
             now_ms = sec * 1000 + usec / 1000
-        res = SettleResult()
+        res = Tally()
         for shard, member, deadline in self.indexed():
             if deadline > now_ms:
                 continue
@@ -274,6 +255,6 @@ class SegmentStore(NamespacePart):
                 frames = [(f, "segment timed out: its batch never settled", 1) for f in made]
             reply = self.settle(shard, [(member, rows, frames, [], 0)], [], salt=0,
                                 reason="timeout")  # fmt: skip
-            res.add(reply)
+            res.add_settle(reply)
             log.warning("segment timed out member=%s rows=%d", member, rows)
         return res

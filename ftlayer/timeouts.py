@@ -14,36 +14,25 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import redis
 
 from ftlayer.ids import shard_of
 from ftlayer.scripts import NamespacePart
+from ftlayer.tally import Tally
 
-__all__ = ["ExpireResult", "RedisTimeoutLayer", "Rotator"]
+__all__ = ["Tally", "RedisTimeoutLayer", "Rotator"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class ExpireResult:
-    processed: int = 0
-    timed_out: int = 0
-    orphans: int = 0
-    calls: int = 0
-    segments: int = 0
-    """Segments of vectorized batches that never settled, settled by this rotation
-    (their rows are counted in ``timed_out``)."""
-
-
 class RedisTimeoutLayer(NamespacePart):
-    def expire_due(self, max_replays: int | None = None) -> ExpireResult:
+    def expire_due(self, max_replays: int | None = None) -> Tally:
         """Fail (reason ``timeout``) every record whose deadline has passed; collect
         orphans. Each record is dead-lettered past its own replay budget unless
         ``max_replays`` overrides it. Returns what was done."""
         override = -1 if max_replays is None else max_replays
-        res = ExpireResult()
+        res = Tally()
         for shard in self.keyspace.shards:
             more = 1
             while more:
@@ -73,16 +62,6 @@ class RedisTimeoutLayer(NamespacePart):
             )
         return found
 
-    def next_deadline_ms(self) -> float | None:
-        """The earliest deadline of any pending entry (server clock, ms), or ``None``."""
-        best: float | None = None
-        for shard in self.keyspace.shards:
-            first = self.client.zrange(shard.tmoidx, 0, 0, withscores=True)
-            if first:
-                score = float(first[0][1])
-                best = score if best is None else min(best, score)
-        return best
-
 
 class Rotator:
     """A thread that runs ``expire_due`` at every bucket boundary (every T/(B-1)).
@@ -92,14 +71,14 @@ class Rotator:
     """
 
     def __init__(
-        self, timeouts: RedisTimeoutLayer, expire: Callable[[], ExpireResult] | None = None
+        self, timeouts: RedisTimeoutLayer, expire: Callable[[], Tally] | None = None
     ) -> None:
         self.timeouts = timeouts
         self._expire = expire or timeouts.expire_due
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.rotations = 0
-        self.last: ExpireResult | None = None
+        self.last: Tally | None = None
         self.errors = 0
 
     def start(self) -> Rotator:

@@ -87,18 +87,6 @@ class Frame:
         """The user's record, decoded from msgpack (raises PayloadDecodeError)."""
         return decode_payload(self.payload, record=self.describe())
 
-    def to_bytes(self) -> bytes:
-        return encode_frame(
-            self.payload,
-            self.source_id,
-            self.current_id,
-            self.hash_code,
-            self.source,
-            partition=self.partition,
-            max_replays=self.max_replays,
-            max_payload=max(DEFAULT_MAX_PAYLOAD, len(self.payload)),
-        )
-
 
 def describe_record(source_id: int, current_id: int, source: int) -> str:
     return f"src={source_id:016x} cur={current_id:016x} source={source}"

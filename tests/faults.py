@@ -12,7 +12,7 @@ import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = ["TcpProxy", "kill_session", "session_pids", "socket_owner"]
 
@@ -180,3 +180,10 @@ def socket_owner(local_port: int) -> int | None:
         except OSError:
             continue
     return None
+
+
+def stored_ids(layer: Any) -> list[int]:
+    """The source ids of every record stored in Redis (pending or queued), read directly
+    (HKEYS of each shard's record hash): what a model test compares its model with."""
+    return [int.from_bytes(k, "big") for shard in layer.keyspace.shards
+            for k in layer.client.hkeys(shard.rec)]  # fmt: skip

@@ -18,6 +18,7 @@ from ftlayer import EmbeddedRedis, FTLayer, RecordError
 from ftlayer.connection import is_cluster
 from ftlayer.ids import shard_of
 from serialization import encode_payload
+from tests.faults import stored_ids
 
 
 def test_a_corrupt_and_an_oversized_replay_are_dead_lettered_alone(
@@ -32,7 +33,7 @@ def test_a_corrupt_and_an_oversized_replay_are_dead_lettered_alone(
             for i in range(6)]  # fmt: skip
     h.flush()
     layer.fail(rids, error="first attempt")  # all six wait in the replay queue
-    queued = layer.persistence.pending_ids()
+    queued = stored_ids(layer)
     assert len(queued) == 6
     by_n = {layer.persistence.get(src).decode()["n"]: src for src in queued}  # type: ignore[union-attr]
     corrupt = by_n[1]

@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer, RecordId
 from ftlayer.handler import AbstractFTHandler
-from tests.faults import TcpProxy
+from tests.faults import TcpProxy, stored_ids
 
 T = 0.05  # record timeout
 MAX_REPLAYS = 2
@@ -173,7 +173,7 @@ def machine(server: EmbeddedRedis, proxy: TcpProxy) -> type[RuleBasedStateMachin
                   for s in ("pending", "queued", "complete", "dead")}  # fmt: skip
             st_ = self.layer.stats()
             p = self.layer.persistence
-            stored = {p.get(src).decode()["k"] for src in p.pending_ids()}  # type: ignore[union-attr]
+            stored = {p.get(src).decode()["k"] for src in stored_ids(self.layer)}  # type: ignore[union-attr]
             dead = {d.frame.decode()["k"] for d in p.dead_letters() if d.frame}
             assert stored == by["pending"] | by["queued"], "a record vanished or reappeared"
             assert dead == by["dead"]
