@@ -4,6 +4,35 @@ Every source record gets a random 64-bit RecordId and is persisted in Redis; eve
 and every ack XORs a current id into its source record's ack value, so a record is
 complete exactly when that value returns to 0. What does not complete in time, or fails
 explicitly, is replayed under a new id -- or dead-lettered, never silently acked.
+
+Where each concept of the design lives (``serialization/`` frames records,
+``partitioners/`` mirrors Spark's placement; both are used by ``ftlayer``, never the reverse):
+
+* RecordId, id generation, the shard rule, batch-local ids and edge hashes: ``ids.py``
+* Anchoring, emit, ack, fail, the per-flush XOR fold (the handler a task uses):
+  ``handler.py``; the AckerTable in Redis and its flush: ``acker.py``, ``lua/flush.lua``
+* Persister / PersistenceLayer (records, replay queues, claims, dead letters):
+  ``persistence.py``, ``lua/claim.lua``, ``lua/fail.lua``, ``lua/dlq_replay.lua``
+* RotatingHashMap (in-process) and the timeout buckets in Redis (rotate, expire,
+  resetTimeout): ``rotating.py``, ``timeouts.py``, ``lua/expire.lua``,
+  ``lua/reset_timeout.lua``
+* Fail and replay with a new source id, the replay budget, dead-lettering:
+  ``lua/_common.lua`` (``fail_record``)
+* Batch-scope acking of the vectorized path (segments, summaries, settlement):
+  ``segments.py``, ``lua/segment_*.lua``, ``spark/batch_scope.py``, ``spark/vector_tasks.py``
+* What a run of scripts did: ``tally.py``; retries and their backoff: ``backoff.py``,
+  ``connection.py``, ``scripts.py``
+* ReplayPartitioner: ``partitioners/`` (used by ``spark/row_tasks.py``)
+* FT status on/off and every setting: ``config.py``; limits shared with the Lua:
+  ``limits.py``; per-namespace settings kept in Redis: ``settings.py``; keys: ``keys.py``
+* The FT layer as one object (handlers, stats, drain): ``layer.py``
+* The Spark wrapper (pipelines, stages, outcomes, error policy, contexts,
+  ``on_dead_letter``): ``spark/`` (see its package docstring)
+* The sidecar (rotation lease, metrics, health, status page): ``service/``
+* The command line (``ftlayer demo|serve|stats|dlq|...``): ``cli/``; the demo: ``demo.py``
+* An embedded ``redis-server`` for tests and the demo: ``embedded.py``
+* Record payloads (msgpack, Arrow types): ``payloads.py``; errors: ``errors.py``; log
+  format (text or JSON): ``logs.py``
 """
 
 from ftlayer.config import FTConfig, FTStatus
