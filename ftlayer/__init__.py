@@ -28,7 +28,8 @@ Where each concept of the design lives (``serialization/`` frames records,
 * The FT layer as one object (handlers, stats, drain): ``layer.py``
 * The Spark wrapper (pipelines, stages, outcomes, error policy, contexts,
   ``on_dead_letter``): ``spark/`` (see its package docstring)
-* The sidecar (rotation lease, metrics, health, status page): ``service/``
+* The sidecar (rotation lease, metrics, health, status page): ``service/``; dead
+  letters for people (previews, newest first): ``deadletters.py``
 * The command line (``ftlayer demo|serve|stats|dlq|...``): ``cli/``; the demo: ``demo.py``
 * An embedded ``redis-server`` for tests and the demo: ``embedded.py``
 * Record payloads (msgpack, Arrow types): ``payloads.py``; errors: ``errors.py``; log

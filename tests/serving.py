@@ -17,10 +17,11 @@ LEASE_S = 1.5
 class Serve:
     """One `ftlayer serve` process."""
 
-    def __init__(self, url: str, namespace: str, log: Path, *extra: str) -> None:
+    def __init__(self, url: str, namespace: str, log: Path, *extra: str,
+                 timeout_s: float = T) -> None:  # fmt: skip
         self.log = log
         cmd = [sys.executable, "-m", "ftlayer.cli", "serve", "--redis-url", url,
-               "--namespace", namespace, "--timeout-s", str(T),
+               "--namespace", namespace, "--timeout-s", str(timeout_s),
                "--lease-s", str(LEASE_S), "--metrics-port", "0", *extra]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd,

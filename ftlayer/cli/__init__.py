@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 from ftlayer import __version__
 from ftlayer.cli.common import add_common, config_of, env_name, open_existing, opt
 from ftlayer.cli.dlq import add_dlq_commands
+from ftlayer.cli.status import add_status_command
 from ftlayer.connection import redact_url
 from ftlayer.errors import FrameError, FTLayerError
 
@@ -162,6 +163,7 @@ def _build_commands(sub: Any) -> None:
     serve.set_defaults(func=_cmd_serve)
 
     add_dlq_commands(sub)
+    add_status_command(sub)
 
     server = sub.add_parser(
         "redis", help="run an embedded redis-server in the foreground and print its URL"
@@ -209,6 +211,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         if args.metrics_port >= 0:
             server = ServiceServer(sidecar, args.metrics_host, args.metrics_port).start()
             print(f"ftlayer serve: metrics at {server.url}/metrics", flush=True)
+            print(f"ftlayer serve: status page at {server.url}/", flush=True)
         sidecar.run(stop)
     finally:
         if server:

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from typing import Any, TextIO
 
 from ftlayer.cli.common import add_common, open_existing
+from ftlayer.deadletters import dead_letter_dict, iso_time, preview
 from ftlayer.errors import ConfigError
 from ftlayer.persistence import DeadLetter
 
@@ -66,67 +67,6 @@ class DeadLetterFilter:
         return (self.source, self.since_ms, self.reason) != (None, None, None)
 
 
-def _payload(d: DeadLetter) -> tuple[Any, str | None]:
-    """(the decoded record, None) or (None, why it does not decode)."""
-    if d.frame is None:
-        return None, d.frame_error or "no frame"
-    try:
-        return d.frame.decode(), None
-    except Exception as e:  # noqa: BLE001 -- shown to the operator, never raised
-        return None, f"payload does not decode: {e}"
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return {"bytes_hex": value.hex()}
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-def _preview(d: DeadLetter, width: int = 60) -> str:
-    record, error = _payload(d)
-    text = f"<{error}>" if error else json.dumps(_jsonable(record), default=repr)
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="seconds")
-
-
-def dead_letter_dict(d: DeadLetter, payload: bool = True) -> dict[str, Any]:
-    """One dead letter as JSON: ids, source, placement, the decoded payload (or the raw
-    bytes in hex and why they do not decode), and every attempt with time and error."""
-    f = d.frame
-    out: dict[str, Any] = {
-        "id": f"{d.source_id:016x}",
-        "source": f.source if f else None,
-        "payload_bytes": len(f.payload) if f else len(d.raw),
-        "hash_code": f.hash_code if f else None,
-        "partition": f.partition if f else None,
-        "frame_error": d.frame_error,
-        "attempts": d.attempts,
-        "dead_lettered_ms": d.time_ms,
-        "dead_lettered": _iso(d.time_ms),
-        "reason": d.history[-1].reason if d.history else None,
-        "error": d.history[-1].error if d.history else None,
-        "history": [
-            {"reason": h.reason, "time_ms": h.time_ms, "time": _iso(h.time_ms),
-             "attempt": h.attempt, "error": h.error}
-            for h in d.history
-        ],
-    }  # fmt: skip
-    if payload:
-        record, error = _payload(d)
-        out["payload"] = _jsonable(record)
-        out["payload_error"] = error
-        if error:
-            out["raw_hex"] = (f.payload if f else d.raw).hex()
-    return out
-
-
 def _selected(layer: Any, args: argparse.Namespace) -> list[DeadLetter]:
     keep = _filter(args)
     letters = [d for d in layer.persistence.dead_letters() if keep(d)]
@@ -143,7 +83,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     with open_existing(args) as layer:
         letters = _selected(layer, args)
     if args.json:
-        print(json.dumps([dead_letter_dict(d, payload=False) | {"preview": _preview(d)}
+        print(json.dumps([dead_letter_dict(d, payload=False) | {"preview": preview(d)}
                           for d in letters]))  # fmt: skip
         return 0
     if not letters:
@@ -155,8 +95,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
         last = d.history[-1] if d.history else None
         source = "?" if d.frame is None else d.frame.source
         error = (last.error if last else "")[:30]
-        print(f"{d.source_id:016x}  {source:>6}  {_iso(d.time_ms)[:19]:<19}  {d.attempts:>5}  "
-              f"{last.reason if last else '':<8}  {error:<30}  {_preview(d, 50)}")  # fmt: skip
+        print(f"{d.source_id:016x}  {source:>6}  {iso_time(d.time_ms)[:19]:<19}  {d.attempts:>5}  "
+              f"{last.reason if last else '':<8}  {error:<30}  {preview(d, 50)}")  # fmt: skip
     print(f"({len(letters)} shown; `ftlayer dlq show ID` for one whole)")
     return 0
 

@@ -5,7 +5,8 @@
 * ``/healthz``: liveness -- 200 while the sidecar's loop is alive, whatever Redis does (a
   Redis outage must not make Kubernetes restart every sidecar);
 * ``/readyz``: readiness -- 200 while the loop reached Redis within its last few ticks,
-  with the lease state (``leader`` / ``standby``) in the body, else 503.
+  with the lease state (``leader`` / ``standby``) in the body, else 503;
+* ``/``: the status page, ``/api/status``: its data as JSON (ftlayer.service.status).
 
 Nothing served changes state; any other path is a 404.
 """
@@ -22,6 +23,7 @@ from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from ftlayer.service.sidecar import Sidecar
+from ftlayer.service.status import StatusModel, render_page, status_json
 
 __all__ = ["ServiceServer"]
 
@@ -35,19 +37,22 @@ class _Quiet(WSGIRequestHandler):
         log.debug("http " + format, *args)
 
 
-def _text(start: _Start, ok: bool, body: str) -> Iterable[bytes]:
-    data = body.encode()
-    headers = [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data)))]
+def _text(start: _Start, ok: bool, body: str | bytes, kind: str = "text/plain") -> Iterable[bytes]:
+    data = body.encode() if isinstance(body, str) else body
+    headers = [("Content-Type", f"{kind}; charset=utf-8"), ("Content-Length", str(len(data))),
+               ("Cache-Control", "no-store")]  # fmt: skip
     start("200 OK" if ok else "503 Service Unavailable", headers)
     return [data]
 
 
 class ServiceServer:
-    """``/metrics``, ``/healthz`` and ``/readyz`` of one sidecar, in a daemon thread."""
+    """``/``, ``/api/status``, ``/metrics``, ``/healthz`` and ``/readyz`` of one sidecar, in
+    a daemon thread."""
 
     def __init__(self, sidecar: Sidecar, host: str = "127.0.0.1", port: int = 9464) -> None:
         self.sidecar = sidecar
         self._metrics = make_wsgi_app(sidecar.metrics.registry)
+        self.status = StatusModel(sidecar)
         self.httpd = make_server(host, port, self.app, ThreadingWSGIServer, handler_class=_Quiet)
         self._thread = threading.Thread(
             target=self.httpd.serve_forever, name="ftlayer-http", daemon=True
@@ -64,6 +69,10 @@ class ServiceServer:
             return _text(start, *self.sidecar.alive())
         if path == "/readyz":
             return _text(start, *self.sidecar.ready())
+        if path == "/api/status":
+            return _text(start, True, status_json(self.status.snapshot()), "application/json")
+        if path in ("/", "/index.html"):
+            return _text(start, True, render_page(self.status.snapshot()), "text/html")
         start("404 Not Found", [("Content-Type", "text/plain")])
         return [b"not found\n"]
 

@@ -1,0 +1,177 @@
+"""The sidecar's status page as an operator sees it: a real `ftlayer serve` process, a real
+Redis, records pushed through the FT layer, and the page opened in a real headless
+Chromium (Debian's ``chromium`` with ``chromedriver``, through selenium) whose numbers
+move while records flow. The screenshot lands in benchmarks/results/status_page.png."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ftlayer import EmbeddedRedis, FTConfig, FTLayer, FTStats
+from ftlayer.service.status import latency_percentile
+from tests.serving import Serve
+
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+EVIL = "<script>alert('x')</script>"
+
+
+@pytest.fixture
+def served(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[tuple[FTLayer, Serve]]:
+    """A namespace with completed, replayed and dead-lettered records, and its sidecar."""
+    ns = f"status-{uuid.uuid4().hex[:8]}"
+    # timeout long enough that nothing expires while a test reads the figures
+    layer = FTLayer(redis_server.client(), FTConfig(namespace=ns, timeout_s=60, max_replays=0))
+    serve = Serve(redis_server.url, ns, tmp_path / "serve.log", timeout_s=60)
+    try:
+        complete(layer, 30, source=0)
+        h = layer.handler()
+        bad = [h.persist_record({"order": i, "note": EVIL}, source=1) for i in range(3)]
+        h.flush()
+        layer.fail(bad, error="price service said no")  # budget 0: dead letters at once
+        h = layer.handler()
+        for i in range(5):  # pending: persisted, never acked
+            h.persist_record({"order": 100 + i}, source=2)
+        h.flush()
+        yield layer, serve
+    finally:
+        serve.stop()
+        layer.clear()
+
+
+def complete(layer: FTLayer, n: int, source: int) -> None:
+    """Persist ``n`` records (a source task), then ack them (its sink, another task):
+    completed in Redis, with their latency."""
+    h = layer.handler()
+    rids = [h.persist_record({"order": i}, source=source) for i in range(n)]
+    h.flush()
+    sink = layer.handler()
+    for rid in rids:
+        sink.ack(rid)
+    sink.flush()
+
+
+def status(serve: Serve) -> dict:
+    code, body = serve.get("/api/status")
+    assert code == 200, body
+    return json.loads(body)
+
+
+def test_api_status_reports_what_redis_holds(served: tuple[FTLayer, Serve]) -> None:
+    """Catches: figures not the namespace's (another namespace, stale), sources missing,
+    dead letters not newest-first or without their decoded payload, the lease holder
+    unknown, and rates that are invented before two samples exist."""
+    layer, serve = served
+    deadline = time.monotonic() + 10
+    while (s := status(serve))["lease_holder"] is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    st = layer.stats()
+    assert s["namespace"] == layer.config.namespace and s["redis_up"] is True
+    for key in ("persisted", "completed", "dead_lettered", "dead_letters", "pending",
+                "replayed", "failed_explicit"):  # fmt: skip
+        assert s["totals"][key] == getattr(st, key), key
+    assert s["totals"]["pending"] == 5 and s["totals"]["dead_letters"] == 3
+    assert {x["source"]: x["pending"] for x in s["sources"] if x["pending"]} == {2: 5}
+    assert s["lease_holder"] == s["sidecar"]["id"] and s["sidecar"]["leader"] is True
+    newest = s["dead_letters_newest"]
+    assert len(newest) == 3 and all(d["source"] == 1 for d in newest)
+    assert [d["time"] for d in newest] == sorted((d["time"] for d in newest), reverse=True)
+    assert all(EVIL.replace("'", '\\"') in d["preview"] or "script" in d["preview"]
+               for d in newest)  # fmt: skip
+    assert {d["error"] for d in newest} == {"price service said no"}
+    assert s["latency_ms"]["count"] == st.latency_count == 30
+    # rates: from the second sample on, and they see records that complete in between
+    complete(layer, 40, source=0)
+    time.sleep(0.6)
+    rates = status(serve)["rates_per_s"]
+    assert rates is not None and rates["completed"] > 0
+
+
+def test_the_page_escapes_payloads_and_works_without_js(served: tuple[FTLayer, Serve]) -> None:
+    """Catches: a payload rendered as markup (a dead letter with <script> would run in
+    the operator's browser) and numbers only filled in by JS."""
+    layer, serve = served
+    code, page = serve.get("/")
+    assert code == 200
+    assert "<script>alert" not in page and "&lt;script&gt;alert" in page
+    assert f'data-k="totals.pending">{layer.stats().pending}<' in page
+    assert "price service said no" in page
+
+
+def test_latency_percentiles_interpolate_within_buckets() -> None:
+    """Catches: percentiles off by a bucket, or not interpolated (Prometheus's rule)."""
+    st = FTStats(latency_count=20, latency_buckets={"5": 10, "10": 20, "25": 20})
+    assert latency_percentile(st, 0.5) == 5.0
+    assert latency_percentile(st, 0.9) == 9.0
+    assert latency_percentile(FTStats(), 0.5) is None
+
+
+def test_ftlayer_status_prints_the_url_and_a_summary(served: tuple[FTLayer, Serve]) -> None:
+    """Catches: a status command that cannot find the sidecar, a summary without the
+    pending count, a traceback instead of one line when nothing answers."""
+    _, serve = served
+    cli = [sys.executable, "-m", "ftlayer.cli", "status", "--url", serve.base]
+    out = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert f"status page: {serve.base}/" in out.stdout and "pending 5" in out.stdout
+    js = subprocess.run([*cli, "--json"], capture_output=True, text=True, timeout=60)
+    assert json.loads(js.stdout)["totals"]["pending"] == 5
+    nobody = [sys.executable, "-m", "ftlayer.cli", "status", "--url", "http://127.0.0.1:9"]
+    gone = subprocess.run(nobody, capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 2 and "Traceback" not in gone.stderr
+    assert "no ftlayer sidecar answers" in gone.stderr
+
+
+def _chromium() -> Any:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    binary, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert binary and driver, "Debian's chromium and chromium-driver must be installed"
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = binary
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                 "--window-size=1280,900"):  # fmt: skip
+        opts.add_argument(flag)
+    return webdriver.Chrome(options=opts, service=Service(driver))
+
+
+def test_in_chromium_the_numbers_move_while_records_flow(
+    served: tuple[FTLayer, Serve],
+) -> None:
+    """Catches: a page that does not load in a real browser, a script error, numbers that
+    never update without a reload (the polling broken), and the screenshot missing."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    layer, serve = served
+    browser = _chromium()
+    try:
+        browser.get(serve.base + "/")
+        cell = browser.find_element(By.CSS_SELECTOR, '[data-k="totals.completed"]')
+        before = cell.text
+        assert before == "30"
+        for _ in range(5):  # records flow for a few seconds
+            complete(layer, 200, source=0)
+            time.sleep(0.5)
+        want = f"{30 + 5 * 200:,}"
+        WebDriverWait(browser, 10).until(lambda b: cell.text == want)
+        rate = browser.find_element(By.CSS_SELECTOR, '[data-k="rates_per_s.completed"]')
+        WebDriverWait(browser, 10).until(lambda b: rate.text not in ("", "–", "0"))
+        logs = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        assert logs == [], logs
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        shot = RESULTS / "status_page.png"
+        browser.save_screenshot(str(shot))
+        assert shot.stat().st_size > 10_000
+    finally:
+        browser.quit()
