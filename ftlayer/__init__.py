@@ -30,7 +30,8 @@ Where each concept of the design lives (``serialization/`` frames records,
   ``on_dead_letter``): ``spark/`` (see its package docstring)
 * The sidecar (rotation lease, metrics, health, status page): ``service/``; dead
   letters for people (previews, newest first): ``deadletters.py``
-* The command line (``ftlayer demo|serve|stats|dlq|...``): ``cli/``; the demo: ``demo.py``
+* The command line (``ftlayer demo|serve|stats|status|dlq|...``): ``cli/``; the demo:
+  ``demo.py`` (its screen: ``cli/demo_view.py``)
 * An embedded ``redis-server`` for tests and the demo: ``embedded.py``
 * Record payloads (msgpack, Arrow types): ``payloads.py``; errors: ``errors.py``; log
   format (text or JSON): ``logs.py``

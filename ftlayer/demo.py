@@ -17,10 +17,12 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
@@ -35,7 +37,7 @@ from ftlayer.config import FTConfig
 from ftlayer.embedded import EmbeddedRedis
 from partitioners import HashPartitioner
 
-__all__ = ["DemoReport", "report_table", "run_demo"]
+__all__ = ["DemoProgress", "DemoReport", "report_table", "run_demo", "verdict"]
 
 PARTITIONS = 4
 KEYS = 64
@@ -165,14 +167,24 @@ def _redis_url(url: str | None) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def _sidecar(url: str, namespace: str, timeout_s: float, log: Path) -> Iterator[None]:
+def _sidecar(url: str, namespace: str, timeout_s: float, log: Path) -> Iterator[str | None]:
+    """An ``ftlayer serve`` process; yields the URL of its status page (None if it did not
+    print one: the demo goes on without it)."""
     cmd = [sys.executable, "-m", "ftlayer.cli", "serve", "--redis-url", url,
-           "--namespace", namespace, "--timeout-s", str(timeout_s), "--metrics-port", "-1",
+           "--namespace", namespace, "--timeout-s", str(timeout_s), "--metrics-port", "0",
            "--lease-s", "3"]  # fmt: skip
     with open(log, "ab") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+    page = None
     try:
-        yield
+        assert proc.stdout is not None
+        for _ in range(3):  # "metrics at URL/metrics", then "status page at URL/"
+            m = re.search(r"status page at (http://\S+)", proc.stdout.readline())
+            if m:
+                page = m.group(1)
+                break
+        threading.Thread(target=proc.stdout.read, daemon=True).start()  # never blocks it
+        yield page
     finally:
         proc.terminate()
         try:
@@ -191,21 +203,80 @@ def _write_input(folder: Path, records: int, batches: int) -> None:
         (folder / f"orders-{b:04d}.json").write_text("\n".join(lines) + "\n")
 
 
-def _spark() -> Any:
+def _spark(log: Path, verbose: bool) -> Any:
+    """local[2] with 4 attempts per task (injected crashes retry). Unless ``verbose``, the
+    JVM's own output (startup warnings, log4j, Python workers' stderr) goes to ``log`` and
+    Spark's console progress bar is off: the demo's display is the only thing on screen."""
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (
-        SparkSession.builder.master(f"local[2,{4}]")  # 4 attempts per task: crashes retry
-        .appName("ftlayer-demo")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", str(PARTITIONS))
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.pyspark.python", sys.executable)
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("FATAL")  # injected crashes are reported, not traced
+    conf = (SparkConf().setMaster(f"local[2,{4}]").setAppName("ftlayer-demo")
+            .set("spark.ui.enabled", "false")
+            .set("spark.ui.showConsoleProgress", "true" if verbose else "false")
+            .set("spark.sql.shuffle.partitions", str(PARTITIONS))
+            .set("spark.sql.session.timeZone", "UTC")
+            .set("spark.pyspark.python", sys.executable))  # fmt: skip
+    if not verbose and SparkContext._gateway is None:  # noqa: SLF001 -- not started yet
+        from pyspark.java_gateway import launch_gateway
+
+        out = open(log, "ab")  # noqa: SIM115 -- the JVM's, for its whole life
+        SparkContext(conf=conf, gateway=launch_gateway(conf, {"stdout": out, "stderr": out}))
+    spark = SparkSession.builder.config(conf=conf).getOrCreate()
+    spark.sparkContext.setLogLevel("INFO" if verbose else "FATAL")
     return spark
+
+
+@dataclass
+class DemoProgress:
+    """What the demo has done so far (polled every half second while it runs)."""
+
+    phase: str  # "streaming", "draining", "done"
+    micro_batches: int
+    batches_total: int
+    records_in: int  # fresh records the batches read
+    completed: int
+    replayed: int
+    dead_lettered: int
+    pending: int
+    elapsed_s: float
+
+
+class _Watcher:
+    """Polls the FT counters (at most twice a second) and hands them to ``progress``."""
+
+    def __init__(self, ft: Any, batches: int, progress: Callable[[DemoProgress], None]):
+        self.ft, self.batches, self.progress = ft, batches, progress
+        self.phase = "streaming"
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="demo-progress", daemon=True)
+
+    def snapshot(self) -> DemoProgress:
+        st = self.ft.layer.stats()
+        results = list(self.ft.results)
+        return DemoProgress(self.phase, sum(1 for r in results if r.fresh),
+                            self.batches, sum(r.fresh for r in results), st.completed,
+                            st.replayed, st.dead_lettered, st.pending,
+                            round(time.monotonic() - self.started, 1))  # fmt: skip
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                self.progress(self.snapshot())
+            except redis.RedisError:
+                continue
+
+    def __enter__(self) -> _Watcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.phase = "done"
+        with contextlib.suppress(redis.RedisError):
+            self.progress(self.snapshot())
 
 
 def run_demo(
@@ -217,8 +288,15 @@ def run_demo(
     redis_url: str | None = None,
     batches: int = 8,
     drain_timeout_s: float = 90.0,
-    progress: Callable[[int, int, int], None] | None = None,
+    progress: Callable[[DemoProgress], None] | None = None,
+    verbose: bool = False,
+    on_status_page: Callable[[str], None] | None = None,
+    hold: Callable[[], None] | None = None,
 ) -> DemoReport:
+    """Run the demo (see the module docstring). ``progress`` gets a DemoProgress every
+    half second; ``on_status_page`` the sidecar's status page URL once it serves;
+    ``hold`` runs after the report is made and before anything is stopped (``--serve``:
+    the page stays up until it returns)."""
     from ftlayer.spark import FaultTolerance
 
     started = time.monotonic()
@@ -227,13 +305,19 @@ def run_demo(
     (work / "input").mkdir()
     _write_input(work / "input", records, batches)
     try:
-        with _redis_url(redis_url) as url, _sidecar(url, ns, timeout_s, work / "serve.log"):
+        with _redis_url(redis_url) as url, _sidecar(url, ns, timeout_s,
+                                                    work / "serve.log") as page:  # fmt: skip
+            if page and on_status_page:
+                on_status_page(page)
             prefix = f"ftdemo:{ns}"
             ft = FaultTolerance(FTConfig(namespace=ns, redis_url=url, timeout_s=timeout_s))
-            spark = _spark()
+            spark = _spark(work / "spark.log", verbose)
             try:
                 report = _run(spark, ft, url, prefix, work, records, batches, fail_rate,
                               drop_rate, crash_rate, drain_timeout_s, progress)  # fmt: skip
+                report.elapsed_s = round(time.monotonic() - started, 1)
+                if hold:
+                    hold()
             finally:
                 assert ft.layer is not None
                 ft.layer.clear()
@@ -245,13 +329,12 @@ def run_demo(
                 spark.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report.elapsed_s = round(time.monotonic() - started, 1)
     return report
 
 
 def _run(spark: Any, ft: Any, url: str, prefix: str, work: Path, records: int, batches: int,
          fail_rate: float, drop_rate: float, crash_rate: float, drain_timeout_s: float,
-         progress: Callable[[int, int, int], None] | None) -> DemoReport:  # fmt: skip
+         progress: Callable[[DemoProgress], None] | None) -> DemoReport:  # fmt: skip
     from pyspark.sql.types import LongType, StructField, StructType
 
     pipeline = (
@@ -263,22 +346,21 @@ def _run(spark: Any, ft: Any, url: str, prefix: str, work: Path, records: int, b
     )
     schema = StructType([StructField(c, LongType()) for c in ("id", "key", "amount")])
     stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1)
-    query = (
-        stream.json(str(work / "input"))
-        .writeStream.foreachBatch(pipeline)
-        .option("checkpointLocation", str(work / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    while query.isActive:
-        if progress:
-            progress(len(ft.results), batches, ft.layer.stats().pending)
-        query.awaitTermination(0.5)
-    if query.exception():
-        raise RuntimeError(f"the streaming query failed: {query.exception()}")
-    if progress:
-        progress(len(ft.results), batches, ft.layer.stats().pending)
-    drained = ft.drain(timeout_s=drain_timeout_s, pipeline=pipeline)
+    watch = _Watcher(ft, batches, progress) if progress else contextlib.nullcontext()
+    with watch:
+        query = (
+            stream.json(str(work / "input"))
+            .writeStream.foreachBatch(pipeline)
+            .option("checkpointLocation", str(work / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        if query.exception():
+            raise RuntimeError(f"the streaming query failed: {query.exception()}")
+        if isinstance(watch, _Watcher):
+            watch.phase = "draining"
+        drained = ft.drain(timeout_s=drain_timeout_s, pipeline=pipeline)
 
     layer = ft.layer
     client = redis.Redis.from_url(url)
@@ -304,7 +386,7 @@ def _run(spark: Any, ft: Any, url: str, prefix: str, work: Path, records: int, b
         duplicates=sum(n - 1 for n in sink.values()),
         misplaced=misplaced,
         crashed_tasks=crashed,
-        micro_batches=len(ft.results),
+        micro_batches=sum(1 for r in ft.results if r.fresh),
         elapsed_s=0.0,
     )
 
@@ -313,3 +395,14 @@ def report_table(report: DemoReport) -> str:
     rows = asdict(report)
     width = max(len(k) for k in rows)
     return "\n".join(f"  {k:<{width}}  {v:>10}" for k, v in rows.items())
+
+
+def verdict(r: DemoReport) -> str:
+    """One line: OK or FAILED, with what happened on the way."""
+    if r.lost or r.pending:
+        return (f"FAILED: {r.lost:,} of {r.source_records:,} records lost, {r.pending:,} still "
+                "pending")  # fmt: skip
+    return (f"OK: {r.source_records:,} records, 0 lost, {r.duplicates:,} duplicates; "
+            f"{r.replayed:,} replays ({r.failed_explicit:,} failed, {r.timed_out:,} timed out), "
+            f"{r.dead_lettered:,} dead-lettered, {r.crashed_tasks:,} crashed tasks recovered, "
+            f"in {r.elapsed_s:g} s")  # fmt: skip

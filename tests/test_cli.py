@@ -64,13 +64,58 @@ def test_demo_json_loses_nothing() -> None:
                 "--batches", "3", "--fail-rate", "0.05", "--drop-rate", "0.03",
                 "--crash-rate", "1.0", "--timeout-s", "1.5", "--json"])  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = json.loads(out.stdout)  # --json: the report object and nothing else on stdout
     assert r["lost"] == 0 and r["pending"] == 0 and r["misplaced"] == 0
     assert r["failed_explicit"] > 0 and r["timed_out"] > 0, "both failure kinds injected"
     assert r["crashed_tasks"] >= 3, "every source task crashed once and was retried"
     assert r["replayed"] == r["failed_explicit"] + r["timed_out"] - r["dead_lettered"]
     assert r["completed"] + r["dead_lettered"] == r["source_records"] == 3000
     assert r["sink_rows"] - r["duplicates"] + r["dead_lettered"] == 3000
+
+
+def test_demo_reads_like_a_report_and_shows_logs_only_when_asked() -> None:
+    """Catches: Spark's JVM noise, progress bar or INFO lines in the default output (it
+    was a wall of log lines), a report without its table or verdict, and -v that shows
+    nothing more."""
+    small = ["demo", "--records", "1500", "--batches", "2", "--timeout-s", "1.5"]
+    out = _run([*FTLAYER, *small])
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout + out.stderr
+    for noise in ("INFO", "WARN", "log4j", "[Stage", "Traceback", "NativeCodeLoader"):
+        assert noise not in text, (noise, text[-3000:])
+    assert "ftlayer demo report" in out.stdout and "lost" in out.stdout
+    assert re.search(r"^OK: 1,500 records, 0 lost, ", out.stdout, re.M), out.stdout
+    assert re.search(r"^micro-batch 2/2: 1,500 records in", out.stdout, re.M), out.stdout
+    loud = _run([*FTLAYER, *small, "-v"])
+    assert loud.returncode == 0, loud.stderr[-3000:]
+    assert "INFO ftlayer.spark.driver batch done" in loud.stderr
+
+
+def test_demo_serve_keeps_the_status_page_up_until_interrupted() -> None:
+    """Catches: --serve that tears the sidecar down with the report (nothing to look at),
+    a page that does not show the demo's records, and Ctrl-C that does not end it."""
+    import signal
+    import urllib.request
+
+    cmd = [*FTLAYER, "demo", "--records", "800", "--batches", "1", "--serve"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        page = None
+        for line in proc.stdout:
+            if m := re.search(r"status page: (http://\S+)", line):
+                page = m.group(1)
+            if "stays up" in line:
+                break
+        assert page, "no status page URL printed"
+        with urllib.request.urlopen(page + "api/status", timeout=10) as reply:
+            status = json.load(reply)
+        assert status["totals"]["completed"] == 800 and status["totals"]["pending"] == 0
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def test_stats_json_on_an_explicit_url(redis_server) -> None:

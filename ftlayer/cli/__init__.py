@@ -130,6 +130,15 @@ def _build_commands(sub: Any) -> None:
     )
     demo.add_argument("--timeout-s", type=float, default=3.0, help="default: %(default)s")
     demo.add_argument("--json", action="store_true", help="print one JSON object")
+    demo.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show ftlayer's and Spark's logs (no live display)",
+    )
+    demo.add_argument("--serve", action="store_true",
+                      help="keep Redis and the sidecar's status page up after the report, "
+                      "until Ctrl-C")  # fmt: skip
     demo.set_defaults(func=_cmd_demo)
 
     serve = sub.add_parser(
@@ -241,26 +250,9 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
+    from ftlayer.cli.demo_view import run_demo_command
 
-    from ftlayer.demo import report_table, run_demo
-
-    def progress(done: int, total: int, pending: int) -> None:
-        if not args.json and sys.stderr.isatty():
-            bar = "#" * int(30 * min(done, total) / max(total, 1))
-            print(f"\r[{bar:<30}] micro-batches {done}/{total} pending={pending} ",
-                  end="", file=sys.stderr, flush=True)  # fmt: skip
-
-    report = run_demo(
-        records=args.records, fail_rate=args.fail_rate, drop_rate=args.drop_rate,
-        crash_rate=args.crash_rate, timeout_s=args.timeout_s, redis_url=args.redis_url,
-        batches=args.batches, progress=progress,
-    )  # fmt: skip
-    if args.json:
-        print(json.dumps(asdict(report)))
-    else:
-        print("\nftlayer demo report\n" + report_table(report))
-    return 1 if report.lost else 0
+    return run_demo_command(args)
 
 
 def _cmd_redis(args: argparse.Namespace) -> int:
