@@ -31,7 +31,8 @@ run), ``outcome`` (per-row outcomes, bisection), ``vector_tasks`` / ``batch_scop
 vectorized path: executors / driver), ``row_stages`` (row stages compiled to batch stages),
 ``row_tasks`` (``ack_scope="task"``: row stages over ``df.rdd``), ``policy``
 (ErrorPolicy: retries, backoff, dead-letter types; stage contexts), ``dead_letter_feed``
-(``on_dead_letter`` callbacks), ``standalone`` (a Spark
+(``on_dead_letter`` callbacks), ``progress`` (a StreamingQueryListener joining Spark's
+progress with the batch results), ``standalone`` (a Spark
 standalone cluster on loopback, for tests and benchmarks), ``results``.
 """
 
@@ -40,11 +41,13 @@ from ftlayer.spark.outcome import Outcome, StageContractError
 from ftlayer.spark.pipeline import OnError, Pipeline
 from ftlayer.spark.plan import UNCONFIRMED, Unconfirmed
 from ftlayer.spark.policy import BatchContext, ErrorPolicy, RecordContext
+from ftlayer.spark.progress import BatchProgress
 from ftlayer.spark.results import BatchResult, DrainResult, StageCounts
 
 __all__ = [
     "UNCONFIRMED",
     "BatchContext",
+    "BatchProgress",
     "BatchResult",
     "DrainResult",
     "ErrorPolicy",

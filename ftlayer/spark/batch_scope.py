@@ -291,6 +291,9 @@ class VectorRun:
                 "record of the batch pending (they replay)", self.result.batch_id, fold, ok,
             )  # fmt: skip
         failed, unconfirmed = self._residues(summaries)
+        if self.result.fold_ok:  # source records this batch completed
+            done = self.result.fresh + self.result.replayed - len(failed) - len(unconfirmed)
+            self.result.acked = max(done, 0)
         self._settle_segments(summaries, failed, unconfirmed)
         self._settle_replays(failed, unconfirmed)
         self.result.redis_calls = self.calls + sum(

@@ -50,6 +50,7 @@ from ftlayer.spark.dead_letter_feed import DeadLetterFeed
 from ftlayer.spark.pipeline import AckScope, OnError, Pipeline
 from ftlayer.spark.plan import MAX_MESSAGES
 from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy
+from ftlayer.spark.progress import BatchProgress, ProgressListener
 from ftlayer.spark.results import BatchResult, DrainResult
 from ftlayer.spark.row_stages import compile_rows
 from ftlayer.spark.row_tasks import (
@@ -114,6 +115,7 @@ class FaultTolerance:
         self.backpressure_timeout_s = backpressure_timeout_s
         self.layer: FTLayer | None = None
         self.results: list[BatchResult] = []
+        self._listener: ProgressListener | None = None
         self._last: tuple[Pipeline, SparkSession, Any] | None = None
         self._rotator: Any = None
         self._owns_layer = layer is None
@@ -128,6 +130,22 @@ class FaultTolerance:
             if rotate:
                 self._rotator = self.layer.start_rotator()
         log.info("fault tolerance ready %s", config.summary())
+
+    # -- progress where Spark users look (ftlayer.spark.progress) ----------------------------
+    def install_progress_listener(self, spark: SparkSession, keep: int = 100) -> None:
+        """Join Spark's streaming progress with this object's batch results (classic
+        Spark): ``recent_progress`` / ``last_progress`` then hold both, per micro-batch."""
+        if self._listener is None:
+            self._listener = ProgressListener(self.results, keep).install(spark)
+
+    @property
+    def recent_progress(self) -> list[BatchProgress]:
+        return [] if self._listener is None else list(self._listener.recent)
+
+    @property
+    def last_progress(self) -> BatchProgress | None:
+        recent = self.recent_progress
+        return recent[-1] if recent else None
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled, a FaultTolerance travels as its config and rebuilds itself where it
@@ -427,7 +445,11 @@ class FaultTolerance:
         return self._last[1], self._last[2]
 
     def close(self) -> None:
-        """Stop the rotator and, if this object opened it, the FT layer."""
+        """Stop the rotator and the progress listener and, if this object opened it, the
+        FT layer."""
+        if self._listener is not None:
+            self._listener.uninstall()
+            self._listener = None
         if self._rotator is not None:
             self._rotator.stop()
             self._rotator = None

@@ -22,6 +22,12 @@ class StageCounts:
     bisections: int = 0
     """Extra calls of the stage's function spent isolating rows that raised."""
 
+    @property
+    def acked(self) -> int:
+        """Input rows the stage finished with (passed on, filtered out or written): neither
+        failed nor left unconfirmed. Rows replayed at once count once per attempt."""
+        return self.rows_in - self.failed - self.unconfirmed
+
     def add(self, other: StageCounts) -> None:
         self.rows_in += other.rows_in
         self.rows_out += other.rows_out
@@ -40,6 +46,7 @@ class BatchResult:
 
     batch_id: Any
     fresh: int = 0
+    """Source records the batch read (``acked`` of them and of its replays completed)."""
     replayed: int = 0
     immediate_replays: int = 0
     """Failed attempts of fresh rows replayed at once in the task that read them."""
