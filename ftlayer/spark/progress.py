@@ -71,6 +71,7 @@ class ProgressListener(StreamingQueryListener):
         self.results = results
         self.recent: deque[BatchProgress] = deque(maxlen=keep)
         self._lock = threading.Lock()
+        self._spark: SparkSession | None = None
 
     def _result(self, batch_id: int) -> BatchResult | None:
         for r in reversed(self.results):
@@ -112,7 +113,6 @@ class ProgressListener(StreamingQueryListener):
         return self
 
     def uninstall(self) -> None:
-        spark = getattr(self, "_spark", None)
-        if spark is not None:
-            spark.streams.removeListener(self)
+        if self._spark is not None:
+            self._spark.streams.removeListener(self)
             self._spark = None
