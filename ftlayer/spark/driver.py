@@ -339,19 +339,7 @@ class FaultTolerance:
     @staticmethod
     def _add(result: BatchResult, s: TaskSummary) -> None:
         result.tasks += 1
-        result.fresh += s.fresh
-        result.replayed += s.replayed
-        result.rejected += s.rejected
-        result.written += s.written
-        result.unconfirmed += s.unconfirmed
-        result.failed += s.failed
-        result.acked += s.acked if s.stage == 0 else 0
-        for text in s.errors:
-            if len(result.errors) < MAX_MESSAGES:
-                result.errors.append(text)
-        for text in s.rejects:
-            if len(result.rejects) < MAX_MESSAGES:
-                result.rejects.append(text)
+        result.add(s, acked=s.stage == 0)  # a source record is acked in the source stage
 
     def _done(self, result: BatchResult, started: float) -> BatchResult:
         pipeline = self._last[0] if self._last else None

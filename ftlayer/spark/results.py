@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftlayer.layer import FTStats
+from ftlayer.spark.plan import MAX_MESSAGES
 
-__all__ = ["BatchResult", "DrainResult", "StageCounts"]
+__all__ = ["BatchResult", "DrainResult", "RecordCounts", "StageCounts"]
 
 
 @dataclass
@@ -36,34 +37,58 @@ class StageCounts:
         self.bisections += other.bisections
 
 
-@dataclass
-class BatchResult:
-    """What one batch did. ``failed`` records are replayed later (or dead-lettered);
-    ``rejected`` fresh rows could not enter the pipeline (e.g. not msgpack-encodable, or
-    too large): they are named in ``rejects`` and dead-lettered with their bytes (or
-    repr); ``undecodable`` replays were dead-lettered at once with the error.
-    ``redis_calls`` counts the Redis round trips the batch made (vectorized path)."""
+@dataclass(kw_only=True)
+class RecordCounts:
+    """What a task, or a whole batch, did with its records: exact counts, and the first
+    MAX_MESSAGES error texts and rejected-record descriptions. ``failed`` records are
+    replayed later (or dead-lettered); ``rejected`` fresh rows could not enter the pipeline
+    (e.g. not msgpack-encodable, or too large): they are named in ``rejects`` and
+    dead-lettered with their bytes (or repr)."""
 
-    batch_id: Any
     fresh: int = 0
-    """Source records the batch read (``acked`` of them and of its replays completed)."""
+    """Source records read (``acked`` of them and of the replays completed)."""
     replayed: int = 0
-    immediate_replays: int = 0
-    """Failed attempts of fresh rows replayed at once in the task that read them."""
     acked: int = 0
     failed: int = 0
     rejected: int = 0
-    undecodable: int = 0
     written: int = 0
     unconfirmed: int = 0
+    errors: list[str] = field(default_factory=list)
+    rejects: list[str] = field(default_factory=list)
+
+    def note(self, bucket: list[str], text: str) -> None:
+        if len(bucket) < MAX_MESSAGES:
+            bucket.append(text)
+
+    def add(self, other: RecordCounts, acked: bool = True) -> None:
+        """Sum ``other`` into this (``acked=False``: not its acks, e.g. those of a task
+        past the source stage, whose inputs are not source records)."""
+        for name in ("fresh", "replayed", "failed", "rejected", "written", "unconfirmed"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        if acked:
+            self.acked += other.acked
+        for text in other.errors:
+            self.note(self.errors, text)
+        for text in other.rejects:
+            self.note(self.rejects, text)
+
+
+@dataclass
+class BatchResult(RecordCounts):
+    """What one batch did (see RecordCounts); ``undecodable`` replays were dead-lettered
+    at once with the error. ``redis_calls`` counts the Redis round trips the batch made
+    (vectorized path)."""
+
+    batch_id: Any
+    immediate_replays: int = 0
+    """Failed attempts of fresh rows replayed at once in the task that read them."""
+    undecodable: int = 0
     tasks: int = 0
     elapsed_s: float = 0.0
     redis_calls: int = 0
     fold_ok: bool = True
     """False when the batch's XOR fold did not return to 0 (a task's output was lost or
     counted twice): then every record of the batch was kept pending and replays."""
-    errors: list[str] = field(default_factory=list)
-    rejects: list[str] = field(default_factory=list)
     stages: dict[str, StageCounts] = field(default_factory=dict)
 
 

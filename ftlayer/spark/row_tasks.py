@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -22,7 +22,6 @@ from ftlayer.handler import AbstractFTHandler
 from ftlayer.ids import RecordId
 from ftlayer.payloads import Codecs, encode_record, normalize_row
 from ftlayer.spark.plan import (
-    MAX_MESSAGES,
     RowFn,
     Segment,
     Unconfirmed,
@@ -30,6 +29,7 @@ from ftlayer.spark.plan import (
     error_text,
 )
 from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy, RecordContext, is_dead
+from ftlayer.spark.results import RecordCounts
 from ftlayer.spark.worker import task_context, task_handler
 from partitioners import HashPartitioner
 from serialization import encode_payload
@@ -56,26 +56,13 @@ class TaskPlan:
 
 
 @dataclass
-class TaskSummary:
-    """What one task reports to the driver (exact counts, the first messages)."""
+class TaskSummary(RecordCounts):
+    """What one task reports to the driver (see RecordCounts; ``acked`` counts its inputs)."""
 
     stage: int
     partition: int
     attempt: int
-    fresh: int = 0
-    replayed: int = 0
     inputs: int = 0
-    acked: int = 0
-    failed: int = 0
-    rejected: int = 0
-    written: int = 0
-    unconfirmed: int = 0
-    errors: list[str] = field(default_factory=list)
-    rejects: list[str] = field(default_factory=list)
-
-    def note(self, bucket: list[str], text: str) -> None:
-        if len(bucket) < MAX_MESSAGES:
-            bucket.append(text)
 
 
 def _describe(plan: TaskPlan, partition: int, row_no: int, record: dict[str, Any]) -> str:
