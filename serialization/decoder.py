@@ -147,7 +147,16 @@ def iter_frames(
 
 
 def decode_frame(data: bytes, *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Frame:
-    """Decode exactly one frame (e.g. a value stored in Redis)."""
+    """Decode exactly one frame (e.g. a value stored in Redis). A whole, well-formed frame
+    takes a direct path (one header parse, one checksum); anything else goes through the
+    streaming decoder, whose errors name what is wrong and where."""
+    if len(data) >= HEADER_SIZE:
+        try:
+            header = parse_header(data)
+        except CorruptFrameError:
+            header = None
+        if header and header[0] <= max_payload and len(data) == HEADER_SIZE + header[0]:
+            return check_payload(bytes(data[HEADER_SIZE:]), header, offset=0)
     dec = FrameDecoder(max_payload=max_payload)
     dec.feed(data)
     frame = dec.next_frame()

@@ -30,6 +30,12 @@ def test_flush_cost_smoke(tmp_path: Path) -> None:
     assert r["xors"] == 300 and r["redis_server_ms"] > 0 and r["ceiling_hset_pipeline_ms"] > 0
 
 
+def test_claim_smoke(tmp_path: Path) -> None:
+    r = _bench(tmp_path, "benchmarks.claim", "--records", "3000", "--limit", "500")
+    assert r["records"] == 3000 and r["claim_calls"] == 7 and r["claim_records_per_s"] > 0
+    assert r["ceiling_lpop_records_per_s"] > 0 and r["goal_claim_records_per_s"] == 250_000
+
+
 def test_rotation_smoke(tmp_path: Path) -> None:
     r = _bench(tmp_path, "benchmarks.rotation", "--records", "2000", "--timeout-s", "1",
                "--buckets", "3")  # fmt: skip

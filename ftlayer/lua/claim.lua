@@ -1,8 +1,9 @@
 -- Take up to ARGV[2] replays of source ARGV[1] off this shard's queue for a source task.
 -- ARGV: source, count, current ids (count x 8 bytes), interval_ms, buckets, token.
--- The token names this claim: its reply is kept under it for CLAIM_TOKEN_TTL_MS, and a
--- call with a token already seen (a retry after a lost reply) returns that reply again
--- instead of popping more records (which would strand the first ones until they time out).
+-- The token names this claim: what it took is kept under it for CLAIM_TOKEN_TTL_MS (22
+-- bytes a record, not the frames), and a call with a token already seen (a retry after a
+-- lost reply) returns the same records again instead of popping more (which would strand
+-- the first ones until they time out).
 -- Each claimed record is inited here with the current id it will be emitted with, and
 -- gets a fresh timeout: if the claiming task dies, the record times out and is replayed
 -- again (nothing lost); while it only waits in the queue it burns no attempt.
@@ -12,16 +13,36 @@
 -- Redis is called in bulk (one HMGET / HSET / SADD per CHUNK records), not per record.
 
 local token_key = PREFIX .. ':claim:' .. ARGV[6]
-local seen = redis.call('GET', token_key)
-if seen then return cmsgpack.unpack(seen) end
 local source, want, curs = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+-- A retry of a claim already made: its reply again, rebuilt from what the first call kept
+-- (each record's queue entry, in order, and the position of its current id in ARGV[3]).
+local seen = redis.call('GET', token_key)
+if seen then
+  local out = {}
+  for pos = 1, #seen, 22 do
+    local entry, i = string.sub(seen, pos, pos + 17), struct.unpack('>I4', seen, pos + 18)
+    local src = string.sub(entry, 1, 8)
+    local frame = redis.call('HGET', REC, src)
+    if frame then
+      local cur = string.sub(curs, (i - 1) * 8 + 1, i * 8)
+      out[#out + 1] = src
+      out[#out + 1] = string.sub(frame, 1, 16) .. cur .. string.sub(frame, 25)
+      out[#out + 1] = (struct.unpack('>i4', entry, 13))
+      local attempts = 0
+      if #entry >= 18 then attempts = (struct.unpack('>I2', entry, 17)) end
+      out[#out + 1] = attempts
+    end
+  end
+  return out
+end
 local deadline = deadline_for(tonumber(ARGV[4]), tonumber(ARGV[5]))
 local items = redis.call('LPOP', PREFIX .. ':replay:' .. source, want)
 local out = {}
 if not items then
-  redis.call('SET', token_key, cmsgpack.pack(out), 'PX', CLAIM_TOKEN_TTL_MS)
+  redis.call('SET', token_key, '', 'PX', CLAIM_TOKEN_TTL_MS)
   return out
 end
+local kept = {} -- per claimed record: its queue entry (18 bytes) and its index in curs
 local CHUNK = 1000
 local tkey = tmo_key(deadline)
 local vanished = 0
@@ -46,6 +67,9 @@ for first = 1, #items, CHUNK do
       local attempts = 0
       if #items[i] >= 18 then attempts = (struct.unpack('>I2', items[i], 17)) end
       out[#out + 1] = attempts
+      local e = items[i]
+      if #e < 18 then e = e .. string.rep('\0', 18 - #e) end
+      kept[#kept + 1] = e .. struct.pack('>I4', i)
     else
       vanished = vanished + 1
     end
@@ -62,5 +86,5 @@ end
 count('replays_vanished', vanished)
 count('replays_claimed', #out / 4)
 flush_counts()
-redis.call('SET', token_key, cmsgpack.pack(out), 'PX', CLAIM_TOKEN_TTL_MS)
+redis.call('SET', token_key, table.concat(kept), 'PX', CLAIM_TOKEN_TTL_MS)
 return out
