@@ -19,7 +19,7 @@ import numpy as np
 from ftlayer.acker import RedisAckerTable, ShardBatch
 from ftlayer.config import FTConfig
 from ftlayer.errors import FailRecord, FTLayerError, RecordError
-from ftlayer.ids import IdPool, RecordId, shard_of, shards_of
+from ftlayer.ids import IdPool, RecordId, as_ids, new_ids, shard_of, shards_of, xor_fold
 from ftlayer.limits import MAX_RECORD_BYTES, MAX_SOURCE
 from ftlayer.tally import Tally
 from serialization import encode_frame, encode_payload
@@ -141,7 +141,7 @@ class FTHandler(AbstractFTHandler):
     """The operating handler of one task attempt."""
 
     __slots__ = ("table", "config", "partition", "_deltas", "_born", "_failed", "_anchor",
-                 "_ids", "_reset", "_unsent", "_rejected")  # fmt: skip
+                 "_ids", "_reset", "_unsent", "_rejected", "_xors")  # fmt: skip
 
     def __init__(
         self,
@@ -155,6 +155,7 @@ class FTHandler(AbstractFTHandler):
         self.config = config
         self.partition = partition
         self._deltas: dict[int, int] = {}
+        self._xors: list[tuple[np.ndarray, np.ndarray]] = []  # emit_many / ack_many events
         self._born: dict[int, tuple[bytes, int, int, int, int]] = {}
         self._failed: dict[int, tuple[str, str]] = {}
         self._rejected: set[int] = set()  # born here to be dead-lettered (budget 0)
@@ -219,7 +220,8 @@ class FTHandler(AbstractFTHandler):
         current id, XORed in now (its emit) and again by whoever acks it."""
         parent = anchor or self._anchor
         if parent is None:
-            raise FTLayerError("emit() without an anchor: call anchor() or pass anchor=")
+            raise FTLayerError("emit() without an anchor: use `with handler.processing(rid)` "
+                               "or pass anchor=")
         src = parent[0]
         cur = self._ids.next()
         deltas = self._deltas
@@ -231,6 +233,30 @@ class FTHandler(AbstractFTHandler):
         src = record_id[0]
         deltas = self._deltas
         deltas[src] = deltas.get(src, 0) ^ record_id[1]
+
+    # -- many at once: the same events for whole numpy arrays, no Python per record ------
+    def emit_many(self, src: Any) -> np.ndarray:
+        """``emit`` for each source id of ``src`` (an int64 or uint64 array, one entry per
+        child): the children's fresh current ids, aligned with ``src``. Folded with numpy
+        at flush, like every XOR of this handler."""
+        s = as_ids(src)
+        cur = new_ids(len(s))
+        self._xors.append((s, cur))
+        return cur
+
+    def ack_many(self, src: Any, cur: Any) -> None:
+        """``ack`` for each RecordId given as two aligned arrays (source ids, current ids)."""
+        s, c = as_ids(src), as_ids(cur)
+        if s.shape != c.shape:
+            raise FTLayerError(f"ack_many: {len(s)} source ids for {len(c)} current ids")
+        self._xors.append((s, c))
+
+    def fail_many(self, src: Any, error: str = "", reason: str = "explicit") -> None:
+        """``fail`` for each source id of ``src`` (failures are rare: one dict entry each)."""
+        if reason not in _REASONS:
+            raise FTLayerError(f"reason must be one of {_REASONS}, not {reason!r}")
+        for s in as_ids(src).tolist():
+            self._failed.setdefault(s, (reason, error))
 
     def fail(self, record_id: RecordId, error: str = "", reason: str = "explicit") -> None:
         """Fail the source record of ``record_id``: at flush it is retired and replayed
@@ -251,7 +277,13 @@ class FTHandler(AbstractFTHandler):
     def pending_sources(self) -> int:
         """Source ids with unflushed work in this handler."""
         unsent = self._unsent.srcs if self._unsent else frozenset()
-        return len(self._deltas.keys() | self._failed.keys() | unsent)
+        many = {int(s) for s in xor_fold(*self._folded_arrays())[0]} if self._xors else set()
+        return len(self._deltas.keys() | self._failed.keys() | unsent | many)
+
+    def _folded_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every XOR event of the numpy APIs, as two concatenated arrays."""
+        return (np.concatenate([s for s, _ in self._xors]),
+                np.concatenate([c for _, c in self._xors]))  # fmt: skip
 
     def flush(self) -> Tally:
         """Send everything to Redis; afterwards every record born here is complete or
@@ -273,6 +305,7 @@ class FTHandler(AbstractFTHandler):
             srcs = frozenset(self._deltas.keys() | self._failed.keys() | self._born.keys())
             self._unsent = _Unsent(os.urandom(12).hex(), batches, srcs)
             self._deltas.clear()
+            self._xors.clear()
             self._born.clear()
             self._failed.clear()
             self._rejected.clear()
@@ -280,11 +313,28 @@ class FTHandler(AbstractFTHandler):
             self._unsent = None
         return result
 
+    def _all_deltas(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each source id this handler XORed into, with its folded delta (one entry per
+        id, zeros included): the per-record calls' dict and the numpy calls' events."""
+        d = self._deltas
+        srcs = np.fromiter(d.keys(), dtype=np.uint64, count=len(d))
+        vals = np.fromiter(d.values(), dtype=np.uint64, count=len(d))
+        if not self._xors:
+            return srcs, vals
+        many_s, many_v = self._folded_arrays()
+        return xor_fold(np.concatenate([srcs, many_s]), np.concatenate([vals, many_v]))
+
     def _batches(self) -> dict[int, ShardBatch]:
         shards = self.config.shards
         max_payload = self.config.max_record_bytes
         budget = self.config.max_replays
-        deltas, failed = dict(self._deltas), self._failed
+        failed = self._failed
+        srcs, vals = self._all_deltas()
+        # born and failed records need their delta one by one (few); the rest stay arrays
+        special = np.fromiter(self._born.keys() | failed.keys(), np.uint64)
+        one_by_one = np.isin(srcs, special) if len(special) else np.zeros(len(srcs), bool)
+        deltas = dict(zip(srcs[one_by_one].tolist(), vals[one_by_one].tolist(), strict=True))
+        srcs, vals = srcs[~one_by_one], vals[~one_by_one]
         batches: dict[int, ShardBatch] = {}
 
         def batch(src: int) -> ShardBatch:
@@ -317,11 +367,8 @@ class FTHandler(AbstractFTHandler):
         if local_done:
             batch(0).local_completed = local_done
         for src, (reason, error) in failed.items():
-            deltas.pop(src, None)
             batch(src).fails.append((src, reason, error))
-        if deltas:
-            srcs = np.fromiter(deltas.keys(), dtype=np.uint64, count=len(deltas))
-            vals = np.fromiter(deltas.values(), dtype=np.uint64, count=len(deltas))
+        if len(srcs):
             keep = vals != 0
             srcs, vals = srcs[keep], vals[keep]
             shard_ids = shards_of(srcs, shards)

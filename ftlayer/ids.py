@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -25,8 +25,10 @@ __all__ = [
     "mix64",
     "new_ids",
     "persisted_ids",
+    "as_ids",
     "shard_of",
     "shards_of",
+    "xor_fold",
     "split_local",
 ]
 
@@ -131,6 +133,34 @@ def fold_sum(values: np.ndarray) -> int:
 
 
 _SHARD_BITS = 0xFFFF
+
+
+def xor_fold(src: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Storm's per-task fold, vectorized: the distinct source ids of ``src`` (sorted) and,
+    for each, the XOR of its ``values``. Both arrays uint64, aligned."""
+    if len(src) == 0:
+        return src.astype(_U), values.astype(_U)
+    order = np.argsort(src, kind="stable")
+    s, v = src[order], values[order]
+    starts = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))
+    return s[starts], np.bitwise_xor.reduceat(v, starts)
+
+
+def as_ids(values: Any) -> np.ndarray:
+    """Ids as uint64 (an int64 column's bits as they are: negative ids stay the same ids).
+    Anything but an integer array is refused: ``np.array`` of large Python ints silently
+    makes float64, which would XOR other ids than the ones meant."""
+    arr = np.asarray(values)
+    if arr.dtype == np.int64:
+        return arr.view(_U)
+    if arr.dtype == _U:
+        return arr
+    if arr.dtype.kind not in "iu" or arr.dtype.itemsize > 8:
+        raise TypeError(f"ids must be a uint64 or int64 array, not {arr.dtype} (build it with "
+                        "dtype=np.uint64)")  # fmt: skip
+    if arr.dtype.kind == "i" and len(arr) and arr.min() < 0:
+        raise TypeError(f"ids of dtype {arr.dtype} must not be negative")
+    return arr.astype(_U)
 
 
 def shard_of(source_id: int, shards: int) -> int:
