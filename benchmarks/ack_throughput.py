@@ -10,8 +10,10 @@ flush (as across shuffles), ``batch`` records per task, into a real Redis (embed
     sink task   : ack the input (1 XOR)                             -> flush: complete
 
 That is 6 logical XOR events per record, through ``FTLayer(...).handler()``, ``persist``,
-``emit``, ``ack``, ``flush``. Every record must complete (pending 0, completed N), or the
-run fails. Measured on the same server, alternating with the ftlayer run:
+``emit``, ``ack``, ``flush`` -- and again (``*_numpy``) with the hops and the sink calling
+``emit_many`` / ``ack_many`` on id arrays (the source still persists record by record).
+Every record must complete (pending 0, completed N), or the run fails. Measured on the
+same server, alternating with the ftlayer run:
 
 - ``raw_set_ops_per_s``: pipelined SETs of 8-byte values, ``batch`` per pipeline: the
   plain ceiling of this server through redis-py;
@@ -43,6 +45,7 @@ import time
 import uuid
 from typing import Any
 
+import numpy as np
 import redis
 
 from benchmarks._common import (
@@ -81,6 +84,7 @@ return 0
 GOALS = {
     "redis_usec_per_event": ("<=", 1.0),
     "client_events_per_cpu_s": (">=", 1_000_000),
+    "client_events_per_cpu_s_numpy": (">=", 2_000_000),
     "ratio_vs_naive": (">=", 4.0),
 }
 
@@ -126,11 +130,25 @@ def _delta(c0: Counters, c1: Counters) -> dict[str, tuple[int, int, float]]:
     return {n: (c1[n][0] - c0[n][0], c1[n][1] - c0[n][1], c1[n][2] - c0[n][2]) for n in c1}
 
 
+def _hop_numpy(task: FTHandler, src: np.ndarray, cur: np.ndarray) -> np.ndarray:
+    """One hop with the numpy API: a child per input, then the inputs acked."""
+    children = task.emit_many(src)
+    task.ack_many(src, cur)
+    return children
+
+
 def run_ftlayer(
-    client: redis.Redis, records: int, batch: int, namespace: str | None = None, shards: int = 8
+    client: redis.Redis,
+    records: int,
+    batch: int,
+    namespace: str | None = None,
+    shards: int = 8,
+    numpy_api: bool = False,
 ) -> dict[str, Any]:
     """The 3-hop workload through the real handler API; asserts every record completed.
-    Server counters are taken on every master; per shard, the ``stats`` hash."""
+    Server counters are taken on every master; per shard, the ``stats`` hash.
+    ``numpy_api``: the hops and the sink use emit_many / ack_many (ids as arrays) instead
+    of a call per record; the source still persists record by record."""
     namespace = namespace or f"ack-{uuid.uuid4().hex[:8]}"
     layer = FTLayer(client, FTConfig(namespace=namespace, timeout_s=600, shards=shards))
     try:
@@ -146,21 +164,32 @@ def run_ftlayer(
             source.flush()
             clock.split("source_flush")
             inputs = roots
+            if numpy_api:
+                src = np.fromiter((r[0] for r in roots), np.uint64, k)
+                cur = np.fromiter((r[1] for r in roots), np.uint64, k)
             for hop in ("hop1", "hop2"):
                 task = layer.handler()
-                emit, ack = task.emit, task.ack
-                children = []
-                for rid in inputs:
-                    children.append(emit(rid))
-                    ack(rid)
+                assert isinstance(task, FTHandler)
+                if numpy_api:
+                    cur = _hop_numpy(task, src, cur)
+                else:
+                    emit, ack = task.emit, task.ack
+                    children = []
+                    for rid in inputs:
+                        children.append(emit(rid))
+                        ack(rid)
+                    inputs = children
                 clock.split(f"{hop}_emit_ack")
                 task.flush()
                 clock.split(f"{hop}_flush")
-                inputs = children
             sink = layer.handler()
-            ack = sink.ack
-            for rid in inputs:
-                ack(rid)
+            if numpy_api:
+                assert isinstance(sink, FTHandler)
+                sink.ack_many(src, cur)
+            else:
+                ack = sink.ack
+                for rid in inputs:
+                    ack(rid)
             clock.split("sink_ack")
             sink.flush()
             clock.split("sink_flush")
@@ -288,10 +317,11 @@ def measure(
 ) -> dict[str, Any]:
     """ftlayer, naive and raw SET, alternated ``repeat`` times; medians. One namespace
     for the repeats (cleared after each), so shards sit on the same masters each time."""
-    ft, naive, raw = [], [], []
+    ft, ftnp, naive, raw = [], [], [], []
     namespace = f"ack-{uuid.uuid4().hex[:8]}"
     for _ in range(repeat):
         ft.append(run_ftlayer(client, records, batch, namespace, shards))
+        ftnp.append(run_ftlayer(client, records, batch, namespace, shards, numpy_api=True))
         naive.append(run_naive(client, records, batch))
         raw.append(run_raw_set(client, EVENTS_PER_RECORD * records, batch))
     events = EVENTS_PER_RECORD * records
@@ -329,6 +359,9 @@ def measure(
         "events": events,
         "xor_events_per_s": round(xor_eps),
         "client_events_per_cpu_s": round(med(ft, lambda r: events / r["cpu_s"])),
+        "client_events_per_cpu_s_numpy": round(med(ftnp, lambda r: events / r["cpu_s"])),
+        "xor_events_per_s_numpy": round(med(ftnp, lambda r: events / r["wall_s"])),
+        "redis_usec_per_event_numpy": round(med(ftnp, lambda r: r["evalsha_usec"] / events), 3),
         "redis_usec_per_event": round(med(ft, lambda r: r["evalsha_usec"] / events), 3),
         "redis_cpu_usec_per_event": round(med(ft, lambda r: r["server_cpu_s"] * 1e6 / events), 3),
         "evalsha_calls": ft[0]["evalsha_calls"],
@@ -438,7 +471,9 @@ def print_table(result: dict[str, Any]) -> None:
         f"({where}Redis {result['redis']}, {result['machine']})"
     )
     for k in ("xor_events_per_s", "client_events_per_cpu_s", "redis_usec_per_event",
-              "redis_cpu_usec_per_event", "evalsha_calls", "raw_set_ops_per_s",
+              "xor_events_per_s_numpy", "client_events_per_cpu_s_numpy",
+              "redis_usec_per_event_numpy", "redis_cpu_usec_per_event", "evalsha_calls",
+              "raw_set_ops_per_s",
               "naive_lua_events_per_s", "naive_client_events_per_cpu_s",
               "naive_redis_usec_per_event", "naive_redis_cpu_usec_per_event",
               "ratio_vs_naive", "ratio_vs_raw_set"):  # fmt: skip
