@@ -27,7 +27,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from ftlayer.config import FTConfig
 from ftlayer.embedded import EmbeddedRedis
 from partitioners import HashPartitioner
 
-__all__ = ["DemoProgress", "DemoReport", "report_table", "run_demo", "verdict"]
+__all__ = ["DemoProgress", "DemoReport", "run_demo", "verdict"]
 
 PARTITIONS = 4
 KEYS = 64
@@ -229,7 +229,8 @@ def _spark(log: Path, verbose: bool) -> Any:
 
 @dataclass
 class DemoProgress:
-    """What the demo has done so far (polled every half second while it runs)."""
+    """What the demo has done so far (polled every half second while it runs;
+    ``elapsed_s`` counts from the start of ``run_demo``, as the report's does)."""
 
     phase: str  # "streaming", "draining", "done"
     micro_batches: int
@@ -243,12 +244,15 @@ class DemoProgress:
 
 
 class _Watcher:
-    """Polls the FT counters (at most twice a second) and hands them to ``progress``."""
+    """Polls the FT counters (twice a second: the sidecar's page polls too) and hands them
+    to ``progress``, one call at a time; a change of phase is reported at once."""
 
-    def __init__(self, ft: Any, batches: int, progress: Callable[[DemoProgress], None]):
+    def __init__(self, ft: Any, batches: int, progress: Callable[[DemoProgress], None],
+                 started: float):  # fmt: skip
         self.ft, self.batches, self.progress = ft, batches, progress
         self.phase = "streaming"
-        self.started = time.monotonic()
+        self.started = started
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="demo-progress", daemon=True)
 
@@ -260,12 +264,17 @@ class _Watcher:
                             st.replayed, st.dead_lettered, st.pending,
                             round(time.monotonic() - self.started, 1))  # fmt: skip
 
+    def report(self) -> None:
+        with self._lock, contextlib.suppress(redis.RedisError):
+            self.progress(self.snapshot())
+
+    def enter(self, phase: str) -> None:
+        self.phase = phase
+        self.report()
+
     def _run(self) -> None:
         while not self._stop.wait(0.5):
-            try:
-                self.progress(self.snapshot())
-            except redis.RedisError:
-                continue
+            self.report()
 
     def __enter__(self) -> _Watcher:
         self._thread.start()
@@ -274,9 +283,7 @@ class _Watcher:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        self.phase = "done"
-        with contextlib.suppress(redis.RedisError):
-            self.progress(self.snapshot())
+        self.enter("done")
 
 
 def run_demo(
@@ -291,12 +298,12 @@ def run_demo(
     progress: Callable[[DemoProgress], None] | None = None,
     verbose: bool = False,
     on_status_page: Callable[[str], None] | None = None,
-    hold: Callable[[], None] | None = None,
+    hold: Callable[[DemoReport], None] | None = None,
 ) -> DemoReport:
     """Run the demo (see the module docstring). ``progress`` gets a DemoProgress every
     half second; ``on_status_page`` the sidecar's status page URL once it serves;
-    ``hold`` runs after the report is made and before anything is stopped (``--serve``:
-    the page stays up until it returns)."""
+    ``hold`` gets the report before anything is stopped (``--serve``: shows it, and the
+    page stays up until it returns)."""
     from ftlayer.spark import FaultTolerance
 
     started = time.monotonic()
@@ -314,10 +321,11 @@ def run_demo(
             spark = _spark(work / "spark.log", verbose)
             try:
                 report = _run(spark, ft, url, prefix, work, records, batches, fail_rate,
-                              drop_rate, crash_rate, drain_timeout_s, progress)  # fmt: skip
+                              drop_rate, crash_rate, drain_timeout_s, progress,
+                              started)  # fmt: skip
                 report.elapsed_s = round(time.monotonic() - started, 1)
                 if hold:
-                    hold()
+                    hold(report)
             finally:
                 assert ft.layer is not None
                 ft.layer.clear()
@@ -334,7 +342,8 @@ def run_demo(
 
 def _run(spark: Any, ft: Any, url: str, prefix: str, work: Path, records: int, batches: int,
          fail_rate: float, drop_rate: float, crash_rate: float, drain_timeout_s: float,
-         progress: Callable[[DemoProgress], None] | None) -> DemoReport:  # fmt: skip
+         progress: Callable[[DemoProgress], None] | None, started: float,
+         ) -> DemoReport:  # fmt: skip
     from pyspark.sql.types import LongType, StructField, StructType
 
     pipeline = (
@@ -346,7 +355,7 @@ def _run(spark: Any, ft: Any, url: str, prefix: str, work: Path, records: int, b
     )
     schema = StructType([StructField(c, LongType()) for c in ("id", "key", "amount")])
     stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1)
-    watch = _Watcher(ft, batches, progress) if progress else contextlib.nullcontext()
+    watch = _Watcher(ft, batches, progress, started) if progress else contextlib.nullcontext()
     with watch:
         query = (
             stream.json(str(work / "input"))
@@ -359,7 +368,7 @@ def _run(spark: Any, ft: Any, url: str, prefix: str, work: Path, records: int, b
         if query.exception():
             raise RuntimeError(f"the streaming query failed: {query.exception()}")
         if isinstance(watch, _Watcher):
-            watch.phase = "draining"
+            watch.enter("draining")
         drained = ft.drain(timeout_s=drain_timeout_s, pipeline=pipeline)
 
     layer = ft.layer
@@ -391,18 +400,12 @@ def _run(spark: Any, ft: Any, url: str, prefix: str, work: Path, records: int, b
     )
 
 
-def report_table(report: DemoReport) -> str:
-    rows = asdict(report)
-    width = max(len(k) for k in rows)
-    return "\n".join(f"  {k:<{width}}  {v:>10}" for k, v in rows.items())
-
-
 def verdict(r: DemoReport) -> str:
-    """One line: OK or FAILED, with what happened on the way."""
+    """One line: OK or FAILED, with what happened on the way (the table has the rest)."""
     if r.lost or r.pending:
-        return (f"FAILED: {r.lost:,} of {r.source_records:,} records lost, {r.pending:,} still "
-                "pending")  # fmt: skip
-    return (f"OK: {r.source_records:,} records, 0 lost, {r.duplicates:,} duplicates; "
-            f"{r.replayed:,} replays ({r.failed_explicit:,} failed, {r.timed_out:,} timed out), "
-            f"{r.dead_lettered:,} dead-lettered, {r.crashed_tasks:,} crashed tasks recovered, "
-            f"in {r.elapsed_s:g} s")  # fmt: skip
+        return (f"FAILED: {r.lost:,} lost, {r.pending:,} still pending "
+                f"(of {r.source_records:,} records, {r.elapsed_s:g} s)")  # fmt: skip
+    return (f"OK: {r.source_records:,} records, 0 lost, {r.replayed:,} replayed, "
+            f"{r.dead_lettered:,} dead-lettered, {r.crashed_tasks:,} crashed "
+            f"task{'' if r.crashed_tasks == 1 else 's'} recovered "
+            f"({r.elapsed_s:g} s)")  # fmt: skip

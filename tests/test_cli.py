@@ -64,7 +64,13 @@ def test_demo_json_loses_nothing() -> None:
                 "--batches", "3", "--fail-rate", "0.05", "--drop-rate", "0.03",
                 "--crash-rate", "1.0", "--timeout-s", "1.5", "--json"])  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    r = json.loads(out.stdout)  # --json: the report object and nothing else on stdout
+    assert out.stdout.count("\n") == 1, out.stdout  # --json: the object and nothing else
+    r = json.loads(out.stdout)
+    assert set(r) == {
+        "source_records", "completed", "replayed", "failed_explicit", "timed_out",
+        "dead_lettered", "lost", "pending", "sink_rows", "duplicates", "misplaced",
+        "crashed_tasks", "micro_batches", "elapsed_s",
+    }  # fmt: skip
     assert r["lost"] == 0 and r["pending"] == 0 and r["misplaced"] == 0
     assert r["failed_explicit"] > 0 and r["timed_out"] > 0, "both failure kinds injected"
     assert r["crashed_tasks"] >= 3, "every source task crashed once and was retried"
@@ -84,8 +90,10 @@ def test_demo_reads_like_a_report_and_shows_logs_only_when_asked() -> None:
     for noise in ("INFO", "WARN", "log4j", "[Stage", "Traceback", "NativeCodeLoader"):
         assert noise not in text, (noise, text[-3000:])
     assert "ftlayer demo report" in out.stdout and "lost" in out.stdout
-    assert re.search(r"^OK: 1,500 records, 0 lost, ", out.stdout, re.M), out.stdout
+    assert re.search(r"^OK: 1,500 records, 0 lost, \d+ replayed, 0 dead-lettered, \d+ crashed "
+                     r"tasks? recovered \([\d.]+ s\)$", out.stdout, re.M), out.stdout  # fmt: skip
     assert re.search(r"^micro-batch 2/2: 1,500 records in", out.stdout, re.M), out.stdout
+    assert re.search(r"^draining: \d+ pending$", out.stdout, re.M), out.stdout
     loud = _run([*FTLAYER, *small, "-v"])
     assert loud.returncode == 0, loud.stderr[-3000:]
     assert "INFO ftlayer.spark.driver batch done" in loud.stderr
@@ -101,13 +109,15 @@ def test_demo_serve_keeps_the_status_page_up_until_interrupted() -> None:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
-        page = None
+        page, verdict = None, None
         for line in proc.stdout:
             if m := re.search(r"status page: (http://\S+)", line):
                 page = m.group(1)
+            verdict = verdict or (line if line.startswith("OK: 800 records") else None)
             if "stays up" in line:
                 break
         assert page, "no status page URL printed"
+        assert verdict, "the report comes before the wait, not after Ctrl-C"
         with urllib.request.urlopen(page + "api/status", timeout=10) as reply:
             status = json.load(reply)
         assert status["totals"]["completed"] == 800 and status["totals"]["pending"] == 0

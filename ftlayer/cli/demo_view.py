@@ -1,11 +1,13 @@
 """``ftlayer demo``'s screen: one live progress display while it runs (rich), then a short
 table and a one-line verdict. ``--json`` prints only the report object; ``-v`` shows
 ftlayer's and Spark's logs instead of the live display. Off a terminal (a pipe, a CI log)
-there is no live display: a progress line per finished micro-batch, then the table."""
+there is no live display: a progress line per finished micro-batch and one when it drains,
+then the table. With ``--serve`` the report comes first, then the page stays up."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import signal
@@ -69,10 +71,11 @@ def _quiet() -> None:
 
 
 def _hold(console: Console, page: str | None) -> None:
+    """``--serve``: the report is out; Redis and the sidecar stay until Ctrl-C (or SIGTERM)."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     console.print(f"[bold]--serve:[/] the status page stays up at {page or '(no page)'}; "
-                  "Ctrl-C stops Redis and the sidecar")  # fmt: skip
+                  "Ctrl-C stops Redis and the sidecar", soft_wrap=True)  # fmt: skip
     try:
         stop.wait()
     except KeyboardInterrupt:
@@ -85,42 +88,55 @@ def run_demo_command(args: argparse.Namespace) -> int:
     if not args.verbose:
         _quiet()
     page: list[str] = []
-    latest: list[DemoProgress] = []
-    batches_seen = [0]
+    seen = {"batches": 0, "draining": False}
+    live = Live(_live_table(None, None), console=console, refresh_per_second=4)
 
     def on_page(url: str) -> None:
         page.append(url)
-        if not args.json and not live_ok:
+        if live_ok:
+            live.update(_live_table(None, url))
+        elif not args.json:
             print(f"status page: {url}", flush=True)
 
     def progress(p: DemoProgress) -> None:
-        latest[:] = [p]
         if live_ok:
             live.update(_live_table(p, page[0] if page else None))
-        elif not args.json and p.micro_batches > batches_seen[0]:
-            batches_seen[0] = p.micro_batches
+            return
+        if args.json:
+            return
+        if p.micro_batches > seen["batches"]:  # off a terminal: a line per micro-batch
+            seen["batches"] = p.micro_batches
             print(f"micro-batch {p.micro_batches}/{p.batches_total}: {p.records_in:,} records in, "
                   f"{p.completed:,} completed, {p.pending:,} pending", flush=True)  # fmt: skip
+        if p.phase == "draining" and not seen["draining"]:
+            seen["draining"] = True
+            print(f"draining: {p.pending:,} pending", flush=True)
 
-    live = Live(_live_table(None, None), console=console, refresh_per_second=4,
-                transient=False, auto_refresh=live_ok)  # fmt: skip
+    shown: list[DemoReport] = []
+
+    def show(report: DemoReport) -> None:
+        live.stop()  # the last frame stays on screen, above the report
+        shown.append(report)
+        if args.json:
+            print(json.dumps(asdict(report)), flush=True)
+            return
+        console.print()
+        console.print(_report_table(report))
+        style = "bold red" if report.lost or report.pending else "bold green"
+        console.print(verdict(report), style=style, highlight=False, soft_wrap=True)
+
+    def hold(report: DemoReport) -> None:
+        show(report)
+        _hold(Console(stderr=True) if args.json else console, page[0] if page else None)
+
     kwargs: dict[str, Any] = dict(
         records=args.records, fail_rate=args.fail_rate, drop_rate=args.drop_rate,
         crash_rate=args.crash_rate, timeout_s=args.timeout_s, redis_url=args.redis_url,
         batches=args.batches, progress=progress, verbose=args.verbose, on_status_page=on_page,
+        hold=hold if args.serve else None,
     )  # fmt: skip
-    if args.serve:
-        kwargs["hold"] = lambda: _hold(console, page[0] if page else None)
-    if live_ok:
-        with live:
-            report = run_demo(**kwargs)
-    else:
+    with live if live_ok else contextlib.nullcontext():
         report = run_demo(**kwargs)
-    if args.json:
-        print(json.dumps(asdict(report)))
-    else:
-        console.print()
-        console.print(_report_table(report))
-        style = "bold red" if report.lost or report.pending else "bold green"
-        console.print(verdict(report), style=style, highlight=False)
+    if not shown:
+        show(report)
     return 1 if report.lost else 0
