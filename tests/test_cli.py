@@ -106,7 +106,8 @@ def test_demo_serve_keeps_the_status_page_up_until_interrupted() -> None:
     import urllib.request
 
     cmd = [*FTLAYER, "demo", "--records", "800", "--batches", "1", "--serve"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
     try:
         assert proc.stdout is not None
         page, verdict = None, None
@@ -124,8 +125,8 @@ def test_demo_serve_keeps_the_status_page_up_until_interrupted() -> None:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if proc.poll() is None:  # and its Redis, sidecar and JVM: none outlives a failure
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_stats_json_on_an_explicit_url(redis_server) -> None:
