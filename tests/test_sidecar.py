@@ -290,7 +290,8 @@ def test_metrics_health_and_nothing_else(redis_server, ns, tmp_path) -> None:
         assert code == 200 and body == f"alive id={body[9:].strip()}\n"
         assert body.endswith(f":{sidecar.proc.pid}\n")
         assert sidecar.get("/readyz")[1].startswith("ready leader")
-        assert sidecar.get("/")[0] == 404 and sidecar.get("/debug")[0] == 404
+        assert sidecar.get("/")[0] == 200, "the status page (tests/test_status_page.py)"
+        assert sidecar.get("/debug")[0] == 404 and sidecar.get("/api/other")[0] == 404
     finally:
         assert sidecar.stop() == 0, "SIGTERM stops it cleanly"
     assert "lease released" in (tmp_path / "serve.log").read_text()
