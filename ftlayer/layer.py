@@ -260,7 +260,6 @@ class FTLayer:
         with self.client.pipeline(transaction=False) as pipe:
             for shard in self.keyspace.shards:
                 pipe.hgetall(shard.stats)
-                pipe.hlen(shard.rec)
                 pipe.hlen(shard.dlq)
                 pipe.zrange(shard.tmoidx, 0, 0, withscores=True)
                 pipe.zcard(shard.segidx)
@@ -268,15 +267,16 @@ class FTLayer:
         st = FTStats()
         raw: dict[str, int] = {}
         earliest = None
-        for i in range(0, len(replies), 5):
+        for i in range(0, len(replies), 4):
             for k, v in replies[i].items():
                 name = k.decode()
                 raw[name] = raw.get(name, 0) + int(v)
-            st.pending += int(replies[i + 1])
-            st.dead_letters += int(replies[i + 2])
-            st.unsettled_segments += int(replies[i + 4])
-            if replies[i + 3]:
-                d = float(replies[i + 3][0][1])
+                if name.startswith("pending:"):
+                    st.pending += int(v)
+            st.dead_letters += int(replies[i + 1])
+            st.unsettled_segments += int(replies[i + 3])
+            if replies[i + 2]:
+                d = float(replies[i + 2][0][1])
                 earliest = d if earliest is None else min(earliest, d)
         if earliest is not None:
             now = self.client.time()  # not pipelined: Redis Cluster pipelines refuse TIME

@@ -10,6 +10,8 @@ truncated when it is written.
 from __future__ import annotations
 
 __all__ = [
+    "BUCKET_MAX_BYTES",
+    "BUCKET_SLOTS",
     "CLAIM_TOKEN_TTL_MS",
     "FLUSH_TOKEN_TTL_MS",
     "MAX_ARGUMENT_BYTES",
@@ -34,6 +36,14 @@ DEAD_NOW = 0x8000
 DLQ_LOG_MAX = 100_000
 """Entries kept (about) in each shard's dead-letter log, the stream ``on_dead_letter``
 callbacks read (the dead letters themselves are kept until purged or re-driven)."""
+BUCKET_SLOTS = 128
+"""Records per bucket of the storage layout: a source id's byte 6 (bits 16..23) is its slot
+in its bucket (ftlayer/ids.py, lua/_common.lua). Redis keeps a hash of up to 128 small
+fields as a listpack (``hash-max-listpack-entries``), a few bytes per field."""
+BUCKET_MAX_BYTES = 1_000_000
+"""A bucket takes no more records once its frames reach this size (a record larger than it
+gets a bucket of its own): a bucket's frames are one Redis string, which cannot outgrow
+the server's ``proto-max-bulk-len`` (1 MB at the least)."""
 UNKNOWN_SOURCE = 0xFFFF
 """The source index of an acker entry made by an XOR before its init."""
 MAX_SOURCE = UNKNOWN_SOURCE - 1
@@ -55,7 +65,8 @@ SEGMENT_DONE_TTL_MS = 3_600_000
 """How long Redis remembers that a batch settled (a late attempt then stores nothing)."""
 
 _LUA = ("MAX_REPLAYS", "UNKNOWN_SOURCE", "MAX_ERROR_BYTES", "FLUSH_TOKEN_TTL_MS",
-        "CLAIM_TOKEN_TTL_MS", "SEGMENT_DONE_TTL_MS", "DEAD_NOW", "DLQ_LOG_MAX")  # fmt: skip
+        "CLAIM_TOKEN_TTL_MS", "SEGMENT_DONE_TTL_MS", "DEAD_NOW", "DLQ_LOG_MAX", "BUCKET_SLOTS",
+        "BUCKET_MAX_BYTES")  # fmt: skip
 
 
 def lua_constants() -> str:

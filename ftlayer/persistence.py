@@ -1,7 +1,8 @@
 """The persistence layer: source records kept in Redis until they complete.
 
-Each pending record is stored as its frame (serialization.frame) under its current source
-id in the shard's ``rec`` hash, with its failure history (if it ever failed) in ``hist``.
+Each pending record is stored as its frame (serialization.frame) in its bucket's frames,
+found through its ack entry (docs/storage-layout.md), with its failure history (if it ever
+failed) in ``hist``.
 Failed records wait in per-source replay queues until a source task claims them; records
 that failed more than ``max_replays`` times sit in the dead-letter hash with their history.
 """
@@ -16,10 +17,10 @@ from typing import Any, cast
 
 import msgpack
 
-from ftlayer.acker import pack_fails
+from ftlayer.acker import NOFRAME, AckEntry, pack_fails
 from ftlayer.ids import RecordId, new_ids, shard_of
 from ftlayer.scripts import NamespacePart
-from serialization import Frame, FrameError, decode_frame
+from serialization import HEADER_SIZE, Frame, FrameError, decode_frame
 
 __all__ = ["ClaimedRecord", "DeadLetter", "Failure", "RedisPersistenceLayer"]
 
@@ -79,12 +80,28 @@ class RedisPersistenceLayer(NamespacePart):
     def _shard(self, source_id: int) -> Any:
         return self.keyspace[shard_of(source_id, len(self.keyspace))]
 
-    def get(self, source_id: int) -> Frame | None:
-        """The persisted frame of a pending record, or ``None``."""
-        raw = self.client.hget(self._shard(source_id).rec, source_id.to_bytes(8, "big"))
+    def raw_frame(self, source_id: int) -> bytes | None:
+        """The stored bytes of a pending record's frame, or ``None`` (three reads: its
+        entry, the frame's header, the frame; for tools and tests)."""
+        key, fkey, slot = self._shard(source_id).bucket(source_id)
+        raw = self.client.hget(key, str(slot))
         if raw is None:
             return None
-        return decode_frame(cast(bytes, raw), max_payload=self.config.max_record_bytes)
+        off = AckEntry.decode(cast(bytes, raw)).frame_offset
+        if off == NOFRAME:
+            return None
+        head = cast(bytes, self.client.getrange(fkey, off, off + HEADER_SIZE - 1))
+        if len(head) < HEADER_SIZE:
+            return head
+        length = HEADER_SIZE + int.from_bytes(head[4:8], "big")
+        return cast(bytes, self.client.getrange(fkey, off, off + length - 1))
+
+    def get(self, source_id: int) -> Frame | None:
+        """The persisted frame of a pending record, or ``None``."""
+        raw = self.raw_frame(source_id)
+        if raw is None:
+            return None
+        return decode_frame(raw, max_payload=self.config.max_record_bytes)
 
     def history(self, source_id: int) -> tuple[Failure, ...]:
         raw = self.client.hget(self._shard(source_id).hist, source_id.to_bytes(8, "big"))
@@ -92,11 +109,12 @@ class RedisPersistenceLayer(NamespacePart):
 
     def pending(self) -> int:
         """Records persisted and neither complete nor dead-lettered (queued replays
-        included)."""
+        included): the sum of the shards' ``pending:<source>`` counters."""
         with self.client.pipeline(transaction=False) as pipe:
             for shard in self.keyspace.shards:
-                pipe.hlen(shard.rec)
-            return sum(pipe.execute())
+                pipe.hgetall(shard.stats)
+            counters = pipe.execute()
+        return sum(int(v) for c in counters for k, v in c.items() if k.startswith(b"pending:"))
 
     def queued(self, source: int) -> int:
         """Replays of ``source`` waiting to be claimed."""

@@ -31,7 +31,7 @@ from ftlayer.limits import MAX_ERROR_BYTES as _MAX_ERROR
 from ftlayer.payloads import arrow_codecs, encode_record
 from ftlayer.scripts import NamespacePart
 from ftlayer.tally import Tally
-from serialization import encode_frame
+from serialization import HEADER_SIZE, encode_frame
 
 __all__ = ["Residues", "SegmentStore", "frames_of_rows"]
 
@@ -51,18 +51,18 @@ def frames_of_rows(
     max_replays: int,
     max_payload: int,
 ) -> list[bytes]:
-    """Frames for ``rows`` of an Arrow table: the row as a msgpack map, a new random
-    source id in ``shard`` (low 16 bits) and a random current id."""
+    """Frames for ``rows`` of an Arrow table: the row as a msgpack map, a new source id
+    in ``shard`` (low 16 bits; the rows share buckets) and a random current id."""
     codecs = arrow_codecs(table.schema)
-    records = table.take(rows).to_pylist()
-    ids = persisted_ids(len(rows), shard)
+    payloads = [encode_record(rec, codecs) for rec in table.take(rows).to_pylist()]
+    ids = persisted_ids([HEADER_SIZE + len(p) for p in payloads], shard)
     curs = new_ids(len(rows))
     return [
         encode_frame(
-            encode_record(rec, codecs), int(src), int(cur), 0, source,
+            payload, int(src), int(cur), 0, source,
             partition=partition, max_replays=max_replays, max_payload=max_payload,
         )
-        for rec, src, cur in zip(records, ids.tolist(), curs.tolist(), strict=True)
+        for payload, src, cur in zip(payloads, ids.tolist(), curs.tolist(), strict=True)
     ]  # fmt: skip
 
 

@@ -14,6 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from ftlayer.acker import NOFRAME, AckEntry
+from ftlayer.ids import shard_of
+
 __all__ = ["TcpProxy", "kill_session", "session_pids", "socket_owner"]
 
 Mode = Literal["forward", "swallow_replies", "hold_replies", "refuse"]
@@ -184,6 +187,23 @@ def socket_owner(local_port: int) -> int | None:
 
 def stored_ids(layer: Any) -> list[int]:
     """The source ids of every record stored in Redis (pending or queued), read directly
-    (HKEYS of each shard's record hash): what a model test compares its model with."""
-    return [int.from_bytes(k, "big") for shard in layer.keyspace.shards
-            for k in layer.client.hkeys(shard.rec)]  # fmt: skip
+    (each bucket's entries that hold a frame): what a model test compares its model with."""
+    out = []
+    for shard in layer.keyspace.shards:
+        for key in layer.client.scan_iter(match=shard.buckets_pattern, count=1000):
+            base = int(key.rsplit(b":", 1)[1], 16)  # the id's bytes 1..5 and 7..8
+            for slot, raw in layer.client.hgetall(key).items():
+                if AckEntry.decode(raw).frame_offset != NOFRAME:
+                    out.append(((base >> 16) << 24) | (int(slot) << 16) | (base & 0xFFFF))
+    return out
+
+
+def corrupt_stored_frame(layer: Any, source_id: int, at: int) -> bytes:
+    """Flip the bits of byte ``at`` (negative: from the end) of a stored record's frame,
+    in place in its bucket's frames; returns the frame as it is now."""
+    key, fkey, slot = layer.keyspace[shard_of(source_id, len(layer.keyspace))].bucket(source_id)
+    off = AckEntry.decode(layer.client.hget(key, str(slot))).frame_offset
+    frame = bytearray(layer.persistence.raw_frame(source_id))
+    frame[at] ^= 0xFF
+    layer.client.setrange(fkey, off, bytes(frame))
+    return bytes(frame)

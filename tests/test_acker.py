@@ -13,27 +13,27 @@ from ftlayer.ids import shard_of
 
 
 def test_completion_deletes_entry_record_and_timeout_in_one_call(layer: FTLayer) -> None:
-    """Invariant 4: the call that brings the value to 0 removes the ack entry, the
-    persisted record and its timeout entry, and counts the completion."""
+    """Invariant 4: the call that brings the value to 0 removes the ack entry and counts
+    the completion; the bucket's last entry takes the bucket's frames with it."""
     src_task, sink = layer.handler(), layer.handler()
     rid = src_task.persist_record({"v": 1}, hash_code=3, source=0)
     src_task.flush()
     shard = layer.keyspace[shard_of(rid.source_id, layer.config.shards)]
-    key = rid.source_id.to_bytes(8, "big")
+    bucket, frames, slot = shard.bucket(rid.source_id)
     entry = layer.acker.entry(rid.source_id)
     assert entry is not None and entry.inited and entry.value == rid.current_id
     tmo = shard.tmo(int(entry.deadline_ms))
-    assert layer.client.sismember(tmo, key)
-    assert layer.client.hexists(shard.rec, key)
+    assert layer.client.sismember(tmo, bucket)
+    assert layer.persistence.get(rid.source_id).decode() == {"v": 1}
+    assert layer.client.hlen(bucket) == 1 and layer.client.exists(frames)
 
     sink.ack(rid)
     batches = sink._batches()
     assert list(batches) == [shard_of(rid.source_id, layer.config.shards)]
     result = layer.acker.apply(batches, token="t1")  # exactly one script call
     assert result.calls == 1 and result.completed == 1
-    assert not layer.client.hexists(shard.acks, key)
-    assert not layer.client.hexists(shard.rec, key)
-    assert not layer.client.sismember(tmo, key)
+    assert not layer.client.exists(bucket) and not layer.client.exists(frames)
+    assert layer.acker.entry(rid.source_id) is None and layer.persistence.get(rid.source_id) is None
     s = layer.stats()
     assert (s.completed, s.pending, s.latency_count) == (1, 0, 1)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ftlayer import FTLayer, FTLayerError, RecordError
-from ftlayer.ids import shard_of
 from serialization import ChecksumMismatchError, PayloadEncodeError
+from tests.faults import corrupt_stored_frame
 
 
 def test_oversized_record_is_refused_and_its_batch_goes_on(make_layer) -> None:
@@ -50,11 +50,7 @@ def test_corrupted_persisted_record_is_reported_not_dropped(layer: FTLayer) -> N
     h = layer.handler()
     rid = h.persist_record({"payload": "x" * 20}, source=0)
     h.flush()
-    shard = layer.keyspace[shard_of(rid.source_id, layer.config.shards)]
-    key = rid.source_id.to_bytes(8, "big")
-    raw = bytearray(layer.client.hget(shard.rec, key))
-    raw[-3] ^= 0x55
-    layer.client.hset(shard.rec, key, bytes(raw))
+    raw = corrupt_stored_frame(layer, rid.source_id, -3)
     with pytest.raises(ChecksumMismatchError, match=f"src={rid.source_id:016x}"):
         layer.persistence.get(rid.source_id)
     assert layer.stats().pending == 1, "still pending: it will be failed, not acked"

@@ -16,9 +16,8 @@ import pytest
 
 from ftlayer import EmbeddedRedis, FTLayer, RecordError
 from ftlayer.connection import is_cluster
-from ftlayer.ids import shard_of
 from serialization import encode_payload
-from tests.faults import stored_ids
+from tests.faults import corrupt_stored_frame, stored_ids
 
 
 def test_a_corrupt_and_an_oversized_replay_are_dead_lettered_alone(
@@ -37,10 +36,7 @@ def test_a_corrupt_and_an_oversized_replay_are_dead_lettered_alone(
     assert len(queued) == 6
     by_n = {layer.persistence.get(src).decode()["n"]: src for src in queued}  # type: ignore[union-attr]
     corrupt = by_n[1]
-    rec = layer.keyspace[shard_of(corrupt, 1)].rec
-    frame = bytearray(layer.client.hget(rec, corrupt.to_bytes(8, "big")))
-    frame[-1] ^= 0xFF  # payload bytes no longer match their checksum
-    layer.client.hset(rec, corrupt.to_bytes(8, "big"), bytes(frame))
+    corrupt_stored_frame(layer, corrupt, -1)  # payload bytes no longer match their checksum
 
     # a claimer whose max_record_bytes shrank since record 3 was persisted
     small = FTLayer(layer.client, replace(layer.config, max_record_bytes=300))

@@ -64,7 +64,7 @@ def test_shards_spread_evenly_over_the_masters(redis_cluster) -> None:
     try:
         for shards in (3, 6, 12):
             ks = Keyspace("spread", shards)
-            owners = Counter(client.get_node_from_key(s.acks).name for s in ks.shards)
+            owners = Counter(client.get_node_from_key(s.stats).name for s in ks.shards)
             assert sorted(owners.values()) == [shards // 3] * 3, (shards, owners)
     finally:
         client.close()

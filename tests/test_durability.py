@@ -51,7 +51,7 @@ def test_a_killed_master_is_replaced_and_nothing_is_lost() -> None:
         h = layer.handler()
         rids = [h.persist_record({"i": i}, source=0) for i in range(600)]
         h.flush()
-        victim_name = layer.client.get_node_from_key(layer.keyspace[0].acks).name
+        victim_name = layer.client.get_node_from_key(layer.keyspace[0].stats).name
         victim = next(n for n in cluster.nodes if f"127.0.0.1:{n.port}" == victim_name)
         victim.stop(kill=True)  # SIGKILL of a master holding shards
         end = time.monotonic() + 30

@@ -17,12 +17,13 @@ for _, src in ipairs(wanted) do
     local entry = cmsgpack.unpack(raw)
     local frame, hist = entry[1], entry[2]
     hist[#hist + 1] = {'redrive', NOW, 0, ''}
-    requeue(src, frame, hist, 'redrive' .. #hist)
+    requeue(src, frame, hist)
     redis.call('HDEL', DLQ, src)
-    count('pending:' .. source_of(frame))
+    count(pending_name(source_of(frame)))
     count('redriven')
     n = n + 1
   end
 end
+commit_failures()
 flush_counts()
 return n

@@ -1,39 +1,47 @@
--- Expire due timeout entries of one shard, at most ARGV[1] of them per call (chunks keep
--- Redis responsive with a million pending records). ARGV: limit, max_replays (-1: each
--- record's own budget, from its frame; >= 0: an override).
--- Idempotent and safe to run from several sidecars at once: SPOP hands each member to
--- exactly one call, and an entry whose deadline moved (reset_timeout) is left alone.
--- A due entry with a persisted record fails with reason 'timeout'; one without is an
--- orphan (XORs of a retired or unknown id) and is dropped.
+-- Expire due entries of one shard, a bucket at a time, until about ARGV[1] entries were
+-- looked at (chunks keep Redis responsive with a million pending records). ARGV: limit,
+-- max_replays (-1: each record's own budget, from its frame; >= 0: an override).
+-- Idempotent and safe to run from several sidecars at once: SPOP hands each bucket of a
+-- deadline to exactly one call, and only entries whose own deadline has passed are
+-- touched (one whose deadline moved, reset_timeout, is left for its new deadline).
+-- A due entry with a frame fails with reason 'timeout' (all of a bucket's in one bulk
+-- fail_records); one without is an orphan (XORs of a retired or unknown id) and is dropped.
 -- Returns {processed, timed_out, orphans, more (1 if due entries remain)}.
 
 local limit, max_replays = tonumber(ARGV[1]), tonumber(ARGV[2])
 local processed, timed_out, orphans = 0, 0, 0
+local fails = {}
 while processed < limit do
   local due = redis.call('ZRANGEBYSCORE', TIDX, '-inf', NOW, 'LIMIT', 0, 1)
   if #due == 0 then break end
-  local deadline = tonumber(due[1])
-  local key = tmo_key(deadline)
-  local members = redis.call('SPOP', key, limit - processed)
-  for _, src in ipairs(members) do
-    processed = processed + 1
-    local entry = redis.call('HGET', ACKS, src)
-    if entry then
-      local _, _, dl = struct.unpack(ENTRY, entry)
-      if dl == deadline then
-        if redis.call('HEXISTS', REC, src) == 1 then
-          fail_record(src, 'timeout', '', max_replays)
-          timed_out = timed_out + 1
-        else
-          redis.call('HDEL', ACKS, src)
-          count('orphans')
-          orphans = orphans + 1
+  local key = tmo_key(tonumber(due[1]))
+  local keys = redis.call('SPOP', key, math.max(1, math.ceil((limit - processed) / 64)))
+  for _, bkey in ipairs(keys) do
+    local b = bucket(base_of_key(bkey))
+    load_all(b)
+    b.expired = b.expired or {} -- a bucket can come up under two deadlines in one call
+    for slot, v in pairs(b.e) do
+      if v and not b.expired[slot] then
+        local _, _, dl, _, off = struct.unpack(ENTRY, v)
+        if dl > 0 and dl <= NOW then
+          processed = processed + 1
+          b.expired[slot] = true
+          if off ~= NOFRAME then
+            fails[#fails + 1] = {id_of(b.base, slot), 'timeout', '', max_replays}
+            timed_out = timed_out + 1
+          else
+            remove(b, slot)
+            count('orphans')
+            orphans = orphans + 1
+          end
         end
       end
     end
   end
   if redis.call('SCARD', key) == 0 then redis.call('ZREM', TIDX, due[1]) end
 end
+fail_records(fails)
+commit_failures()
 local more = #redis.call('ZRANGEBYSCORE', TIDX, '-inf', NOW, 'LIMIT', 0, 1)
 flush_counts()
 return {processed, timed_out, orphans, more}

@@ -1,7 +1,8 @@
 -- FTLayer.fail from outside a task flush (operators, the sidecar, tests).
--- ARGV: max_replays (-1: each record's own budget), fails (as fail_packed in _common.lua).
+-- ARGV: max_replays (-1: each record's own budget), fails (as parse_fails in _common.lua).
 -- Returns {replayed, dead_lettered, orphans}.
 
-local done = fail_packed(ARGV[2], tonumber(ARGV[1]))
+local done = fail_records(parse_fails(ARGV[2], tonumber(ARGV[1])))
+commit_failures()
 flush_counts()
 return done

@@ -4,16 +4,17 @@
 local deadline = deadline_for(tonumber(ARGV[1]), tonumber(ARGV[2]))
 local ids, found = ARGV[3], 0
 for pos = 1, #ids, 8 do
-  local src = string.sub(ids, pos, pos + 7)
-  local entry = redis.call('HGET', ACKS, src)
-  if entry then
-    local hi, lo, dl, inited, source = struct.unpack(ENTRY, entry)
+  local base, slot = split_id(string.sub(ids, pos, pos + 7))
+  local b = bucket(base)
+  local v = entry_of(b, slot)
+  if v then
+    local hi, lo, dl, inited, off, source = struct.unpack(ENTRY, v)
     if dl ~= deadline then
-      remove_timeout(src, dl)
-      add_timeout(src, deadline)
-      redis.call('HSET', ACKS, src, struct.pack(ENTRY, hi, lo, deadline, inited, source))
+      put(b, slot, hi, lo, deadline, inited, off, source)
+      add_timeout(b, deadline)
     end
     found = found + 1
   end
 end
+commit()
 return found

@@ -21,16 +21,8 @@ local interval_ms, buckets = tonumber(ARGV[1]), tonumber(ARGV[2])
 local budget, reason, salt = tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local deadline = deadline_for(interval_ms, buckets)
 local idx = PREFIX .. ':segidx'
-local CHUNK = 1000
-local function bulk(cmd, key, args)
-  for i = 1, #args, CHUNK do
-    redis.call(cmd, key, unpack(args, i, math.min(i + CHUNK - 1, #args)))
-  end
-end
 
 local done = {0, 0, 0, 0, 0, 0}
-local rec_set, hist_set, acks_set, tmo_add, dlq_set = {}, {}, {}, {}, {}
-local queues = {}
 local segs, pos = ARGV[6], 1
 while pos <= #segs do
   local member, rows, nf, np, immediate
@@ -47,43 +39,35 @@ while pos <= #segs do
     pending[i] = {frame, value}
   end
   if redis.call('ZSCORE', idx, member) then
-    local source = 0
     for _, f in ipairs(failed) do
       local frame, err, attempts = f[1], f[2], f[3]
       local src = string.sub(frame, 9, 16)
-      source = source_of(frame)
+      local source = source_of(frame)
       local dead_now = attempts >= DEAD_NOW
       if dead_now then attempts = attempts - DEAD_NOW end
       local hist = {{reason, NOW, attempts, err}}
       if dead_now or attempts > budget then
-        dlq_set[#dlq_set + 1] = src
-        dlq_set[#dlq_set + 1] = cmsgpack.pack({frame, hist, NOW})
-        log_dead_letter(src, source)
+        count(pending_name(source)) -- dead_letter() counts it out again
+        dead_letter(src, frame, hist, source)
         done[4] = done[4] + 1
       else
-        rec_set[#rec_set + 1] = src
-        rec_set[#rec_set + 1] = frame
-        hist_set[#hist_set + 1] = src
-        hist_set[#hist_set + 1] = cmsgpack.pack(hist)
-        local q = PREFIX .. ':replay:' .. source
-        queues[q] = queues[q] or {}
-        queues[q][#queues[q] + 1] = queue_entry(src, frame, attempts)
+        local base, slot = split_id(src)
+        queue_replay(src, bucket(base), slot, frame, hist)
         done[3] = done[3] + 1
-        count('pending:' .. source)
+        count(pending_name(source))
+        count('replayed')
       end
     end
     for _, p in ipairs(pending) do
       local frame, value = p[1], p[2]
-      local src = string.sub(frame, 9, 16)
-      source = source_of(frame)
+      local base, slot = split_id(string.sub(frame, 9, 16))
+      local b = bucket(base)
+      local source = source_of(frame)
       local hi, lo = struct.unpack('>i4i4', value)
-      rec_set[#rec_set + 1] = src
-      rec_set[#rec_set + 1] = frame
-      acks_set[#acks_set + 1] = src
-      acks_set[#acks_set + 1] = struct.pack(ENTRY, hi, lo, deadline, NOW, source)
-      tmo_add[#tmo_add + 1] = src
+      put(b, slot, hi, lo, deadline, NOW, add_frame(b, frame), source)
+      add_timeout(b, deadline)
       done[5] = done[5] + 1
-      count('pending:' .. source)
+      count(pending_name(source))
     end
     local completed = rows - #failed - #pending
     count('persisted', rows)
@@ -113,17 +97,7 @@ if batch ~= '' then
     end
   end
 end
-count('replayed', done[3])
-count('dead_lettered', done[4])
-bulk('HSET', REC, rec_set)
-bulk('HSET', HIST, hist_set)
-bulk('HSET', ACKS, acks_set)
-bulk('HSET', DLQ, dlq_set)
-if #tmo_add > 0 then
-  bulk('SADD', tmo_key(deadline), tmo_add)
-  redis.call('ZADD', TIDX, deadline, string.format('%d', deadline))
-end
-for q, items in pairs(queues) do bulk('RPUSH', q, items) end
+commit_failures()
 for suffix in string.gmatch(ARGV[7], '[^,]+') do
   redis.call('DEL', PREFIX .. ':sum:' .. suffix)
 end

@@ -28,7 +28,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "spark-pipeline.md"
 
 def acks_left(ft: FaultTolerance) -> int:
     assert ft.layer is not None
-    return sum(int(ft.layer.client.hlen(s.acks)) for s in ft.layer.keyspace.shards)
+    return ft.layer.acker.size()
 
 
 def test_the_documented_example_runs(spark: SparkSession, capsys: pytest.CaptureFixture) -> None:
