@@ -19,6 +19,7 @@ from redis.cluster import RedisCluster
 from ftlayer.connection import is_cluster
 from ftlayer.errors import FlushError, FTLayerError, RedisUnavailableError
 from ftlayer.ids import shard_of
+from ftlayer.keys import ShardKeys
 from ftlayer.limits import MAX_ERROR_BYTES
 from ftlayer.scripts import NamespacePart
 from ftlayer.tally import Tally
@@ -27,6 +28,7 @@ __all__ = ["AckEntry", "RedisAckerTable", "ShardBatch", "pack_fails"]
 
 _ENTRY_HEAD = struct.Struct(">Q")
 _ENTRY_TAIL = struct.Struct(">IH")
+ENTRY_BYTES = 26
 NOFRAME = 0xFFFF_FFFF
 _PERSIST_HEAD = struct.Struct(">QI")
 _FAIL_HEAD = struct.Struct(">QBH")
@@ -51,11 +53,22 @@ class AckEntry:
         return self.inited_ms > 0
 
     @classmethod
-    def decode(cls, raw: bytes) -> AckEntry:
-        (value,) = _ENTRY_HEAD.unpack_from(raw)
-        off, source = _ENTRY_TAIL.unpack_from(raw, 20)
-        return cls(value, int.from_bytes(raw[8:14], "big"), int.from_bytes(raw[14:20], "big"),
-                   off, source)  # fmt: skip
+    def decode(cls, raw: bytes, at: int = 0) -> AckEntry | None:
+        """The entry at byte ``at`` of a bucket's entries, or None (none there)."""
+        e = raw[at : at + ENTRY_BYTES]
+        if len(e) < ENTRY_BYTES or not any(e):
+            return None
+        (value,) = _ENTRY_HEAD.unpack_from(e)
+        off1, source = _ENTRY_TAIL.unpack_from(e, 20)
+        return cls(value, int.from_bytes(e[8:14], "big"), int.from_bytes(e[14:20], "big"),
+                   off1 - 1 if off1 else NOFRAME, source)  # fmt: skip
+
+    @classmethod
+    def read(cls, client: Any, shard: ShardKeys, source_id: int) -> AckEntry | None:
+        """The entry of ``source_id`` in Redis (one GETRANGE), or None."""
+        key, _, slot = shard.bucket(source_id)
+        at = slot * ENTRY_BYTES
+        return cls.decode(cast(bytes, client.getrange(key, at, at + ENTRY_BYTES - 1)))
 
 
 @dataclass(slots=True)
@@ -225,9 +238,8 @@ class RedisAckerTable(NamespacePart):
 
     def entry(self, source_id: int) -> AckEntry | None:
         """The decoded entry of a source id (``None``: complete, retired or unknown)."""
-        key, _, slot = self.keyspace[shard_of(source_id, len(self.keyspace))].bucket(source_id)
-        raw = self.client.hget(key, str(slot))
-        return None if raw is None else AckEntry.decode(cast(bytes, raw))
+        shard = self.keyspace[shard_of(source_id, len(self.keyspace))]
+        return AckEntry.read(self.client, shard, source_id)
 
     def size(self) -> int:
         """Entries in the table (pending records, queued replays, orphans not yet
@@ -238,6 +250,8 @@ class RedisAckerTable(NamespacePart):
             if keys:
                 with self.client.pipeline(transaction=False) as pipe:
                     for key in keys:
-                        pipe.hlen(key)
-                    n += sum(pipe.execute())
+                        pipe.get(key)
+                    for raw in pipe.execute():
+                        n += sum(AckEntry.decode(raw or b"", at) is not None
+                                 for at in range(0, len(raw or b""), ENTRY_BYTES))  # fmt: skip
         return n

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
@@ -25,6 +26,8 @@ from serialization import HEADER_SIZE, Frame, FrameError, decode_frame
 __all__ = ["ClaimedRecord", "DeadLetter", "Failure", "RedisPersistenceLayer"]
 
 log = logging.getLogger(__name__)
+
+_QUEUE_TAIL = struct.Struct(">iH")  # a replay queue entry after its id and hash code
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,13 +86,11 @@ class RedisPersistenceLayer(NamespacePart):
     def raw_frame(self, source_id: int) -> bytes | None:
         """The stored bytes of a pending record's frame, or ``None`` (three reads: its
         entry, the frame's header, the frame; for tools and tests)."""
-        key, fkey, slot = self._shard(source_id).bucket(source_id)
-        raw = self.client.hget(key, str(slot))
-        if raw is None:
+        shard = self._shard(source_id)
+        entry = AckEntry.read(self.client, shard, source_id)
+        if entry is None or entry.frame_offset == NOFRAME:
             return None
-        off = AckEntry.decode(cast(bytes, raw)).frame_offset
-        if off == NOFRAME:
-            return None
+        off, fkey = entry.frame_offset, shard.bucket(source_id)[1]
         head = cast(bytes, self.client.getrange(fkey, off, off + HEADER_SIZE - 1))
         if len(head) < HEADER_SIZE:
             return head
@@ -144,16 +145,20 @@ class RedisPersistenceLayer(NamespacePart):
             reply = self.retried(partial(self.scripts.claim, keys=shard.script_keys, args=args),
                                  "claim")  # fmt: skip
             bad: list[tuple[int, str, str]] = []
-            for i in range(0, len(reply), 4):
+            for i in range(0, len(reply), 3):
+                item, k, stored = reply[i], int(reply[i + 1]), reply[i + 2]
+                cur = curs[(k - 1) * 8 : k * 8]
                 try:
-                    frame = decode_frame(reply[i + 1], max_payload=cfg.max_record_bytes)
+                    frame = decode_frame(stored[:16] + cur + stored[24:],
+                                         max_payload=cfg.max_record_bytes)  # fmt: skip
                 except FrameError as e:  # dead-lettered alone; the rest are delivered
-                    src = int.from_bytes(reply[i], "big")
+                    src = int.from_bytes(item[:8], "big")
                     bad.append((src, "explicit", f"undecodable replay frame: {e}"))
                     log.error("replay dead-lettered source_id=%016x error=%s", src, e)
                     continue
+                partition, attempts = _QUEUE_TAIL.unpack_from(item, 12)
                 rid = RecordId(frame.source_id, frame.current_id)
-                out.append(ClaimedRecord(rid, frame, int(reply[i + 2]), int(reply[i + 3])))
+                out.append(ClaimedRecord(rid, frame, partition, attempts))
             if bad:  # budget 0: straight to the dead letters, raw bytes and error kept
                 self.scripts.fail(keys=shard.script_keys, args=[0, pack_fails(bad)])
         return out

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from ftlayer.acker import NOFRAME, AckEntry
+from ftlayer.acker import ENTRY_BYTES, NOFRAME, AckEntry
 from ftlayer.ids import shard_of
 
 __all__ = ["TcpProxy", "kill_session", "session_pids", "socket_owner"]
@@ -192,17 +192,20 @@ def stored_ids(layer: Any) -> list[int]:
     for shard in layer.keyspace.shards:
         for key in layer.client.scan_iter(match=shard.buckets_pattern, count=1000):
             base = int(key.rsplit(b":", 1)[1], 16)  # the id's bytes 1..5 and 7..8
-            for slot, raw in layer.client.hgetall(key).items():
-                if AckEntry.decode(raw).frame_offset != NOFRAME:
-                    out.append(((base >> 16) << 24) | (int(slot) << 16) | (base & 0xFFFF))
+            raw = layer.client.get(key) or b""
+            for slot in range(len(raw) // ENTRY_BYTES):
+                entry = AckEntry.decode(raw, slot * ENTRY_BYTES)
+                if entry is not None and entry.frame_offset != NOFRAME:
+                    out.append(((base >> 16) << 24) | (slot << 16) | (base & 0xFFFF))
     return out
 
 
 def corrupt_stored_frame(layer: Any, source_id: int, at: int) -> bytes:
     """Flip the bits of byte ``at`` (negative: from the end) of a stored record's frame,
     in place in its bucket's frames; returns the frame as it is now."""
-    key, fkey, slot = layer.keyspace[shard_of(source_id, len(layer.keyspace))].bucket(source_id)
-    off = AckEntry.decode(layer.client.hget(key, str(slot))).frame_offset
+    shard = layer.keyspace[shard_of(source_id, len(layer.keyspace))]
+    off = AckEntry.read(layer.client, shard, source_id).frame_offset
+    fkey = shard.bucket(source_id)[1]
     frame = bytearray(layer.persistence.raw_frame(source_id))
     frame[at] ^= 0xFF
     layer.client.setrange(fkey, off, bytes(frame))

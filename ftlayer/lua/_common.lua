@@ -10,19 +10,22 @@
 -- Storage layout (docs/storage-layout.md). A source id's byte 6 (bits 16..23) is its slot
 -- in a bucket; the other 7 bytes name the bucket, which holds up to BUCKET_SLOTS records
 -- persisted together (ftlayer/ids.py allocates ids that way):
---   :b:<bucket hex>  hash, slot -> ack entry (small: Redis keeps it a listpack)
+--   :b:<bucket hex>  string, the bucket's ack entries: slot s at byte s*26, all zero: none
 --   :f:<bucket hex>  string, the bucket's frames end to end (written by APPEND)
 --   :t:<deadline>    set of bucket keys holding entries due at that deadline
--- Ack entry, struct ENTRY '>i4i4I6I6I4H':
+-- Ack entry, struct ENTRY '>i4i4I6I6I4H', 26 bytes:
 --   ack value hi, lo | deadline_ms (0: none, a queued replay) | inited_ms (0: init not
---   applied yet) | offset of its frame in the bucket's frames (NOFRAME: none, an entry
---   made by an XOR before its init) | source index (UNKNOWN_SOURCE: unknown)
+--   applied yet) | 1 + offset of its frame in the bucket's frames (0: none, an entry made
+--   by an XOR before its init) | source index (UNKNOWN_SOURCE: unknown)
+-- An entry that exists is never all zero (it has a value, a deadline, an init or a frame).
 -- Invariant 2: an entry completes only when its value is 0 AND inited_ms > 0.
 -- The frames string of a bucket is deleted with the bucket's last entry.
 
 local STATS, HIST, TIDX, DLQ = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local PREFIX = string.sub(STATS, 1, -7) -- strip ':stats'
 local ENTRY = '>i4i4I6I6I4H'
+local ENTRY_BYTES = 26
+local NO_ENTRY = string.rep('\0', ENTRY_BYTES)
 local NOFRAME = 4294967295
 -- MAX_REPLAYS, UNKNOWN_SOURCE, FLUSH_TOKEN_TTL_MS, ... come from ftlayer/limits.py
 local LATENCY_BOUNDS_MS = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000,
@@ -102,87 +105,92 @@ local function frame_len(frames, off)
 end
 
 -- == buckets: every read and write of ack entries and frames goes through this cache ====
--- A call loads the entries it needs (one HMGET per bucket), changes them in the cache, and
--- writes each bucket once at commit(): frames (APPEND), entries (HSET), removals (HDEL),
--- its timeout sets (SADD), and the frames of a bucket left empty (DEL).
-local bucket_cache = {} -- base (7 bytes) -> bucket
+-- A call reads a bucket's entries once (one GET), changes them in the cache, and writes
+-- each bucket once at commit(): frames (APPEND), entries (one SET of the whole string),
+-- its timeout sets (SADD), and a bucket left empty goes with its frames (DEL). One string
+-- and no hash: Redis reads and writes it whole, where a hash field costs a lookup and a
+-- conversion on each side of redis.call.
+local bucket_cache = {} -- bucket hi -> bucket lo -> bucket
 local tmo_add = {}     -- deadline -> {bucket key -> true}
 
-local function split_id(src)
-  return string.sub(src, 1, 5) .. string.sub(src, 7, 8), string.byte(src, 6)
+-- A source id as numbers, without making a string: (bucket hi: bytes 1..5, slot: byte 6,
+-- bucket lo: bytes 7..8). Lua strings are interned: each one made costs a hash and a table
+-- insert, so the per-record paths work on these numbers.
+local ID = '>I5BI2'
+local function split_id(src, pos)
+  local hi, slot, lo = struct.unpack(ID, src, pos or 1)
+  return hi, slot, lo
 end
 
-local function id_of(base, slot)
-  return string.sub(base, 1, 5) .. string.char(slot) .. string.sub(base, 6, 7)
+local function id_of(b, slot)
+  return struct.pack(ID, b.hi, slot, b.lo)
 end
 
-local function bucket(base)
-  local b = bucket_cache[base]
+local function bucket(hi, lo)
+  local by_lo = bucket_cache[hi]
+  if not by_lo then
+    by_lo = {}
+    bucket_cache[hi] = by_lo
+  end
+  local b = by_lo[lo]
   if not b then
-    local a, c = struct.unpack('>I4I3', base)
-    local hex = string.format('%08x%06x', a, c)
-    b = {base = base, key = PREFIX .. ':b:' .. hex, fkey = PREFIX .. ':f:' .. hex,
-         e = {}, set = {}, del = {}, app = {}, applen = 0, flen = nil, frames = nil,
-         full = false}
-    bucket_cache[base] = b
+    local hex = string.format('%010x%04x', hi, lo)
+    b = {hi = hi, lo = lo, key = PREFIX .. ':b:' .. hex, fkey = PREFIX .. ':f:' .. hex,
+         raw = nil, ch = {}, dirty = false, app = {}, applen = 0, flen = nil, frames = nil}
+    by_lo[lo] = b
   end
   return b
 end
 
--- The base of a bucket key (':b:<14 hex>').
-local function base_of_key(key)
+-- The bucket of a bucket key (':b:<14 hex>').
+local function bucket_of_key(key)
   local hex = string.sub(key, -14)
-  return struct.pack('>I4I3', tonumber(string.sub(hex, 1, 8), 16),
-                     tonumber(string.sub(hex, 9, 14), 16))
+  return bucket(tonumber(string.sub(hex, 1, 10), 16), tonumber(string.sub(hex, 11, 14), 16))
 end
 
--- Read the entries of ``slots`` (a list) of bucket b that are not cached yet.
-local function load(b, slots)
-  if b.full then return end
-  local want, seen = {}, {}
-  for _, s in ipairs(slots) do
-    if b.e[s] == nil and not seen[s] then
-      want[#want + 1] = s
-      seen[s] = true
-    end
-  end
-  for i = 1, #want, CHUNK do
-    local part = {unpack(want, i, math.min(i + CHUNK - 1, #want))}
-    local got = redis.call('HMGET', b.key, unpack(part))
-    for j = 1, #part do b.e[part[j]] = got[j] or false end
-  end
+local function ensure(b)
+  if not b.raw then b.raw = redis.call('GET', b.key) or '' end
 end
 
--- Read every entry of bucket b.
-local function load_all(b)
-  if b.full then return end
-  local flat = redis.call('HGETALL', b.key)
-  for i = 1, #flat, 2 do
-    local s = tonumber(flat[i])
-    if b.e[s] == nil then b.e[s] = flat[i + 1] end
+-- The entry of ``slot`` in bucket b: hi, lo, deadline, inited, frame offset (NOFRAME:
+-- none), source; nil when there is none.
+local function get(b, slot)
+  local v = b.ch[slot]
+  local hi, lo, dl, inited, off1, source
+  if v == false then return nil end
+  if v then
+    hi, lo, dl, inited, off1, source = struct.unpack(ENTRY, v)
+  else
+    ensure(b)
+    local pos = slot * ENTRY_BYTES + 1
+    if pos + ENTRY_BYTES - 1 > #b.raw then return nil end
+    hi, lo, dl, inited, off1, source = struct.unpack(ENTRY, b.raw, pos)
   end
-  b.full = true
+  if hi == 0 and lo == 0 and dl == 0 and inited == 0 and off1 == 0 then return nil end
+  if off1 == 0 then return hi, lo, dl, inited, NOFRAME, source end
+  return hi, lo, dl, inited, off1 - 1, source
 end
 
-local function entry_of(b, slot)
-  local v = b.e[slot]
-  if v == nil then
-    load(b, {slot})
-    v = b.e[slot]
+-- The slots bucket b may hold (its entries string's length / 26, and changed slots).
+local function slots_of(b)
+  ensure(b)
+  local n = #b.raw / ENTRY_BYTES
+  for s in pairs(b.ch) do
+    if s + 1 > n then n = s + 1 end
   end
-  return v
+  return n
 end
 
 local function put(b, slot, hi, lo, dl, inited, off, source)
-  b.e[slot] = struct.pack(ENTRY, hi, lo, dl, inited, off, source)
-  b.set[slot] = true
-  b.del[slot] = nil
+  local off1 = 0
+  if off ~= NOFRAME then off1 = off + 1 end
+  b.ch[slot] = struct.pack(ENTRY, hi, lo, dl, inited, off1, source)
+  b.dirty = true
 end
 
 local function remove(b, slot)
-  b.e[slot] = false
-  b.set[slot] = nil
-  b.del[slot] = true
+  b.ch[slot] = false
+  b.dirty = true
 end
 
 local function add_timeout(b, deadline)
@@ -218,28 +226,48 @@ local function frame_at(b, off)
 end
 
 local function commit()
-  for _, b in pairs(bucket_cache) do
+  for _, by_lo in pairs(bucket_cache) do for _, b in pairs(by_lo) do
     if b.applen > 0 then
       redis.call('APPEND', b.fkey, table.concat(b.app))
       b.flen = b.flen + b.applen
       b.app, b.applen, b.frames = {}, 0, nil
     end
-    local sets, dels = {}, {}
-    for s in pairs(b.set) do
-      sets[#sets + 1] = s
-      sets[#sets + 1] = b.e[s]
-    end
-    for s in pairs(b.del) do dels[#dels + 1] = s end
-    bulk('HSET', b.key, sets)
-    if #dels > 0 then
-      bulk('HDEL', b.key, dels)
-      if #sets == 0 and redis.call('EXISTS', b.key) == 0 then
-        redis.call('DEL', b.fkey)
-        b.flen, b.frames = nil, nil
+    if b.dirty then
+      -- the new entries string: runs of unchanged entries as they were, changed ones
+      -- packed; trailing empty slots cut; an empty bucket deleted with its frames
+      local n = slots_of(b)
+      local parts, live, run = {}, 0, nil
+      for slot = 0, n - 1 do
+        local v = b.ch[slot]
+        if v == nil then
+          if not run then run = slot end
+        else
+          if run then
+            parts[#parts + 1] = string.sub(b.raw, run * ENTRY_BYTES + 1, slot * ENTRY_BYTES)
+            run = nil
+          end
+          parts[#parts + 1] = v or NO_ENTRY
+        end
+      end
+      if run then parts[#parts + 1] = string.sub(b.raw, run * ENTRY_BYTES + 1) end
+      b.ch, b.dirty = {}, false
+      b.raw = table.concat(parts)
+      local last = -1
+      for slot = #b.raw / ENTRY_BYTES - 1, 0, -1 do
+        if get(b, slot) then
+          last = slot
+          break
+        end
+      end
+      if last < 0 then
+        redis.call('DEL', b.key, b.fkey)
+        b.raw, b.flen, b.frames = '', 0, ''
+      else
+        b.raw = string.sub(b.raw, 1, (last + 1) * ENTRY_BYTES)
+        redis.call('SET', b.key, b.raw)
       end
     end
-    b.set, b.del = {}, {}
-  end
+  end end
   for deadline, keys in pairs(tmo_add) do
     local list = {}
     for k in pairs(keys) do list[#list + 1] = k end
@@ -257,21 +285,22 @@ end
 -- exists already is never reused; a bucket takes BUCKET_SLOTS records or BUCKET_MAX_BYTES
 -- of frames, whichever comes first. Bit 63 stays clear: it marks batch-local ids of the
 -- vectorized path (ftlayer/ids.py).
-local alloc = {base = nil, slot = BUCKET_SLOTS, n = 0, bytes = 0}
-local function new_source_id(low2, size)
+local alloc = {b = nil, slot = BUCKET_SLOTS, n = 0, bytes = 0}
+local function new_source_id(lo, size)
   if alloc.slot >= BUCKET_SLOTS or (alloc.slot > 0 and alloc.bytes + size > BUCKET_MAX_BYTES) then
+    local hi
     repeat
       alloc.n = alloc.n + 1
-      local h = redis.sha1hex(PREFIX .. ':' .. NOW_US .. ':' .. alloc.n .. ':' .. low2)
-      local top = tonumber(string.sub(h, 1, 10), 16) % 549755813888 -- 2^39: bit 63 clear
-      alloc.base = struct.pack('>I5', top) .. low2
-    until not bucket_cache[alloc.base] and redis.call('EXISTS', bucket(alloc.base).key) == 0
-    alloc.slot, alloc.bytes = 0, 0
+      local h = redis.sha1hex(PREFIX .. ':' .. NOW_US .. ':' .. alloc.n .. ':' .. lo)
+      hi = tonumber(string.sub(h, 1, 10), 16) % 549755813888 -- 2^39: bit 63 clear
+    until not (bucket_cache[hi] and bucket_cache[hi][lo])
+      and redis.call('EXISTS', bucket(hi, lo).key) == 0
+    alloc.b, alloc.slot, alloc.bytes = bucket(hi, lo), 0, 0
   end
   local slot = alloc.slot
   alloc.slot = slot + 1
   alloc.bytes = alloc.bytes + size
-  return id_of(alloc.base, slot), bucket(alloc.base), slot
+  return id_of(alloc.b, slot), alloc.b, slot
 end
 
 -- == failure: replay or dead letter ======================================================
@@ -318,7 +347,7 @@ end
 
 -- Queue a failed record for replay under a new source id, in a fresh bucket.
 local function requeue(src, frame, hist)
-  local new, b, slot = new_source_id(string.sub(src, 7, 8), #frame)
+  local new, b, slot = new_source_id(struct.unpack('>I2', src, 7), #frame)
   queue_replay(new, b, slot, string.sub(frame, 1, 8) .. new .. string.sub(frame, 17), hist)
   return new
 end
@@ -348,20 +377,10 @@ end
 -- Returns {replayed, dead_lettered, orphans}; writes are buffered (commit_failures()).
 local function fail_records(list)
   local done = {0, 0, 0}
-  local by_bucket = {}
-  for i, f in ipairs(list) do
-    local base, slot = split_id(f[1])
-    local b = bucket(base)
-    f.b, f.slot = b, slot
-    local slots = by_bucket[b]
-    if not slots then
-      slots = {}
-      by_bucket[b] = slots
-    end
-    slots[#slots + 1] = slot
-    list[i] = f
+  for _, f in ipairs(list) do
+    local hi, slot, lo = split_id(f[1])
+    f.b, f.slot = bucket(hi, lo), slot
   end
-  for b, slots in pairs(by_bucket) do load(b, slots) end
   local srcs = {}
   for i, f in ipairs(list) do srcs[i] = f[1] end
   local hists = {}
@@ -371,10 +390,9 @@ local function fail_records(list)
   end
   for i, f in ipairs(list) do
     local src, reason, err, budget, b, slot = f[1], f[2], f[3], f[4], f.b, f.slot
-    local v = b.e[slot]
     local frame = nil
-    if v then
-      local _, _, _, _, off = struct.unpack(ENTRY, v)
+    local hi, _, _, _, off = get(b, slot)
+    if hi then
       remove(b, slot)
       if off ~= NOFRAME then frame = frame_at(b, off) end
     end

@@ -17,17 +17,16 @@ while processed < limit do
   local key = tmo_key(tonumber(due[1]))
   local keys = redis.call('SPOP', key, math.max(1, math.ceil((limit - processed) / 64)))
   for _, bkey in ipairs(keys) do
-    local b = bucket(base_of_key(bkey))
-    load_all(b)
+    local b = bucket_of_key(bkey)
     b.expired = b.expired or {} -- a bucket can come up under two deadlines in one call
-    for slot, v in pairs(b.e) do
-      if v and not b.expired[slot] then
-        local _, _, dl, _, off = struct.unpack(ENTRY, v)
+    for slot = 0, slots_of(b) - 1 do
+      local hi, _, dl, _, off = get(b, slot)
+      if hi and not b.expired[slot] then
         if dl > 0 and dl <= NOW then
           processed = processed + 1
           b.expired[slot] = true
           if off ~= NOFRAME then
-            fails[#fails + 1] = {id_of(b.base, slot), 'timeout', '', max_replays}
+            fails[#fails + 1] = {id_of(b, slot), 'timeout', '', max_replays}
             timed_out = timed_out + 1
           else
             remove(b, slot)

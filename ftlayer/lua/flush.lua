@@ -10,9 +10,9 @@
 -- A token already seen means a retry of a call that did apply: nothing is done twice.
 -- Returns {completed, replayed, dead_lettered, orphans} for this call.
 --
--- Entries are read once per bucket (one HMGET for every slot the call touches), changed
--- in order in the cache (a source id given twice sees its first change), and written once
--- per bucket (see commit in _common.lua).
+-- Entries are read once per bucket (one GET), changed in order in the cache (a source id
+-- given twice sees its first change), and written once per bucket (see commit in
+-- _common.lua).
 
 local token_key = PREFIX .. ':flush:' .. ARGV[1]
 if not redis.call('SET', token_key, '1', 'NX', 'PX', FLUSH_TOKEN_TTL_MS) then
@@ -23,16 +23,14 @@ local max_replays = tonumber(ARGV[4])
 local persists, xors, fails = ARGV[5], ARGV[6], ARGV[7]
 local done = {0, 0, 0, 0}
 
--- the changes, in order: bucket, slot, delta hi, delta lo, source (persists only), frame
--- offset (persists only), stored-only (a persist with a zero delta)
-local ops, wanted = {}, {}
-local function want(b, slot)
-  local list = wanted[b]
-  if not list then
-    list = {}
-    wanted[b] = list
-  end
-  list[#list + 1] = slot
+-- the changes, in order, as parallel arrays (no table per change): bucket, slot, delta
+-- hi, delta lo, source (persists only, else false), frame offset (persists only)
+local op_b, op_slot, op_hi, op_lo, op_src, op_off = {}, {}, {}, {}, {}, {}
+local nops = 0
+local function add(b, slot, dhi, dlo, source, off)
+  nops = nops + 1
+  op_b[nops], op_slot[nops], op_hi[nops], op_lo[nops] = b, slot, dhi, dlo
+  op_src[nops], op_off[nops] = source, off
 end
 
 local born = 0
@@ -42,36 +40,34 @@ while pos <= n do
   dhi, dlo, flen, pos = struct.unpack('>i4i4I4', persists, pos)
   local frame = string.sub(persists, pos, pos + flen - 1)
   pos = pos + flen
-  local base, slot = split_id(string.sub(frame, 9, 16))
-  local b = bucket(base)
+  local hi, slot, lo = split_id(frame, 9)
+  local b = bucket(hi, lo)
   local source = source_of(frame)
-  want(b, slot)
-  ops[#ops + 1] = {b, slot, dhi, dlo, source, add_frame(b, frame), dhi == 0 and dlo == 0}
+  add(b, slot, dhi, dlo, source, add_frame(b, frame))
   count(pending_name(source))
   born = born + 1
 end
 pos, n = 1, #xors
+local bhi, blo, b = -1, -1, nil
 while pos <= n do
-  local src, dhi, dlo
-  src, dhi, dlo, pos = struct.unpack('>c8i4i4', xors, pos)
-  local base, slot = split_id(src)
-  local b = bucket(base)
-  want(b, slot)
-  ops[#ops + 1] = {b, slot, dhi, dlo}
+  local hi, slot, lo, dhi, dlo
+  hi, slot, lo, dhi, dlo, pos = struct.unpack('>I5BI2i4i4', xors, pos)
+  if hi ~= bhi or lo ~= blo then
+    bhi, blo, b = hi, lo, bucket(hi, lo)
+  end
+  add(b, slot, dhi, dlo, false, 0)
 end
-for b, slots in pairs(wanted) do load(b, slots) end
 
-local function apply(b, slot, dhi, dlo, source, off, stored_only)
-  local v = b.e[slot]
+local function apply(b, slot, dhi, dlo, source, off)
   local hi, lo, dl, inited, foff, src_index = dhi, dlo, 0, 0, NOFRAME, UNKNOWN_SOURCE
-  if v then
-    local ehi, elo
-    ehi, elo, dl, inited, foff, src_index = struct.unpack(ENTRY, v)
+  local ehi, elo, edl, einited, eoff, esrc = get(b, slot)
+  if ehi then
     hi, lo = bit.bxor(ehi, dhi), bit.bxor(elo, dlo)
+    dl, inited, foff, src_index = edl, einited, eoff, esrc
   end
   if source then
     foff = off
-    if stored_only then
+    if dhi == 0 and dlo == 0 then
       -- failed by this same call: the entry only holds the frame for fail_records
       if src_index == UNKNOWN_SOURCE then src_index = source end
       put(b, slot, hi, lo, dl, inited, foff, src_index)
@@ -104,7 +100,7 @@ local function apply(b, slot, dhi, dlo, source, off, stored_only)
   end
   put(b, slot, hi, lo, dl, inited, foff, src_index)
 end
-for _, op in ipairs(ops) do apply(op[1], op[2], op[3], op[4], op[5], op[6], op[7]) end
+for i = 1, nops do apply(op_b[i], op_slot[i], op_hi[i], op_lo[i], op_src[i], op_off[i]) end
 count('persisted', born + tonumber(ARGV[8]))
 count('completed_local', tonumber(ARGV[8]))
 

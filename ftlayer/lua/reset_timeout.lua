@@ -4,11 +4,10 @@
 local deadline = deadline_for(tonumber(ARGV[1]), tonumber(ARGV[2]))
 local ids, found = ARGV[3], 0
 for pos = 1, #ids, 8 do
-  local base, slot = split_id(string.sub(ids, pos, pos + 7))
-  local b = bucket(base)
-  local v = entry_of(b, slot)
-  if v then
-    local hi, lo, dl, inited, off, source = struct.unpack(ENTRY, v)
+  local hi, slot, lo = split_id(ids, pos)
+  local b = bucket(hi, lo)
+  local hi, lo, dl, inited, off, source = get(b, slot)
+  if hi then
     if dl ~= deadline then
       put(b, slot, hi, lo, deadline, inited, off, source)
       add_timeout(b, deadline)

@@ -51,8 +51,8 @@ while pos <= #segs do
         dead_letter(src, frame, hist, source)
         done[4] = done[4] + 1
       else
-        local base, slot = split_id(src)
-        queue_replay(src, bucket(base), slot, frame, hist)
+        local hi, slot, lo = split_id(src)
+        queue_replay(src, bucket(hi, lo), slot, frame, hist)
         done[3] = done[3] + 1
         count(pending_name(source))
         count('replayed')
@@ -60,8 +60,8 @@ while pos <= #segs do
     end
     for _, p in ipairs(pending) do
       local frame, value = p[1], p[2]
-      local base, slot = split_id(string.sub(frame, 9, 16))
-      local b = bucket(base)
+      local hi, slot, lo = split_id(frame, 9)
+      local b = bucket(hi, lo)
       local source = source_of(frame)
       local hi, lo = struct.unpack('>i4i4', value)
       put(b, slot, hi, lo, deadline, NOW, add_frame(b, frame), source)
