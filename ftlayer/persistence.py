@@ -84,8 +84,8 @@ class RedisPersistenceLayer(NamespacePart):
         return self.keyspace[shard_of(source_id, len(self.keyspace))]
 
     def raw_frame(self, source_id: int) -> bytes | None:
-        """The stored bytes of a pending record's frame, or ``None`` (three reads: its
-        entry, the frame's header, the frame; for tools and tests)."""
+        """The stored bytes of a pending record's frame with its source id, or ``None``
+        (three reads: its entry, the frame's header, the frame; for tools and tests)."""
         shard = self._shard(source_id)
         entry = AckEntry.read(self.client, shard, source_id)
         if entry is None or entry.frame_offset == NOFRAME:
@@ -95,7 +95,8 @@ class RedisPersistenceLayer(NamespacePart):
         if len(head) < HEADER_SIZE:
             return head
         length = HEADER_SIZE + int.from_bytes(head[4:8], "big")
-        return cast(bytes, self.client.getrange(fkey, off, off + length - 1))
+        raw = cast(bytes, self.client.getrange(fkey, off, off + length - 1))
+        return raw[:8] + source_id.to_bytes(8, "big") + raw[16:]  # a replay's copy: its id
 
     def get(self, source_id: int) -> Frame | None:
         """The persisted frame of a pending record, or ``None``."""
@@ -149,7 +150,7 @@ class RedisPersistenceLayer(NamespacePart):
                 item, k, stored = reply[i], int(reply[i + 1]), reply[i + 2]
                 cur = curs[(k - 1) * 8 : k * 8]
                 try:
-                    frame = decode_frame(stored[:16] + cur + stored[24:],
+                    frame = decode_frame(stored[:8] + item[:8] + cur + stored[24:],
                                          max_payload=cfg.max_record_bytes)  # fmt: skip
                 except FrameError as e:  # dead-lettered alone; the rest are delivered
                     src = int.from_bytes(item[:8], "big")

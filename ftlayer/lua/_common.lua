@@ -315,7 +315,8 @@ end
 -- A replay queue entry: new id | hash code | original partition | failed attempts u16
 -- (18 bytes; claim hands the attempts to the stage contexts).
 local function queue_entry(new, frame, attempts)
-  return new .. string.sub(frame, 25, 32) .. struct.pack('>I2', math.min(attempts, 65535))
+  local hash_code, partition = struct.unpack('>i4i4', frame, 25)
+  return struct.pack('>c8i4i4I2', new, hash_code, partition, math.min(attempts, 65535))
 end
 
 -- Note a dead letter in this shard's dead-letter log (a capped stream that the drivers'
@@ -325,34 +326,59 @@ local function log_dead_letter(src, source)
              'src', src, 'source', source)
 end
 
+local FAILED = {explicit = 'failed_explicit', timeout = 'failed_timeout'}
+
 -- Writes of failures, buffered and issued in bulk by commit_failures().
 local hist_set, hist_del, dlq_set, queues = {}, {}, {}, {}
 
 -- Store a record under ``id`` (its slot ``slot`` of bucket b) and queue it for replay
 -- (it already counts as pending). Its entry holds only the frame: it has no ack value and
 -- no timeout until a source task claims it.
+local first_failures = {} -- reason -> err -> packed one-entry history (memo: a bulk
+                          -- expiry fails thousands of records with the same first entry)
+local function packed_history(hist)
+  if #hist ~= 1 or hist[1][3] ~= 1 then return cmsgpack.pack(hist) end
+  local reason, err = hist[1][1], hist[1][4]
+  local by_err = first_failures[reason]
+  if not by_err then
+    by_err = {}
+    first_failures[reason] = by_err
+  end
+  local packed = by_err[err]
+  if not packed then
+    packed = cmsgpack.pack(hist)
+    by_err[err] = packed
+  end
+  return packed
+end
+
+local queue_names = {}
 local function queue_replay(id, b, slot, frame, hist)
   local source = source_of(frame)
   put(b, slot, 0, 0, 0, 0, add_frame(b, frame), source)
   hist_set[#hist_set + 1] = id
-  hist_set[#hist_set + 1] = cmsgpack.pack(hist)
-  local q = PREFIX .. ':replay:' .. source
-  local items = queues[q]
+  hist_set[#hist_set + 1] = packed_history(hist)
+  local items = queues[source]
   if not items then
     items = {}
-    queues[q] = items
+    queues[source] = items
+    queue_names[source] = PREFIX .. ':replay:' .. source
   end
   items[#items + 1] = queue_entry(id, frame, attempts_since_redrive(hist))
 end
 
--- Queue a failed record for replay under a new source id, in a fresh bucket.
+-- Queue a failed record for replay under a new source id, in a fresh bucket. Its frame is
+-- copied as it is: a stored frame's source id bytes (9..16) are the ones it was first
+-- persisted with, the entry's place names the record, and whoever hands a stored frame out
+-- puts its id in (claim's caller, dead_letter, RedisPersistenceLayer.raw_frame).
 local function requeue(src, frame, hist)
   local new, b, slot = new_source_id(struct.unpack('>I2', src, 7), #frame)
-  queue_replay(new, b, slot, string.sub(frame, 1, 8) .. new .. string.sub(frame, 17), hist)
+  queue_replay(new, b, slot, frame, hist)
   return new
 end
 
 local function dead_letter(src, frame, hist, source)
+  if #frame >= 16 then frame = string.sub(frame, 1, 8) .. src .. string.sub(frame, 17) end
   dlq_set[#dlq_set + 1] = src
   dlq_set[#dlq_set + 1] = cmsgpack.pack({frame, hist, NOW})
   log_dead_letter(src, source)
@@ -365,7 +391,7 @@ local function commit_failures()
   bulk('HSET', HIST, hist_set)
   bulk('HDEL', HIST, hist_del)
   bulk('HSET', DLQ, dlq_set)
-  for q, items in pairs(queues) do bulk('RPUSH', q, items) end
+  for source, items in pairs(queues) do bulk('RPUSH', queue_names[source], items) end
   hist_set, hist_del, dlq_set, queues = {}, {}, {}, {}
 end
 
@@ -407,7 +433,7 @@ local function fail_records(list)
       end
       local attempt = attempts_since_redrive(hist) + 1
       hist[#hist + 1] = {reason, NOW, attempt, err}
-      count('failed_' .. reason)
+      count(FAILED[reason] or ('failed_' .. reason))
       if attempt > budget_of(frame, budget) then
         dead_letter(src, frame, hist, source_of(frame))
         done[2] = done[2] + 1
