@@ -1,6 +1,6 @@
 """ftlayer: record-level, Storm-style guaranteed processing for PySpark streaming.
 
-Every source record gets a random 64-bit RecordId and is persisted in Redis; every emit
+Every source record gets a 64-bit RecordId and is persisted in Redis; every emit
 and every ack XORs a current id into its source record's ack value, so a record is
 complete exactly when that value returns to 0. What does not complete in time, or fails
 explicitly, is replayed under a new id -- or dead-lettered, never silently acked.
@@ -8,7 +8,9 @@ explicitly, is replayed under a new id -- or dead-lettered, never silently acked
 Where each concept of the design lives (``serialization/`` frames records,
 ``partitioners/`` mirrors Spark's placement; both are used by ``ftlayer``, never the reverse):
 
-* RecordId, id generation, the shard rule, batch-local ids and edge hashes: ``ids.py``
+* RecordId, id generation (source ids in buckets), the shard rule, batch-local ids and
+  edge hashes: ``ids.py``; the storage layout (buckets of entries and frames, timeout
+  sets of buckets): ``lua/_common.lua``, ``docs/storage-layout.md``
 * Anchoring, emit, ack, fail, the per-flush XOR fold (the handler a task uses):
   ``handler.py``; the AckerTable in Redis and its flush: ``acker.py``, ``lua/flush.lua``
 * Persister / PersistenceLayer (records, replay queues, claims, dead letters):
@@ -17,7 +19,7 @@ Where each concept of the design lives (``serialization/`` frames records,
   resetTimeout): ``rotating.py``, ``timeouts.py``, ``lua/expire.lua``,
   ``lua/reset_timeout.lua``
 * Fail and replay with a new source id, the replay budget, dead-lettering:
-  ``lua/_common.lua`` (``fail_record``)
+  ``lua/_common.lua`` (``fail_records``)
 * Batch-scope acking of the vectorized path (segments, summaries, settlement):
   ``segments.py``, ``lua/segment_*.lua``, ``spark/batch_scope.py``, ``spark/vector_tasks.py``
 * What a run of scripts did: ``tally.py``; retries and their backoff: ``backoff.py``,
