@@ -81,6 +81,15 @@ def test_pending_memory_smoke(tmp_path: Path) -> None:
     assert r["mem_allocator"]
 
 
+def test_layout_candidates_smoke(tmp_path: Path) -> None:
+    """Catches: a candidate that stores nothing, or the layout in use losing to the old one."""
+    r = _bench(tmp_path, "benchmarks.layout_candidates", "--records", "3000")
+    c = {k: v["bytes_per_pending_beyond_payload"] for k, v in r["candidates"].items()}
+    assert len(c) == 5 and all(v > 0 for v in c.values()), c
+    now = next(v for k, v in c.items() if k.endswith("(now)"))
+    assert now < c["per-record hashes (before)"] / 2, c
+
+
 def test_ack_throughput_cluster_smoke(tmp_path: Path, redis_cluster: EmbeddedCluster) -> None:
     r = _bench(tmp_path, "benchmarks.ack_throughput", "--records", "600", "--batch", "200",
                "--sweep", "200", "--repeat", "1", "--redis-url", redis_cluster.url)  # fmt: skip
