@@ -182,8 +182,10 @@ class StandaloneCluster:
             try:
                 if want <= self.alive_hosts():
                     return
-            except OSError:
-                pass  # the master's web UI is not up yet
+            except (OSError, ValueError):
+                # the master's web UI is not up yet, or is still attaching its handlers
+                # (then /json/ is answered by the HTML page: seen once in CI)
+                pass
             if time.monotonic() > deadline:
                 raise StandaloneError(
                     f"workers {sorted(want)} not all ALIVE after {self.startup_timeout_s:.0f} s\n"
