@@ -110,6 +110,16 @@ end
 -- its timeout sets (SADD), and a bucket left empty goes with its frames (DEL). One string
 -- and no hash: Redis reads and writes it whole, where a hash field costs a lookup and a
 -- conversion on each side of redis.call.
+-- t[k], made an empty table first if there is none.
+local function table_at(t, k)
+  local v = t[k]
+  if not v then
+    v = {}
+    t[k] = v
+  end
+  return v
+end
+
 local bucket_cache = {} -- bucket hi -> bucket lo -> bucket
 local tmo_add = {}     -- deadline -> {bucket key -> true}
 
@@ -127,11 +137,7 @@ local function id_of(b, slot)
 end
 
 local function bucket(hi, lo)
-  local by_lo = bucket_cache[hi]
-  if not by_lo then
-    by_lo = {}
-    bucket_cache[hi] = by_lo
-  end
+  local by_lo = table_at(bucket_cache, hi)
   local b = by_lo[lo]
   if not b then
     local hex = string.format('%010x%04x', hi, lo)
@@ -194,12 +200,7 @@ local function remove(b, slot)
 end
 
 local function add_timeout(b, deadline)
-  local set = tmo_add[deadline]
-  if not set then
-    set = {}
-    tmo_add[deadline] = set
-  end
-  set[b.key] = true
+  table_at(tmo_add, deadline)[b.key] = true
 end
 
 -- Append a frame to bucket b's frames (written at commit); returns its offset.
@@ -339,11 +340,7 @@ local first_failures = {} -- reason -> err -> packed one-entry history (memo: a 
 local function packed_history(hist)
   if #hist ~= 1 or hist[1][3] ~= 1 then return cmsgpack.pack(hist) end
   local reason, err = hist[1][1], hist[1][4]
-  local by_err = first_failures[reason]
-  if not by_err then
-    by_err = {}
-    first_failures[reason] = by_err
-  end
+  local by_err = table_at(first_failures, reason)
   local packed = by_err[err]
   if not packed then
     packed = cmsgpack.pack(hist)
@@ -358,12 +355,8 @@ local function queue_replay(id, b, slot, frame, hist)
   put(b, slot, 0, 0, 0, 0, add_frame(b, frame), source)
   hist_set[#hist_set + 1] = id
   hist_set[#hist_set + 1] = packed_history(hist)
-  local items = queues[source]
-  if not items then
-    items = {}
-    queues[source] = items
-    queue_names[source] = PREFIX .. ':replay:' .. source
-  end
+  if not queue_names[source] then queue_names[source] = PREFIX .. ':replay:' .. source end
+  local items = table_at(queues, source)
   items[#items + 1] = queue_entry(id, frame, attempts_since_redrive(hist))
 end
 
@@ -377,13 +370,14 @@ local function requeue(src, frame, hist)
   return new
 end
 
-local function dead_letter(src, frame, hist, source)
+-- pending: it counted as pending until now (a vectorized batch's residue did not).
+local function dead_letter(src, frame, hist, source, pending)
   if #frame >= 16 then frame = string.sub(frame, 1, 8) .. src .. string.sub(frame, 17) end
   dlq_set[#dlq_set + 1] = src
   dlq_set[#dlq_set + 1] = cmsgpack.pack({frame, hist, NOW})
   log_dead_letter(src, source)
   count('dead_lettered')
-  count(pending_name(source), -1)
+  if pending then count(pending_name(source), -1) end
 end
 
 local function commit_failures()
@@ -435,7 +429,7 @@ local function fail_records(list)
       hist[#hist + 1] = {reason, NOW, attempt, err}
       count(FAILED[reason] or ('failed_' .. reason))
       if attempt > budget_of(frame, budget) then
-        dead_letter(src, frame, hist, source_of(frame))
+        dead_letter(src, frame, hist, source_of(frame), true)
         done[2] = done[2] + 1
       else
         requeue(src, frame, hist)

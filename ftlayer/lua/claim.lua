@@ -58,12 +58,6 @@ if not items then
   redis.call('SET', token_key, '', 'PX', CLAIM_TOKEN_TTL_MS)
   return {}
 end
-for i = 1, #items do
-  local n = #items[i]
-  if n ~= QITEM then -- an entry of an older format: pad (attempts 0) or cut to 18 bytes
-    items[i] = string.sub(items[i] .. string.rep('\0', QITEM), 1, QITEM)
-  end
-end
 local out, vanished = claim(items, deadline, true)
 commit()
 count('replays_vanished', vanished)

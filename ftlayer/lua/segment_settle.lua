@@ -47,8 +47,7 @@ while pos <= #segs do
       if dead_now then attempts = attempts - DEAD_NOW end
       local hist = {{reason, NOW, attempts, err}}
       if dead_now or attempts > budget then
-        count(pending_name(source)) -- dead_letter() counts it out again
-        dead_letter(src, frame, hist, source)
+        dead_letter(src, frame, hist, source, false)
         done[4] = done[4] + 1
       else
         local hi, slot, lo = split_id(src)
