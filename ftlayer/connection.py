@@ -39,26 +39,53 @@ def redact_url(url: str) -> str:
 def connect(url: str, **kwargs: Any) -> redis.Redis:
     """A redis-py client for ``redis://``, ``rediss://`` (TLS) or ``unix://`` URLs,
     user:password included, or a Redis Cluster client for ``redis+cluster://`` (and
-    ``rediss+cluster://``) naming any node; checked with PING."""
+    ``rediss+cluster://``) naming one node or several, comma-separated
+    (``redis+cluster://h1:7000,h2:7000,h3:7000/0``: a new client bootstraps from the first
+    that answers, so one dead node does not stop a process from starting) -- a
+    ftlayer.cluster.FailoverCluster, whose commands wait out a failover; checked with PING."""
     if not re.match(r"^(redis|rediss|unix|redis\+cluster|rediss\+cluster)://", url):
         raise ConfigError(
             f"unsupported Redis URL {redact_url(url)!r}: use redis://, rediss://, unix:// "
             "or redis+cluster://"
         )
     kwargs.setdefault("socket_connect_timeout", 5)
-    client: Any
-    if "+cluster://" in url:
-        from redis.cluster import RedisCluster
+    from redis.exceptions import RedisClusterException
 
-        client = RedisCluster.from_url(url.replace("+cluster://", "://", 1), **kwargs)
-    else:
-        kwargs.setdefault("health_check_interval", 30)
-        client = redis.Redis.from_url(url, **kwargs)
+    client: Any
     try:
+        if "+cluster://" in url:
+            from ftlayer.cluster import FailoverCluster
+
+            first, seeds = _cluster_seeds(url.replace("+cluster://", "://", 1))
+            if seeds:
+                kwargs["startup_nodes"] = seeds
+            # asks its seeds for the slot map as it is made; waits out failovers
+            client = FailoverCluster.from_url(first, **kwargs)
+        else:
+            kwargs.setdefault("health_check_interval", 30)
+            client = redis.Redis.from_url(url, **kwargs)
         client.ping()
-    except redis.RedisError as e:
+    except (redis.RedisError, RedisClusterException) as e:
         raise RedisUnavailableError(f"cannot reach Redis at {redact_url(url)}: {e}") from e
     return client
+
+
+def _cluster_seeds(url: str) -> tuple[str, list[Any]]:
+    """``scheme://[auth@]h1:p1,h2:p2/…`` → the URL with only ``h1:p1`` and ClusterNodes of the
+    others (redis-py adds the URL's own node to them)."""
+    from redis.cluster import ClusterNode
+
+    m = re.match(r"^(?P<head>[a-z]+://(?:[^@/]*@)?)(?P<hosts>[^/?]*)(?P<tail>.*)$", url)
+    if not m or "," not in m.group("hosts"):
+        return url, []
+    hosts = m.group("hosts").split(",")
+    seeds = []
+    for h in hosts[1:]:
+        host, _, port = h.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"bad node {h!r} in Redis URL {redact_url(url)!r}: use host:port")
+        seeds.append(ClusterNode(host, int(port)))
+    return m.group("head") + hosts[0] + m.group("tail"), seeds
 
 
 T = TypeVar("T")

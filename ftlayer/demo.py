@@ -17,9 +17,7 @@ import contextlib
 import json
 import os
 import random
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,7 +32,9 @@ from typing import Any
 import redis
 
 from ftlayer.config import FTConfig
+from ftlayer.connection import connect
 from ftlayer.embedded import EmbeddedRedis
+from ftlayer.service.process import ServeProcess
 from partitioners import HashPartitioner
 
 __all__ = ["DemoProgress", "DemoReport", "run_demo", "verdict"]
@@ -73,7 +73,7 @@ _CLIENTS: dict[tuple[int, str], redis.Redis] = {}
 def _redis(url: str) -> redis.Redis:
     key = (os.getpid(), url)
     if key not in _CLIENTS:
-        _CLIENTS[key] = redis.Redis.from_url(url)
+        _CLIENTS[key] = connect(url)  # redis+cluster:// URLs too
     return _CLIENTS[key]
 
 
@@ -166,33 +166,6 @@ def _redis_url(url: str | None) -> Iterator[str]:
         yield server.url
 
 
-@contextlib.contextmanager
-def _sidecar(url: str, namespace: str, timeout_s: float, log: Path) -> Iterator[str | None]:
-    """An ``ftlayer serve`` process; yields the URL of its status page (None if it did not
-    print one: the demo goes on without it)."""
-    cmd = [sys.executable, "-m", "ftlayer.cli", "serve", "--redis-url", url,
-           "--namespace", namespace, "--timeout-s", str(timeout_s), "--metrics-port", "0",
-           "--lease-s", "3"]  # fmt: skip
-    with open(log, "ab") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
-    page = None
-    try:
-        assert proc.stdout is not None
-        for _ in range(3):  # "metrics at URL/metrics", then "status page at URL/"
-            m = re.search(r"status page at (http://\S+)", proc.stdout.readline())
-            if m:
-                page = m.group(1)
-                break
-        threading.Thread(target=proc.stdout.read, daemon=True).start()  # never blocks it
-        yield page
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
 def _write_input(folder: Path, records: int, batches: int) -> None:
     rng = random.Random(records)
     per = -(-records // batches)
@@ -203,26 +176,28 @@ def _write_input(folder: Path, records: int, batches: int) -> None:
         (folder / f"orders-{b:04d}.json").write_text("\n".join(lines) + "\n")
 
 
-def _spark(log: Path, verbose: bool) -> Any:
-    """local[2] with 4 attempts per task (injected crashes retry). Unless ``verbose``, the
-    JVM's own output (startup warnings, log4j, Python workers' stderr) goes to ``log`` and
-    Spark's console progress bar is off: the demo's display is the only thing on screen."""
+def _spark(log: Path, verbose: bool, conf: dict[str, str] | None = None) -> Any:
+    """local[2] with 4 attempts per task (injected crashes retry), or what ``conf`` sets
+    (``spark.master`` of a cluster, ...). Unless ``verbose``, the JVM's own output (startup
+    warnings, log4j, Python workers' stderr) goes to ``log`` and Spark's console progress bar
+    is off: the demo's display is the only thing on screen."""
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    conf = (SparkConf().setMaster(f"local[2,{4}]").setAppName("ftlayer-demo")
-            .set("spark.ui.enabled", "false")
-            .set("spark.ui.showConsoleProgress", "true" if verbose else "false")
-            .set("spark.sql.shuffle.partitions", str(PARTITIONS))
-            .set("spark.sql.session.timeZone", "UTC")
-            .set("spark.pyspark.python", sys.executable))  # fmt: skip
+    settings = {"spark.master": f"local[2,{4}]", "spark.app.name": "ftlayer-demo",
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "true" if verbose else "false",
+            "spark.sql.shuffle.partitions": str(PARTITIONS),
+            "spark.sql.session.timeZone": "UTC",
+            "spark.pyspark.python": sys.executable, **(conf or {})}  # fmt: skip
+    sconf = SparkConf().setAll(list(settings.items()))
     if not verbose and SparkContext._gateway is None:  # noqa: SLF001 -- not started yet
         from pyspark.java_gateway import launch_gateway
 
         out = open(log, "ab")  # noqa: SIM115 -- the JVM's, for its whole life
-        SparkContext(conf=conf, gateway=launch_gateway(conf, {"stdout": out, "stderr": out}))
-    spark = SparkSession.builder.config(conf=conf).getOrCreate()
+        SparkContext(conf=sconf, gateway=launch_gateway(sconf, {"stdout": out, "stderr": out}))
+    spark = SparkSession.builder.config(conf=sconf).getOrCreate()
     spark.sparkContext.setLogLevel("INFO" if verbose else "FATAL")
     return spark
 
@@ -299,26 +274,37 @@ def run_demo(
     verbose: bool = False,
     on_status_page: Callable[[str], None] | None = None,
     hold: Callable[[DemoReport], None] | None = None,
+    spark_conf: dict[str, str] | None = None,
+    sidecar: bool = True,
+    config: dict[str, Any] | None = None,
 ) -> DemoReport:
     """Run the demo (see the module docstring). ``progress`` gets a DemoProgress every
     half second; ``on_status_page`` the sidecar's status page URL once it serves;
     ``hold`` gets the report before anything is stopped (``--serve``: shows it, and the
-    page stays up until it returns)."""
+    page stays up until it returns). ``spark_conf`` overrides the Spark settings
+    (``spark.master`` of a cluster, ...); ``sidecar=False`` starts no sidecar (the caller
+    runs its own, for the namespace ``config["namespace"]``); ``config`` holds more FTConfig
+    fields (``durability``, ``shards``, ...)."""
     from ftlayer.spark import FaultTolerance
 
     started = time.monotonic()
-    ns = f"demo-{uuid.uuid4().hex[:8]}"
+    config = dict(config or {})
+    ns = config.pop("namespace", None) or f"demo-{uuid.uuid4().hex[:8]}"
     work = Path(tempfile.mkdtemp(prefix="ftlayer-demo-"))
     (work / "input").mkdir()
     _write_input(work / "input", records, batches)
     try:
-        with _redis_url(redis_url) as url, _sidecar(url, ns, timeout_s,
-                                                    work / "serve.log") as page:  # fmt: skip
-            if page and on_status_page:
-                on_status_page(page)
+        with _redis_url(redis_url) as url, contextlib.ExitStack() as stack:
+            if sidecar:
+                serve = ServeProcess(url, ns, work / "serve.log", timeout_s=timeout_s)
+                stack.enter_context(serve)
+                if on_status_page:
+                    on_status_page(serve.page)
             prefix = f"ftdemo:{ns}"
-            ft = FaultTolerance(FTConfig(namespace=ns, redis_url=url, timeout_s=timeout_s))
-            spark = _spark(work / "spark.log", verbose)
+            ft = FaultTolerance(
+                FTConfig(namespace=ns, redis_url=url, timeout_s=timeout_s, **config)
+            )
+            spark = _spark(work / "spark.log", verbose, spark_conf)
             try:
                 report = _run(spark, ft, url, prefix, work, records, batches, fail_rate,
                               drop_rate, crash_rate, drain_timeout_s, progress,
@@ -329,7 +315,7 @@ def run_demo(
             finally:
                 assert ft.layer is not None
                 ft.layer.clear()
-                client = redis.Redis.from_url(url)
+                client = connect(url)
                 for key in client.scan_iter(match=f"{prefix}:*"):
                     client.delete(key)
                 client.close()
@@ -372,7 +358,7 @@ def _run(spark: Any, ft: Any, url: str, prefix: str, work: Path, records: int, b
         drained = ft.drain(timeout_s=drain_timeout_s, pipeline=pipeline)
 
     layer = ft.layer
-    client = redis.Redis.from_url(url)
+    client = connect(url)
     try:
         sink = Counter(int(x) for x in client.lrange(f"{prefix}:sink", 0, -1))
         misplaced = int(client.get(f"{prefix}:misplaced") or 0)

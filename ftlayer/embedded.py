@@ -276,7 +276,8 @@ class EmbeddedCluster:
 
     @property
     def url(self) -> str:
-        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}/0"
+        """Every node as a seed: a client started while one of them is down still connects."""
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes) + "/0"
 
     def start(self) -> EmbeddedCluster:
         binary = find_redis_server()

@@ -6,10 +6,14 @@ import subprocess
 import sys
 import time
 
+import pytest
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from ftlayer import FTConfig, FTLayer
+from ftlayer.connection import connect
+from ftlayer.embedded import free_port
+from ftlayer.errors import ConfigError, RedisUnavailableError
 from ftlayer.keys import Keyspace
 
 
@@ -24,6 +28,17 @@ def test_cluster_url_opens_a_cluster_client(redis_cluster) -> None:
     with FTLayer.open(FTConfig(redis_url=redis_cluster.url, namespace="clurl")) as layer:
         assert isinstance(layer.client, RedisCluster)
         assert layer.embedded is None and layer.stats().pending == 0
+
+
+def test_a_cluster_url_names_several_seeds_and_a_dead_first_one_is_skipped(redis_cluster) -> None:
+    live = redis_cluster.url.removeprefix("redis+cluster://")
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    client = connect(f"redis+cluster://{dead},{live}")
+    assert isinstance(client, RedisCluster) and len(client.get_primaries()) == 3
+    with pytest.raises(RedisUnavailableError):
+        connect(f"redis+cluster://{dead}/0")
+    with pytest.raises(ConfigError, match="bad node 'nohost'"):
+        connect(f"redis+cluster://{live.split(',')[0]},nohost/0")
 
 
 def test_sidecar_rotates_on_a_cluster(redis_cluster, tmp_path) -> None:

@@ -87,3 +87,22 @@ def test_a_killed_master_is_replaced_and_nothing_is_lost() -> None:
             sink.ack(r)
         sink.flush()
         assert relaxed.stats().pending == 0 and relaxed.stats().completed == 600
+
+
+def test_a_command_to_a_killed_master_waits_for_its_replica() -> None:
+    """redis-py alone gives up within a second (its retries do not wait); ftlayer's
+    cluster client (ftlayer.cluster) waits until the replica is promoted."""
+    with EmbeddedCluster(masters=3, replicas=1) as cluster:
+        client = connect(cluster.url)
+        client.set("k", "before")
+        victim_name = client.get_node_from_key("k").name
+        node_client = client.get_redis_connection(client.get_node_from_key("k"))
+        assert node_client.wait(1, 5000) == 1, "the replica has the key"
+        victim = next(n for n in cluster.nodes if f"127.0.0.1:{n.port}" == victim_name)
+        victim.stop(kill=True)
+        started = time.monotonic()
+        assert client.get("k") == b"before", "read from the promoted replica"
+        client.set("k", "after")
+        waited = time.monotonic() - started
+        assert client.get_node_from_key("k").name != victim_name
+        assert waited > 1.0, f"answered after {waited:.1f} s: the failover was not waited for"

@@ -1,0 +1,213 @@
+"""ftlayer deployed as in production, on loopback, with faults: nothing may be lost.
+
+Starts a Spark standalone master and two workers (one core each: executor JVMs of their own,
+with their own Python workers; ftlayer.spark.standalone), a 3-master Redis Cluster with one
+replica per master, and two ``ftlayer serve`` sidecars sharing the namespace's lease. This
+process is the Spark driver: it runs the demo pipeline (ftlayer.demo: vectorized stages, a
+keyed shuffle, explicit failures, unconfirmed sink writes, crashed tasks) as a Structured
+Streaming query with a ``checkpointLocation`` against ``spark://…``, with
+``durability="replicated"``. While micro-batches run it kills, each with ``kill -9``, one
+Spark worker, the Redis master of the namespace's first shard, and the sidecar holding the
+lease (benchmarks.cluster_faults: how each recovery is timed). Then it drains and checks the
+sink against the source.
+
+It prints a table (``--json``: one object with ``source_records``, ``lost``, ``pending``,
+``duplicates``, ``replayed``, ``failovers``, ``faults`` (kind, when, recovery seconds),
+``elapsed_s`` and ``capacity``) and exits 1 unless nothing was lost, nothing is pending and
+every fault was injected and recovered. Everything it started is stopped, also on Ctrl-C.
+
+``capacity`` checks the deployment guide's formulas (docs/deployment.md, capacity planning)
+against this run: the Redis command time per source record on the masters (INFO
+commandstats) beside the task-scope formula's E × u, and records/s per executor core.
+
+    python -m benchmarks.cluster_e2e [--records 20000] [--batches 20] [--faults
+        spark_worker,redis_master,sidecar] [--timeout-s 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import machine, save
+from benchmarks.cluster_faults import KINDS, FaultPlan, RedisWork
+from ftlayer.demo import DemoProgress, run_demo
+from ftlayer.embedded import EmbeddedCluster
+from ftlayer.keys import Keyspace
+from ftlayer.service.process import ServeProcess
+from ftlayer.spark.standalone import StandaloneCluster
+
+SHARDS = 8  # the default: the sidecars, started first, create the namespace with it
+E_TASK_SCOPE = 4  # events per record of map → partition_by → map → sink (2 + 2 × shuffles)
+U_GUIDE = 1.42  # µs per event, the guide's one-master figure (Redis 6.2)
+GUIDE_PER_CORE = 27_700  # records/s per shared core, the guide's end-to-end figure
+
+
+def run(records: int, batches: int, kinds: tuple[str, ...], timeout_s: float,
+        log_dir: Path) -> dict[str, Any]:  # fmt: skip
+    started = time.monotonic()
+    ns = f"e2e-{uuid.uuid4().hex[:8]}"
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # this process is the driver, on loopback
+    with contextlib.ExitStack() as stack:
+        spark = stack.enter_context(StandaloneCluster(workers=2, cores=1, memory="1g"))
+        cluster = stack.enter_context(EmbeddedCluster(masters=3, replicas=1))
+        sidecars = [
+            stack.enter_context(ServeProcess(cluster.url, ns, log_dir / f"serve-{k}.log",
+                                             timeout_s=timeout_s, lease_s=3.0))
+            for k in range(2)
+        ]  # fmt: skip
+        masters_before = _masters(cluster)
+        n = len(kinds)
+        at = [max(1, round(batches * (k + 1) / (n + 2))) for k in range(n)]
+        plan = FaultPlan(started, spark, cluster, sidecars, Keyspace(ns, SHARDS)[0].stats,
+                         kinds, at)  # fmt: skip
+        phases: dict[str, float] = {}
+
+        def progress(p: DemoProgress) -> None:
+            phases.setdefault(p.phase, time.monotonic())
+            plan.progress(p)
+
+        plan.start()
+        with RedisWork(cluster) as work:
+            report = run_demo(
+                records=records, batches=batches, timeout_s=timeout_s, redis_url=cluster.url,
+                drain_timeout_s=180.0, progress=progress, sidecar=False,
+                spark_conf={**spark.driver_conf(), "spark.app.name": "ftlayer-cluster-e2e",
+                            "spark.executor.cores": "1", "spark.cores.max": "2",
+                            "spark.executor.memory": "768m", "spark.task.maxFailures": "8"},
+                config={"namespace": ns, "durability": "replicated", "shards": SHARDS,
+                        "flush_retries": 8, "flush_backoff_s": 0.25},
+            )  # fmt: skip
+            plan.join(timeout_s=180)
+        failovers = sum(1 for m in masters_before if m not in _masters(cluster))
+    streaming_s = phases.get("draining", time.monotonic()) - phases.get("streaming", started)
+    recovered = [f for f in plan.faults if f.recovery_s is not None]
+    return {
+        "machine": machine(),
+        "source_records": records,
+        "micro_batches": report.micro_batches,
+        "lost": report.lost,
+        "pending": report.pending,
+        "duplicates": report.duplicates,
+        "replayed": report.replayed,
+        "dead_lettered": report.dead_lettered,
+        "crashed_tasks": report.crashed_tasks,
+        "misplaced": report.misplaced,
+        "failovers": failovers,
+        "faults": [f.as_dict() for f in plan.faults],
+        "faults_planned": list(kinds),
+        "faults_recovered": len(recovered),
+        "fault_errors": plan.errors,
+        "elapsed_s": round(time.monotonic() - started, 1),
+        "streaming_s": round(streaming_s, 1),
+        "capacity": _capacity(records, streaming_s, work),
+    }
+
+
+def _masters(cluster: EmbeddedCluster) -> set[int | None]:
+    return {n.port for n in cluster.nodes
+            if n.running and n.client().info("replication")["role"] == "master"}  # fmt: skip
+
+
+def _capacity(records: int, streaming_s: float, work: RedisWork) -> dict[str, Any]:
+    """The guide's prediction beside this run's measurement (see the module doc)."""
+    usec = work.master_usec / records
+    predicted = E_TASK_SCOPE * U_GUIDE
+    rate = records / streaming_s if streaming_s > 0 else 0.0
+    return {
+        "redis_usec_per_record_measured": round(usec, 2),
+        "redis_calls_per_record_measured": round(work.master_calls / records, 3),
+        "redis_usec_per_record_guide_task_scope": round(predicted, 2),
+        "records_per_s_per_master_at_100pct_measured": round(1e6 / usec) if usec else None,
+        "records_per_s_per_master_at_100pct_guide": round(1e6 / predicted),
+        "records_per_s_per_executor_core_measured": round(rate / 2),
+        "records_per_s_per_executor_core_guide": GUIDE_PER_CORE,
+        "by_master": work.by_node,
+        "by_command": {
+            k: {"usec": u, "calls": c}
+            for k, (u, c) in sorted(work.by_command.items(), key=lambda kv: -kv[1][0])
+        },
+    }
+
+
+def verdict(r: dict[str, Any]) -> tuple[bool, str]:
+    ok = (r["lost"] == 0 and r["pending"] == 0 and not r["fault_errors"]
+          and r["faults_recovered"] == len(r["faults_planned"]))  # fmt: skip
+    head = "OK" if ok else "FAILED"
+    return ok, (
+        f"{head}: {r['source_records']:,} records, {r['lost']} lost, {r['pending']} "
+        f"pending, {r['faults_recovered']}/{len(r['faults_planned'])} faults recovered"
+    )
+
+
+def print_table(r: dict[str, Any]) -> None:
+    rows = [(k, r[k]) for k in ("source_records", "micro_batches", "lost", "pending",
+                                "duplicates", "replayed", "dead_lettered", "crashed_tasks",
+                                "misplaced", "failovers", "streaming_s", "elapsed_s")]  # fmt: skip
+    print("ftlayer cluster end-to-end (Spark standalone 2 workers, Redis Cluster 3+3, 2 sidecars)")
+    for k, v in rows:
+        print(f"  {k:<16} {v:>12,}" if isinstance(v, int) else f"  {k:<16} {v:>12}")
+    print("\n  fault          at (s)  batch  recovery (s)  detail")
+    for f in r["faults"]:
+        rec = "never" if f["recovery_s"] is None else f"{f['recovery_s']:.2f}"
+        detail = ", ".join(f"{k} {v}" for k, v in f["detail"].items())
+        print(f"  {f['kind']:<14} {f['at_s']:>6.1f}  {f['at_batch']:>5}  {rec:>12}  {detail}")
+    for e in r["fault_errors"]:
+        print(f"  fault not injected or failed: {e}")
+    c = r["capacity"]
+    print("\n  capacity                                  this run     guide (task scope)")
+    print(f"  Redis µs per record (masters)        {c['redis_usec_per_record_measured']:>10}"
+          f"  {c['redis_usec_per_record_guide_task_scope']:>10}")  # fmt: skip
+    print(f"  records/s one master at 100 %        "
+          f"{c['records_per_s_per_master_at_100pct_measured'] or 0:>10,}"
+          f"  {c['records_per_s_per_master_at_100pct_guide']:>10,}")  # fmt: skip
+    print(f"  records/s per executor core          "
+          f"{c['records_per_s_per_executor_core_measured']:>10,}"
+          f"  {c['records_per_s_per_executor_core_guide']:>10,}")  # fmt: skip
+    print()
+    print(verdict(r)[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.cluster_e2e",
+                                 description=__doc__.split("\n\n")[0])  # fmt: skip
+    ap.add_argument("--records", type=int, default=20_000)
+    ap.add_argument("--batches", type=int, default=20)
+    ap.add_argument(
+        "--faults",
+        default=",".join(KINDS),
+        help="comma-separated, in order; '' for none (default: %(default)s)",
+    )
+    ap.add_argument("--timeout-s", type=float, default=3.0, help="record timeout T")
+    ap.add_argument("--logs", default=None, help="directory for the sidecars' logs")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    kinds = tuple(k for k in args.faults.split(",") if k)
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        ap.error(f"unknown fault {bad[0]!r}: choose from {', '.join(KINDS)}")
+    log_dir = Path(args.logs or tempfile.mkdtemp(prefix="ftlayer-e2e-logs-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        result = run(args.records, args.batches, kinds, args.timeout_s, log_dir)
+    except KeyboardInterrupt:
+        print("interrupted: everything this run started is stopped", file=sys.stderr)
+        return 130
+    save("cluster_e2e", result)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_table(result)
+    return 0 if verdict(result)[0] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,92 @@
+"""benchmarks.cluster_e2e, smaller: a Spark standalone cluster (2 workers), a Redis Cluster
+with a replica per master and two sidecars; one worker, one Redis master and the lease
+holder are killed with ``kill -9`` while micro-batches run, and nothing may be lost. Also:
+Ctrl-C stops every process the run started.
+
+The full run (``python -m benchmarks.cluster_e2e``: 20,000 records in 20 micro-batches)
+is the same code with more records; CI runs 3,000 in 8.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OURS = ("redis-server", "org.apache.spark.deploy", "ftlayer.cli serve")
+
+
+def _processes() -> dict[int, str]:
+    """pid → command line of every process of the kinds the run starts."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if any(k in cmd for k in OURS):
+                out[int(d.name)] = cmd
+    return out
+
+
+def _run(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "FTLAYER_BENCH_RESULTS": str(tmp_path)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.cluster_e2e", *args, "--logs", str(tmp_path)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def test_three_kill_9s_while_records_flow_and_nothing_is_lost(tmp_path: Path) -> None:
+    proc = _run(tmp_path, "--records", "3000", "--batches", "8", "--json")
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-4000:]
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["source_records"] == 3000 and r["micro_batches"] == 8
+    assert r["lost"] == 0 and r["pending"] == 0, r
+    assert r["fault_errors"] == [], r["fault_errors"]
+    assert [f["kind"] for f in r["faults"]] == ["spark_worker", "redis_master", "sidecar"]
+    for f in r["faults"]:
+        assert f["recovery_s"] is not None and f["recovery_s"] > 0, f
+        assert 0 < f["at_batch"] < 8, f"{f['kind']} was injected while batches ran"
+    redis_fault = r["faults"][1]["detail"]
+    assert redis_fault["failover_s"] is not None and redis_fault["rejoin_s"] is not None
+    assert r["failovers"] == 1, "the killed master's replica took over"
+    assert r["replayed"] > 0, "failed and unconfirmed records were replayed"
+    cap = r["capacity"]
+    assert cap["redis_usec_per_record_measured"] > 0 and cap["by_master"]
+    assert json.loads((tmp_path / "cluster_e2e.json").read_text()) == r
+
+
+def test_ctrl_c_stops_everything_it_started(tmp_path: Path) -> None:
+    before = set(_processes())
+    proc = _run(tmp_path, "--records", "2000", "--batches", "40", "--faults", "")
+    deadline = time.monotonic() + 180
+    # wait until the run is streaming: its sidecars have written their logs and Spark's
+    # workers and Redis's nodes are up (all of its kinds of process are there)
+    while time.monotonic() < deadline:
+        mine = {p: c for p, c in _processes().items() if p not in before}
+        if all(any(k in c for c in mine.values()) for k in OURS):
+            break
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.5)
+    else:
+        raise AssertionError("the run never had all its processes up")
+    time.sleep(5)  # the Spark driver is up and batches run
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "interrupted" in err
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        left = {p: c for p, c in _processes().items() if p not in before}
+        if not left:
+            break
+        time.sleep(0.5)
+    assert not left, f"still running after Ctrl-C: {left}"
