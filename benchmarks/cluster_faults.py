@@ -220,6 +220,7 @@ class RedisWork:
         self.by_node: dict[str, dict[str, int]] = {}
         self.by_command: dict[str, list[int]] = {}  # name -> [usec, calls] on masters
         self._last_cmds: dict[int, dict[str, tuple[int, int]]] = {}
+        self.timeline: list[tuple[float, int]] = []  # (monotonic, master_usec so far)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="redis-work", daemon=True)
 
@@ -237,7 +238,20 @@ class RedisWork:
         while not self._stop.wait(self.interval_s):
             self.sample()
 
+    def usec_between(self, t0: float, t1: float) -> int:
+        """Master command time between two instants (to the nearest samples)."""
+
+        def at(t: float) -> int:
+            before = [u for s, u in self.timeline if s <= t]
+            return before[-1] if before else 0
+
+        return at(t1) - at(t0)
+
     def sample(self) -> None:
+        self._sample_nodes()
+        self.timeline.append((time.monotonic(), self.master_usec))
+
+    def _sample_nodes(self) -> None:
         for node in list(self.redis.nodes):
             port = node.port
             if not node.running or port is None:

@@ -61,6 +61,8 @@ def test_three_kill_9s_while_records_flow_and_nothing_is_lost(tmp_path: Path) ->
     assert r["replayed"] > 0, "failed and unconfirmed records were replayed"
     cap = r["capacity"]
     assert cap["redis_usec_per_record_measured"] > 0 and cap["by_master"]
+    assert cap["redis_usec_per_record_guide_batch_scope"] > 0
+    assert cap["measured_vs_guide_batch_scope"] > 0 and cap["seconds_per_micro_batch"] > 0
     assert json.loads((tmp_path / "cluster_e2e.json").read_text()) == r
 
 
