@@ -23,7 +23,8 @@ Where each concept of the design lives (``serialization/`` frames records,
 * Batch-scope acking of the vectorized path (segments, summaries, settlement):
   ``segments.py``, ``lua/segment_*.lua``, ``spark/batch_scope.py``, ``spark/vector_tasks.py``
 * What a run of scripts did: ``tally.py``; retries and their backoff: ``backoff.py``,
-  ``connection.py``, ``scripts.py``
+  ``connection.py``, ``scripts.py``; a Redis Cluster client that waits out failovers:
+  ``cluster.py``
 * ReplayPartitioner: ``partitioners/`` (used by ``spark/row_tasks.py``)
 * FT status on/off and every setting: ``config.py``; limits shared with the Lua:
   ``limits.py``; per-namespace settings kept in Redis: ``settings.py``; keys: ``keys.py``

@@ -24,6 +24,7 @@ from ftlayer.embedded import EmbeddedRedis
 from ftlayer.handler import AbstractFTHandler, FTHandler, NonFTHandler
 from ftlayer.ids import RecordId, shard_of
 from ftlayer.keys import Keyspace
+from ftlayer.limits import LATENCY_BOUNDS_MS
 from ftlayer.persistence import ClaimedRecord, RedisPersistenceLayer
 from ftlayer.scripts import Scripts
 from ftlayer.segments import SegmentStore
@@ -34,9 +35,6 @@ from ftlayer.timeouts import RedisTimeoutLayer, Rotator
 __all__ = ["FTLayer", "FTStats", "LATENCY_BOUNDS_MS"]
 
 log = logging.getLogger(__name__)
-
-# must match LATENCY_BOUNDS_MS in lua/_common.lua
-LATENCY_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000)
 
 
 @dataclass

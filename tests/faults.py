@@ -177,11 +177,15 @@ def socket_owner(local_port: int) -> int | None:
     target = f"socket:[{inode}]"
     for fd_dir in Path("/proc").glob("[0-9]*/fd"):
         try:
-            for fd in fd_dir.iterdir():
+            fds = list(fd_dir.iterdir())
+        except OSError:  # the process exited, or is not ours to read
+            continue
+        for fd in fds:
+            try:
                 if os.readlink(fd) == target:
                     return int(fd_dir.parent.name)
-        except OSError:
-            continue
+            except OSError:  # this fd was closed meanwhile: the others still count
+                continue
     return None
 
 

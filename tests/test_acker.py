@@ -36,6 +36,9 @@ def test_completion_deletes_entry_record_and_timeout_in_one_call(layer: FTLayer)
     assert layer.acker.entry(rid.source_id) is None and layer.persistence.get(rid.source_id) is None
     s = layer.stats()
     assert (s.completed, s.pending, s.latency_count) == (1, 0, 1)
+    # it completed within a second: every histogram bucket from 1 s up holds it
+    buckets = s.latency_buckets
+    assert buckets["1000"] == buckets["300000"] == buckets["+Inf"] == 1
 
 
 def test_scripts_reload_after_script_flush(make_layer) -> None:

@@ -105,3 +105,10 @@ def test_ack_throughput_cluster_smoke(tmp_path: Path, redis_cluster: EmbeddedClu
                "--repeat", "1")  # fmt: skip
     assert c["single"]["masters"] == 1 and c["cluster"]["masters"] == 3
     assert c["ratio_cluster_vs_single"]["xor_events_per_s"] > 0
+
+
+def test_call_overhead_smoke(tmp_path: Path) -> None:
+    r = _bench(tmp_path, "benchmarks.call_overhead", "--calls", "500")
+    assert r["calls"] == 500 and r["redis_usec_per_call_bare"] > 0
+    assert r["redis_usec_per_call_prelude"] > r["redis_usec_per_call_bare"]
+    assert r["redis_usec_per_set"] > 0

@@ -28,8 +28,7 @@ local ENTRY_BYTES = 26
 local NO_ENTRY = string.rep('\0', ENTRY_BYTES)
 local NOFRAME = 4294967295
 -- MAX_REPLAYS, UNKNOWN_SOURCE, FLUSH_TOKEN_TTL_MS, ... come from ftlayer/limits.py
-local LATENCY_BOUNDS_MS = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000,
-                           60000, 300000}
+-- LATENCY_BOUNDS_MS and their counter names LATENCY_NAMES come from ftlayer/limits.py too
 local CHUNK = 1000 -- arguments per bulk command (even: HSET pairs stay whole)
 
 local clock = redis.call('TIME')
@@ -48,8 +47,6 @@ local function flush_counts()
   counts = {}
 end
 
-local LATENCY_NAMES = {}
-for i, bound in ipairs(LATENCY_BOUNDS_MS) do LATENCY_NAMES[i] = 'latency_le_' .. bound end
 
 local function observe_latency(ms)
   count('latency_count')

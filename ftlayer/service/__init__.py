@@ -7,6 +7,8 @@
 * ftlayer.service.http -- the HTTP endpoint: ``/metrics`` (prometheus_client's own WSGI
   app and server), ``/healthz`` (liveness: the loop is alive), ``/readyz`` (Redis
   reachable, lease state). Read-only: nothing served changes state.
+* ftlayer.service.process -- ``ftlayer serve`` as a child process (the demo, the cluster
+  run and the tests start it so).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -43,7 +44,12 @@ def cleanup() -> Iterator[list[FaultTolerance]]:
 def _kill_the_held_worker(proxy: TcpProxy, killed: list[int]) -> None:
     if not proxy.held.wait(120):
         return
-    pid = socket_owner(proxy.held_peer)
+    pid = None
+    for _ in range(20):  # /proc is read while the processes run: look again if it missed
+        pid = socket_owner(proxy.held_peer)
+        if pid is not None:
+            break
+        time.sleep(0.05)
     if pid is not None and pid != os.getpid():
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
