@@ -251,10 +251,14 @@ local function commit()
       b.ch, b.dirty = {}, false
       b.raw = table.concat(parts)
       local last = -1
-      for slot = #b.raw / ENTRY_BYTES - 1, 0, -1 do
-        if get(b, slot) then
-          last = slot
-          break
+      -- an entry that exists is never all zero: no byte set, no entry (a bucket emptied
+      -- by an expiry or a completion is found so without reading its slots one by one)
+      if string.find(b.raw, '[^%z]') then
+        for slot = #b.raw / ENTRY_BYTES - 1, 0, -1 do
+          if get(b, slot) then
+            last = slot
+            break
+          end
         end
       end
       if last < 0 then
@@ -361,8 +365,8 @@ end
 -- copied as it is: a stored frame's source id bytes (9..16) are the ones it was first
 -- persisted with, the entry's place names the record, and whoever hands a stored frame out
 -- puts its id in (claim's caller, dead_letter, RedisPersistenceLayer.raw_frame).
-local function requeue(src, frame, hist)
-  local new, b, slot = new_source_id(struct.unpack('>I2', src, 7), #frame)
+local function requeue(src, frame, hist, lo)
+  local new, b, slot = new_source_id(lo or struct.unpack('>I2', src, 7), #frame)
   queue_replay(new, b, slot, frame, hist)
   return new
 end
@@ -390,13 +394,17 @@ end
 -- re-persist the record under a new source id in the same shard and queue it for replay
 -- with its hash code and original partition, or, past its budget, move it to the
 -- dead-letter hash with its history. Never acks.
--- list: {src, reason, err, budget} each; budget -1: the record's own (its frame's).
+-- list: {src, reason, err, budget} each; budget -1: the record's own (its frame's). A
+-- caller that has read the entry already (expire) adds b, slot and off (its frame's offset):
+-- then the entry is not looked up again (each such src must appear once in the list).
 -- Returns {replayed, dead_lettered, orphans}; writes are buffered (commit_failures()).
 local function fail_records(list)
   local done = {0, 0, 0}
   for _, f in ipairs(list) do
-    local hi, slot, lo = split_id(f[1])
-    f.b, f.slot = bucket(hi, lo), slot
+    if not f.b then
+      local hi, slot, lo = split_id(f[1])
+      f.b, f.slot = bucket(hi, lo), slot
+    end
   end
   local srcs = {}
   for i, f in ipairs(list) do srcs[i] = f[1] end
@@ -407,9 +415,12 @@ local function fail_records(list)
   end
   for i, f in ipairs(list) do
     local src, reason, err, budget, b, slot = f[1], f[2], f[3], f[4], f.b, f.slot
-    local frame = nil
-    local hi, _, _, _, off = get(b, slot)
-    if hi then
+    local frame, off = nil, f.off
+    if off == nil then
+      local hi, _, _, _, o = get(b, slot)
+      if hi then off = o end
+    end
+    if off ~= nil then
       remove(b, slot)
       if off ~= NOFRAME then frame = frame_at(b, off) end
     end
@@ -429,7 +440,7 @@ local function fail_records(list)
         dead_letter(src, frame, hist, source_of(frame), true)
         done[2] = done[2] + 1
       else
-        requeue(src, frame, hist)
+        requeue(src, frame, hist, b.lo)
         count('replayed')
         done[1] = done[1] + 1
       end

@@ -26,7 +26,8 @@ while processed < limit do
           processed = processed + 1
           b.expired[slot] = true
           if off ~= NOFRAME then
-            fails[#fails + 1] = {id_of(b, slot), 'timeout', '', max_replays}
+            fails[#fails + 1] = {id_of(b, slot), 'timeout', '', max_replays,
+                                 b = b, slot = slot, off = off}
             timed_out = timed_out + 1
           else
             remove(b, slot)
