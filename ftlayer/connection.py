@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import redis
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from ftlayer.backoff import jittered
@@ -49,8 +50,6 @@ def connect(url: str, **kwargs: Any) -> redis.Redis:
             "or redis+cluster://"
         )
     kwargs.setdefault("socket_connect_timeout", 5)
-    from redis.exceptions import RedisClusterException
-
     client: Any
     try:
         if "+cluster://" in url:
