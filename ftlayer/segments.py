@@ -124,7 +124,7 @@ class SegmentStore(NamespacePart):
         self,
         partition: int,
         member: str,
-        segment: bytes,
+        segment: bytes | memoryview,
         token: int,
         summary: bytes,
         salt: int,
