@@ -204,19 +204,42 @@ class SegmentStore(NamespacePart):
     ) -> list[int]:
         """Settle segments of one shard: (member, rows, failed frames with errors,
         pending frames with their ack values). See lua/segment_settle.lua."""
+        jobs = {shard: (segments, summary_tokens)}
+        return self.settle_shards(jobs, salt=salt, reason=reason, batch=batch)[shard]
+
+    def settle_shards(
+        self,
+        jobs: dict[int, tuple[list[SegmentEntry], list[int]]],
+        *,
+        salt: int,
+        reason: str = "explicit",
+        batch: str = "",
+    ) -> dict[int, list[int]]:
+        """``settle`` for several shards (shard -> (segments, summary tokens)): one round
+        trip on a single server, one call per shard on a cluster. Each call is idempotent
+        (it settles only segments still indexed), so a retried one does its work once."""
         cfg = self.config
-        return [
-            int(x)
-            for x in self.scripts.segment_settle(
+
+        def call(shard: int, client: Any = None) -> Any:
+            segments, tokens = jobs[shard]
+            return self.scripts.segment_settle(
                 keys=self.keyspace[shard].script_keys,
                 args=[
                     cfg.interval_ms, cfg.buckets, cfg.max_replays, reason, str(salt),
-                    _pack_segments(segments),
-                    ",".join(f"{t:x}" for t in summary_tokens),
-                    batch,
+                    _pack_segments(segments), ",".join(f"{t:x}" for t in tokens), batch,
                 ],
-            )
-        ]  # fmt: skip
+                client=client,
+            )  # fmt: skip
+
+        shards = sorted(jobs)
+        if is_cluster(self.client) or len(shards) == 1:
+            replies = [call(k) for k in shards]
+        else:
+            with self.client.pipeline(transaction=False) as pipe:
+                for k in shards:
+                    call(k, pipe)
+                replies = pipe.execute()
+        return {k: [int(x) for x in r] for k, r in zip(shards, replies, strict=True)}
 
     def indexed(self) -> list[tuple[int, str, float]]:
         """(shard, member, deadline_ms) of every segment not yet settled."""

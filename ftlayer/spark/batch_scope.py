@@ -408,11 +408,13 @@ class VectorRun:
             per_shard.setdefault(shard, []).append(
                 (member, rows, fail_frames, pend_frames, s.raw["immediate_replays"])
             )
+        jobs = {
+            k: (per_shard.get(k, []), tokens.get(k, [])) for k in per_shard.keys() | tokens.keys()
+        }
         batch = store.batch_prefix(plan.source, plan.batch_key)
-        for shard in sorted(per_shard.keys() | tokens.keys()):
-            reply = store.settle(shard, per_shard.get(shard, []), tokens.get(shard, []),
-                                 salt=plan.salt, batch=batch)  # fmt: skip
-            self.calls += 1
+        replies = store.settle_shards(jobs, salt=plan.salt, batch=batch)
+        self.calls += len(replies)
+        for shard, reply in sorted(replies.items()):
             if reply[5]:
                 log.warning("segments settled already batch_id=%s shard=%d skipped=%d",
                             self.result.batch_id, shard, reply[5])  # fmt: skip

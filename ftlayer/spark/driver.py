@@ -388,11 +388,11 @@ class FaultTolerance:
         deadline = started + timeout_s
         batches = 0
         pause = min(0.2, self.config.rotation_interval_s / 4)
-        while True:
+        st = self.layer.stats()
+        while st.pending + st.unsettled_segments:  # nothing pending: no timeout to expire
             self.layer.expire_due()
             st = self.layer.stats()
-            busy = st.pending + st.unsettled_segments
-            if busy == 0 or time.monotonic() >= deadline:
+            if st.pending + st.unsettled_segments == 0 or time.monotonic() >= deadline:
                 break
             last = self._last if pipeline is None else (pipeline, *self._spark_schema())
             if last is not None and st.queued_replays:

@@ -88,6 +88,16 @@ class VectorPlan:
     """The pipeline's error policy (a stage's own ``errors=`` overrides it)."""
 
     @cached_property
+    def wants_context(self) -> tuple[bool, ...]:
+        """Whether any stage of each segment (its sink included) takes a context: if
+        none does, its tasks build none."""
+        return tuple(
+            any(wants_context(op.fn) for _, op in seg.ops)
+            or (seg.sink is not None and wants_context(seg.sink))
+            for seg in self.segments
+        )
+
+    @cached_property
     def edge_salts(self) -> tuple[int, ...]:
         """The salt of the shuffle edge leaving each segment."""
         seeds = np.array([self.salt ^ (i + 1) for i in range(len(self.segments))], np.uint64)
@@ -167,6 +177,12 @@ _MARKER_HIGH = np.uint64(int(marker_id(0)) >> 40)
 
 def _markers(src: np.ndarray) -> np.ndarray:
     return (src >> np.uint64(40)) == _MARKER_HIGH
+
+
+def _may_hold_markers(user: pa.RecordBatch) -> bool:
+    """False when a user column has no nulls (a marker row is null in every one): the
+    per-row test is then skipped (Arrow knows a column's null count)."""
+    return user.num_columns == 0 or user.column(0).null_count > 0
 
 
 @dataclass
@@ -269,8 +285,10 @@ def _run_with_replays(
     Rows still failing become residues with the number of attempts they used; rows to
     dead-letter now are not replayed. ``before``: attempts each row failed already (a
     claimed replay's), for stage contexts (None: fresh rows, 0)."""
-    prior = np.zeros(len(src), np.int32) if before is None else before
-    ctx = _context(plan, task, 0, src, prior + 1)
+    ctx = None
+    if plan.wants_context[0]:
+        prior = np.zeros(len(src), np.int32) if before is None else before
+        ctx = _context(plan, task, 0, src, prior + 1)
     chain = _run_chain(plan, 0, task, batch, src, ctx)
     attempts = 1
     while True:
@@ -285,7 +303,9 @@ def _run_with_replays(
             break
         rows = np.unique(chain.failed)
         task.immediate_replays += len(rows)
-        sub = _context(plan, task, 0, src[rows], prior[rows] + attempts + 1)
+        sub = None
+        if plan.wants_context[0]:
+            sub = _context(plan, task, 0, src[rows], prior[rows] + attempts + 1)
         retry = _run_chain(plan, 0, task, batch.take(pa.array(rows)), src[rows], sub)
         chain = _Chain(retry.out, rows[retry.failed], retry.texts, retry.dead)
         attempts += 1
@@ -359,11 +379,14 @@ def run_vector_task(
                 yield out
             continue
         has_ids = SRC_COL in batch.schema.names
-        src = _u64(batch.column(SRC_COL)) if has_ids else np.zeros(batch.num_rows, np.uint64)
         user = batch.select(names)
         if stage == 0:  # fresh rows (no id yet) and claimed replays (their persisted ids)
-            is_fresh = src == 0
-            n_fresh = int(is_fresh.sum())
+            if has_ids:
+                src = _u64(batch.column(SRC_COL))
+                is_fresh = src == 0
+                n_fresh = int(is_fresh.sum())
+            else:  # no replays were claimed: every row is fresh
+                n_fresh = batch.num_rows
             if n_fresh:
                 part = user if n_fresh == batch.num_rows else user.filter(pa.array(is_fresh))
                 ids = batch_source_ids(partition, task.fresh, n_fresh)
@@ -380,15 +403,16 @@ def run_vector_task(
                 yield from _run_with_replays(plan, task, user.filter(pa.array(keep)),
                                              src[keep], 0, before)  # fmt: skip
             continue
-        markers = _markers(src)
-        if markers.any():
+        src = _u64(batch.column(SRC_COL))
+        if _may_hold_markers(user) and (markers := _markers(src)).any():
             task.upstream.extend(split_local(src[markers])[1].tolist())
             keep = ~markers
             user, src = user.filter(pa.array(keep)), src[keep]
             if user.num_rows == 0:
                 continue
         task.fold -= fold_sum(edge_hashes(src, plan.edge_salts[stage - 1]))  # received
-        chain = _run_chain(plan, stage, task, user, src, _context(plan, task, stage, src, None))
+        ctx = _context(plan, task, stage, src, None) if plan.wants_context[stage] else None
+        chain = _run_chain(plan, stage, task, user, src, ctx)
         _residues(task, src, chain, 1)
         if chain.out is not None:
             yield chain.out
