@@ -21,7 +21,10 @@ local[2] Spark session, written as:
   batch-scope machinery; ``row_task_ft_on``: the same with ``ack_scope="task"`` (over
   ``df.rdd``, acking in Redis per task). Once each, not repeated.
 
-After a warm-up round, every round runs each ftlayer variant right beside an ``arrow`` run
+After ``--warmup`` rounds (3; not counted: Spark generates and the JVM compiles code per
+plan shape, and ``arrow``, run beside every variant, would otherwise reach its steady state
+sooner than the variants, whose plans carry the id column -- a streaming job runs one plan
+thousands of times), every round runs each ftlayer variant right beside an ``arrow`` run
 of its own (``arrow`` first in one round, second in the next: ABBA), then the other
 baselines once. ``records_per_s`` are medians over the rounds (``arrow``'s over all its
 runs); each ``ratio_*_vs_arrow`` is the median of the per-round ratios of a variant to the
@@ -31,7 +34,7 @@ it in ``ratio_of_medians``. Goals: ``ft_on`` >= 0.9x ``arrow``, ``ft_on_failing`
 >= 0.8x, ``ft_off`` >= 0.97x. ``--scale`` also reports how records/s of ``arrow`` and
 ``ft_on`` grow with N.
 
-    python -m benchmarks.pipeline_overhead [--records 1000000] [--repeat 9] [--json]
+    python -m benchmarks.pipeline_overhead [--records 1000000] [--repeat 9] [--warmup 3] [--json]
 """
 
 from __future__ import annotations
@@ -286,7 +289,8 @@ def _time(prepare: Callable[[], Callable[[], Any]]) -> float:
     return dt
 
 
-def run(records: int, repeat: int, url: str | None, scale: list[int], row: bool) -> dict:
+def run(records: int, repeat: int, url: str | None, scale: list[int], row: bool,
+        warmup: int = 3) -> dict:  # fmt: skip
     spark = _session()
     try:
         with redis_for_benchmark(url) as client:
@@ -303,17 +307,18 @@ def run(records: int, repeat: int, url: str | None, scale: list[int], row: bool)
             df = _input(spark, records)
             times: dict[str, list[float]] = {k: [] for k in variants}
             pairs: dict[str, list[float]] = {k: [] for k in FT_VARIANTS}
-            for rep in range(repeat + 1):  # round 0 warms the JVM and the workers
+            for rnd in range(warmup + repeat):  # the first rounds warm the JVM and workers
+                rep = rnd - warmup + 1  # counted from 1; 0 and below: warm-up
                 for i, name in enumerate(FT_VARIANTS):  # each beside its own arrow run
-                    pair = ("arrow", name) if (rep + i) % 2 == 0 else (name, "arrow")
+                    pair = ("arrow", name) if (rnd + i) % 2 == 0 else (name, "arrow")
                     dt = {k: _time(lambda k=k: variants[k](df, records)) for k in pair}
-                    if rep:
+                    if rep > 0:
                         times["arrow"].append(dt["arrow"])
                         times[name].append(dt[name])
                         pairs[name].append(dt["arrow"] / dt[name])
                 for name in ("dataframe", "pandas", "rdd"):
                     dt1 = _time(lambda name=name: variants[name](df, records))
-                    if rep:
+                    if rep > 0:
                         times[name].append(dt1)
             rate = {k: records / median(v) for k, v in times.items()}
             paired_ratio = {k: median(v) for k, v in pairs.items()}
@@ -343,6 +348,7 @@ def run(records: int, repeat: int, url: str | None, scale: list[int], row: bool)
     return {
         "records": records,
         "repeat": repeat,
+        "warmup": warmup,
         "records_per_s": {k: round(v) for k, v in rate.items()},
         "ratio_ft_on_vs_arrow": round(paired_ratio["ft_on"], 3),
         "ratio_ft_on_failing_vs_arrow": round(paired_ratio["ft_on_failing"], 3),
@@ -366,13 +372,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=9)
+    ap.add_argument("--warmup", type=int, default=3, help="uncounted rounds first")
     ap.add_argument("--redis-url", default=None)
     ap.add_argument("--scale", default="", help="comma-separated N, e.g. 100000,1000000,5000000")
     ap.add_argument("--no-row", action="store_true", help="skip the (slow) row API run")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     scale = [int(x) for x in args.scale.split(",") if x]
-    result = run(args.records, args.repeat, args.redis_url, scale, not args.no_row)
+    result = run(args.records, args.repeat, args.redis_url, scale, not args.no_row,
+                 args.warmup)  # fmt: skip
     save("pipeline_overhead", result)
     rates = result["records_per_s"]
 

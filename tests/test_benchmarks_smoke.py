@@ -44,9 +44,9 @@ def test_rotation_smoke(tmp_path: Path) -> None:
 
 def test_pipeline_overhead_smoke(tmp_path: Path) -> None:
     r = _bench(tmp_path, "benchmarks.pipeline_overhead", "--records", "2000", "--repeat", "1",
-               "--scale", "1000")  # fmt: skip
+               "--warmup", "1", "--scale", "1000")  # fmt: skip
     rates = r["records_per_s"]
-    assert r["records"] == 2000
+    assert r["records"] == 2000 and r["warmup"] == 1
     assert set(rates) == {"dataframe", "arrow", "pandas", "rdd", "ft_off", "ft_on",
                           "ft_on_failing", "ft_on_failing_late", "row_ft_on",
                           "row_task_ft_on"}  # fmt: skip
