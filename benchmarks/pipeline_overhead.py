@@ -17,6 +17,10 @@ local[2] Spark session, written as:
 * ``ft_on_failing_late``: the same failures in the second map stage, after the shuffle:
   every one takes the replay queue, and the drain runs one more Spark batch per replay
   round (reported beside the others; no goal);
+* ``arrow_idcol``: the ``arrow`` pipeline carrying one more int64 column (numpy-made, like
+  ftlayer's ids) through the shuffle, ignored by the second stage: what the ids-as-a-column
+  design costs by itself (``ft_on`` / ``arrow_idcol`` is ftlayer's own overhead beyond it;
+  paired beside ``arrow`` like the ftlayer variants, no goal);
 * ``row_ft_on``: ftlayer's row API (``map``/``sink``, per-record Python) with FT on, on the
   batch-scope machinery; ``row_task_ft_on``: the same with ``ack_scope="task"`` (over
   ``df.rdd``, acking in Redis per task). Once each, not repeated.
@@ -62,8 +66,10 @@ PARTITIONS = 4
 FAIL_RATE = 0.05
 S1 = "id long, key long, total double"
 S2 = "id long, key long, vat double"
+S1_IDCOL = "id long, key long, total double, __src long"
 GOALS = {"ft_on": 0.9, "ft_on_failing": 0.8, "ft_off": 0.97}
 FT_VARIANTS = ["ft_off", "ft_on", "ft_on_failing", "ft_on_failing_late"]
+PAIRED = [*FT_VARIANTS, "arrow_idcol"]  # each run beside an arrow run of its own
 
 
 # -- the work, shared by every variant that runs Python -----------------------------------
@@ -105,10 +111,20 @@ def _arrow_stage1(it: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield stage1(b)
 
 
+def _arrow_stage1_idcol(it: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    start = 0
+    for b in it:
+        ids = np.arange(start, start + b.num_rows, dtype=np.int64)
+        start += b.num_rows
+        out = stage1(b)
+        yield pa.RecordBatch.from_arrays([*out.columns, pa.array(ids)],
+                                         names=[*out.schema.names, "__src"])  # fmt: skip
+
+
 def _arrow_stage2_sink(it: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     n, total = 0, 0.0
     for b in it:
-        out = stage2(b)
+        out = stage2(b.select(["id", "key", "total"]) if b.num_columns > 3 else b)
         total += consume(out)
         n += out.num_rows
     yield pa.RecordBatch.from_pylist([{"n": n, "total": total}])
@@ -142,6 +158,12 @@ def run_dataframe(df: Any, n: int) -> None:
 
 def run_arrow(df: Any, n: int) -> None:
     out = (df.mapInArrow(_arrow_stage1, S1).repartition(PARTITIONS, "key")
+             .mapInArrow(_arrow_stage2_sink, "n long, total double").collect())  # fmt: skip
+    assert sum(r[0] for r in out) == n
+
+
+def run_arrow_idcol(df: Any, n: int) -> None:
+    out = (df.mapInArrow(_arrow_stage1_idcol, S1_IDCOL).repartition(PARTITIONS, "key")
              .mapInArrow(_arrow_stage2_sink, "n long, total double").collect())  # fmt: skip
     assert sum(r[0] for r in out) == n
 
@@ -299,6 +321,7 @@ def run(records: int, repeat: int, url: str | None, scale: list[int], row: bool,
             variants: dict[str, Callable[[Any, int], Callable[[], Any]]] = {
                 "dataframe": partial(partial, run_dataframe), "arrow": partial(partial, run_arrow),
                 "pandas": partial(partial, run_pandas), "rdd": partial(partial, run_rdd),
+                "arrow_idcol": partial(partial, run_arrow_idcol),
                 "ft_off": lambda df, n: ft(df, n, "off"),
                 "ft_on": lambda df, n: ft(df, n, "on"),
                 "ft_on_failing": lambda df, n: ft(df, n, "on", FAIL_RATE),
@@ -306,10 +329,10 @@ def run(records: int, repeat: int, url: str | None, scale: list[int], row: bool,
             }  # fmt: skip
             df = _input(spark, records)
             times: dict[str, list[float]] = {k: [] for k in variants}
-            pairs: dict[str, list[float]] = {k: [] for k in FT_VARIANTS}
+            pairs: dict[str, list[float]] = {k: [] for k in PAIRED}
             for rnd in range(warmup + repeat):  # the first rounds warm the JVM and workers
                 rep = rnd - warmup + 1  # counted from 1; 0 and below: warm-up
-                for i, name in enumerate(FT_VARIANTS):  # each beside its own arrow run
+                for i, name in enumerate(PAIRED):  # each beside its own arrow run
                     pair = ("arrow", name) if (rnd + i) % 2 == 0 else (name, "arrow")
                     dt = {k: _time(lambda k=k: variants[k](df, records)) for k in pair}
                     if rep > 0:
@@ -354,6 +377,7 @@ def run(records: int, repeat: int, url: str | None, scale: list[int], row: bool,
         "ratio_ft_on_failing_vs_arrow": round(paired_ratio["ft_on_failing"], 3),
         "ratio_ft_off_vs_arrow": round(paired_ratio["ft_off"], 3),
         "ratio_ft_on_failing_late_vs_arrow": round(paired_ratio["ft_on_failing_late"], 3),
+        "ratio_arrow_idcol_vs_arrow": round(paired_ratio["arrow_idcol"], 3),
         "ratio_of_medians": {k: round(rate[k] / arrow, 3) for k in paired_ratio},
         "ratio_row_ft_on_vs_rdd": round(rate["row_ft_on"] / rate["rdd"], 3) if row else None,
         "ratio_quartiles": spread,
@@ -406,6 +430,10 @@ def main() -> None:
     print(f"  ft_on_failing_late / arrow = {result['ratio_ft_on_failing_late_vs_arrow']:.3f} "
           f"(quartiles {q1:.3f}-{q3:.3f})   no goal: failures after the shuffle replay from "
           "the queue, one Spark batch per replay round")  # fmt: skip
+    q1, q3 = result["ratio_quartiles"]["arrow_idcol"]
+    print(f"  arrow_idcol / arrow = {result['ratio_arrow_idcol_vs_arrow']:.3f} "
+          f"(quartiles {q1:.3f}-{q3:.3f})   no goal: one more int64 column through the "
+          "shuffle, what carrying ids as a column costs by itself")  # fmt: skip
     if result["ratio_row_ft_on_vs_rdd"] is not None:
         print(f"  row_ft_on / rdd = {result['ratio_row_ft_on_vs_rdd']:.3f}   the row API with "
               "FT on against plain row-at-a-time RDD Python (no goal)")  # fmt: skip
