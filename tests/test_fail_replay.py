@@ -168,3 +168,34 @@ def test_each_record_carries_its_own_replay_budget(redis_client) -> None:
     [claimed] = strict.claim_replays(0, 5)
     assert claimed.frame.max_replays == 5
     strict.clear()
+
+
+def test_a_dead_letter_before_a_replay_in_one_bucket_does_not_move_the_replay(
+    layer: FTLayer,
+) -> None:
+    """A segment's residues get ids in shared buckets, in row order; one dead-lettered at
+    settlement never takes its slot. Catches: the bucket's entries written without the
+    empty slots before a replay's (found by a keyed pipeline: a row with a bad key, then
+    a failed row, in one segment), so the replay's entry sits in another slot, its claim
+    finds nothing there ("vanished") and the record stays pending for ever."""
+    import numpy as np
+    import pyarrow as pa
+
+    from ftlayer.limits import DEAD_NOW
+    from ftlayer.segments import frames_of_rows
+
+    store, cfg = layer.segments, layer.config
+    shard = store.shard_of_partition(0)
+    token = store.new_token(shard)
+    member = store.member(0, "b1", 0, token)
+    table = pa.table({"id": [1, 2, 3, 4]})
+    store.put(0, member, b"segment", token, b"", 7, store.batch_prefix(0, "b1"))
+    frames = frames_of_rows(table, np.arange(4), shard=shard, source=0, partition=0,
+                            max_replays=3, max_payload=cfg.max_record_bytes)  # fmt: skip
+    fails = [(frames[0], "bad key", 1 | DEAD_NOW), (frames[1], "bad key", 1 | DEAD_NOW),
+             (frames[2], "failed once", 1), (frames[3], "failed once", 1)]  # fmt: skip
+    reply = store.settle(shard, [(member, 4, fails, [], 0)], [], salt=7)
+    assert reply[:4] == [1, 0, 2, 2], reply
+    claimed = layer.claim_replays(0, 10)
+    assert sorted(c.frame.decode()["id"] for c in claimed) == [3, 4]
+    assert layer.stats().replays_claimed == 2

@@ -240,8 +240,10 @@ local function commit()
         if v == nil then
           if not run then run = slot end
         else
-          if run then
-            parts[#parts + 1] = string.sub(b.raw, run * ENTRY_BYTES + 1, slot * ENTRY_BYTES)
+          if run then  -- unchanged slots as they were; past the old end, empty ones
+            local kept = string.sub(b.raw, run * ENTRY_BYTES + 1, slot * ENTRY_BYTES)
+            parts[#parts + 1] = kept
+            for _ = #kept / ENTRY_BYTES + 1, slot - run do parts[#parts + 1] = NO_ENTRY end
             run = nil
           end
           parts[#parts + 1] = v or NO_ENTRY
