@@ -17,6 +17,9 @@ local[2] Spark session, written as:
 * ``ft_on_failing_late``: the same failures in the second map stage, after the shuffle:
   every one takes the replay queue, and the drain runs one more Spark batch per replay
   round (reported beside the others; no goal);
+* ``ft_on_keyed`` / ``ft_on_keyed_failing``: ``ft_on`` / ``ft_on_failing`` with
+  ``record_key="id"`` (the records' own id column identifies them: ftlayer adds none;
+  paired like the others);
 * ``arrow_idcol``: the ``arrow`` pipeline carrying one more int64 column (numpy-made, like
   ftlayer's ids) through the shuffle, ignored by the second stage: what the ids-as-a-column
   design costs by itself (``ft_on`` / ``arrow_idcol`` is ftlayer's own overhead beyond it;
@@ -69,7 +72,8 @@ S2 = "id long, key long, vat double"
 S1_IDCOL = "id long, key long, total double, __src long"
 GOALS = {"ft_on": 0.9, "ft_on_failing": 0.8, "ft_off": 0.97}
 FT_VARIANTS = ["ft_off", "ft_on", "ft_on_failing", "ft_on_failing_late"]
-PAIRED = [*FT_VARIANTS, "arrow_idcol"]  # each run beside an arrow run of its own
+KEYED = ["ft_on_keyed", "ft_on_keyed_failing"]
+PAIRED = [*FT_VARIANTS, *KEYED, "arrow_idcol"]  # each run beside an arrow run of its own
 
 
 # -- the work, shared by every variant that runs Python -----------------------------------
@@ -190,10 +194,10 @@ def run_rdd(df: Any, n: int) -> None:
     assert sum(out) == n
 
 
-def _vector_pipeline(ft: FaultTolerance, rate: float, late: bool) -> Any:
+def _vector_pipeline(ft: FaultTolerance, rate: float, late: bool, key: str | None = None) -> Any:
     first: Callable[[pa.RecordBatch], Any] = Failing(stage1, rate) if rate and not late else stage1
     second: Callable[[pa.RecordBatch], Any] = Failing(stage2, rate) if rate and late else stage2
-    return (ft.pipeline(source=0).map_batches(first, S1)
+    return (ft.pipeline(source=0, record_key=key).map_batches(first, S1)
               .partition_by(["key"], PARTITIONS).map_batches(second, S2)
               .sink_batches(_sink))  # fmt: skip
 
@@ -223,21 +227,21 @@ class FTRunner:
     def __init__(self, redis_url: str) -> None:
         self.redis_url = redis_url
         self.calls: list[tuple[int, int]] = []  # (redis calls of the batch, records)
-        self._made: dict[tuple[str, float, str, bool], tuple[FaultTolerance, Any]] = {}
+        self._made: dict[tuple[Any, ...], tuple[FaultTolerance, Any]] = {}
         self._batch = 0
 
     def __call__(self, df: Any, n: int, status: str, rate: float = 0.0, row: str = "",
-                 late: bool = False) -> Callable[[], None]:  # fmt: skip
+                 late: bool = False, key: str | None = None) -> Callable[[], Any]:  # fmt: skip
         """``row``: "" (vectorized stages), or the ``ack_scope`` of a row-API run. Returns
         the run (to be timed); raises if its outcome is wrong."""
-        key = (status, rate, row, late)
-        if key not in self._made:
+        made_key = (status, rate, row, late, key)
+        if made_key not in self._made:
             cfg = FTConfig(namespace=f"po-{uuid.uuid4().hex[:6]}", status=status,  # type: ignore[arg-type]
                            redis_url=self.redis_url, max_replays=10, timeout_s=60)  # fmt: skip
             ft = FaultTolerance(cfg, replay_limit=1_000_000)
-            pipe = _row_pipeline(ft, row) if row else _vector_pipeline(ft, rate, late)
-            self._made[key] = ft, pipe
-        ft, pipeline = self._made[key]
+            pipe = _row_pipeline(ft, row) if row else _vector_pipeline(ft, rate, late, key)
+            self._made[made_key] = ft, pipe
+        ft, pipeline = self._made[made_key]
         layer = ft.layer
         self._batch += 1
         before = layer.stats() if layer is not None else None
@@ -246,7 +250,7 @@ class FTRunner:
             result = ft.run_batch(pipeline, df, self._batch)
             # FT off has no task summaries upstream of the sink: count what was written
             assert (result.written if status == "off" else result.fresh) == n, result
-            if status == "on" and not rate and not row:
+            if status == "on" and not rate and not row and not key:
                 self.calls.append((result.redis_calls, n))
             if layer is not None:
                 report = ft.drain(timeout_s=600, pipeline=pipeline)
@@ -326,6 +330,8 @@ def run(records: int, repeat: int, url: str | None, scale: list[int], row: bool,
                 "ft_on": lambda df, n: ft(df, n, "on"),
                 "ft_on_failing": lambda df, n: ft(df, n, "on", FAIL_RATE),
                 "ft_on_failing_late": lambda df, n: ft(df, n, "on", FAIL_RATE, late=True),
+                "ft_on_keyed": lambda df, n: ft(df, n, "on", key="id"),
+                "ft_on_keyed_failing": lambda df, n: ft(df, n, "on", FAIL_RATE, key="id"),
             }  # fmt: skip
             df = _input(spark, records)
             times: dict[str, list[float]] = {k: [] for k in variants}
@@ -378,6 +384,8 @@ def run(records: int, repeat: int, url: str | None, scale: list[int], row: bool,
         "ratio_ft_off_vs_arrow": round(paired_ratio["ft_off"], 3),
         "ratio_ft_on_failing_late_vs_arrow": round(paired_ratio["ft_on_failing_late"], 3),
         "ratio_arrow_idcol_vs_arrow": round(paired_ratio["arrow_idcol"], 3),
+        "ratio_ft_on_keyed_vs_arrow": round(paired_ratio["ft_on_keyed"], 3),
+        "ratio_ft_on_keyed_failing_vs_arrow": round(paired_ratio["ft_on_keyed_failing"], 3),
         "ratio_of_medians": {k: round(rate[k] / arrow, 3) for k in paired_ratio},
         "ratio_row_ft_on_vs_rdd": round(rate["row_ft_on"] / rate["rdd"], 3) if row else None,
         "ratio_quartiles": spread,
@@ -430,6 +438,12 @@ def main() -> None:
     print(f"  ft_on_failing_late / arrow = {result['ratio_ft_on_failing_late_vs_arrow']:.3f} "
           f"(quartiles {q1:.3f}-{q3:.3f})   no goal: failures after the shuffle replay from "
           "the queue, one Spark batch per replay round")  # fmt: skip
+    for k in KEYED:
+        q1, q3 = result["ratio_quartiles"][k]
+        goal = GOALS["ft_on_failing" if "failing" in k else "ft_on"]
+        print(f"  {k} / arrow = {result[f'ratio_{k}_vs_arrow']:.3f} (quartiles {q1:.3f}-"
+              f"{q3:.3f})   with record_key='id': no id column (goal of its unkeyed twin "
+              f">= {goal}: {'met' if result[f'ratio_{k}_vs_arrow'] >= goal else 'NOT met'})")
     q1, q3 = result["ratio_quartiles"]["arrow_idcol"]
     print(f"  arrow_idcol / arrow = {result['ratio_arrow_idcol_vs_arrow']:.3f} "
           f"(quartiles {q1:.3f}-{q3:.3f})   no goal: one more int64 column through the "

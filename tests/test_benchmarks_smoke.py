@@ -49,11 +49,13 @@ def test_pipeline_overhead_smoke(tmp_path: Path) -> None:
     assert r["records"] == 2000 and r["warmup"] == 1
     assert set(rates) == {"dataframe", "arrow", "pandas", "rdd", "ft_off", "ft_on",
                           "ft_on_failing", "ft_on_failing_late", "row_ft_on",
-                          "row_task_ft_on", "arrow_idcol"}  # fmt: skip
+                          "row_task_ft_on", "arrow_idcol", "ft_on_keyed",
+                          "ft_on_keyed_failing"}  # fmt: skip
     assert all(v > 0 for v in rates.values())
     assert r["ratio_row_ft_on_vs_rdd"] > 0
     for k in ("ratio_ft_on_vs_arrow", "ratio_ft_on_failing_vs_arrow", "ratio_ft_off_vs_arrow",
-              "ratio_ft_on_failing_late_vs_arrow", "ratio_arrow_idcol_vs_arrow"):  # fmt: skip
+              "ratio_ft_on_failing_late_vs_arrow", "ratio_arrow_idcol_vs_arrow",
+              "ratio_ft_on_keyed_vs_arrow", "ratio_ft_on_keyed_failing_vs_arrow"):  # fmt: skip
         assert r[k] > 0, k
     assert r["redis_calls_per_batch"] > 0 and 0 < r["redis_calls_per_record"] < 1
     assert set(r["scaling_records_per_s"]["1000"]) == {"arrow", "ft_on"}

@@ -40,7 +40,7 @@ import redis
 from ftlayer.acker import ShardBatch
 from ftlayer.connection import is_cluster
 from ftlayer.errors import ConfigError
-from ftlayer.ids import RecordId, is_local, new_ids, shard_of, split_local
+from ftlayer.ids import RecordId, batch_source_ids, is_local, new_ids, shard_of, split_local
 from ftlayer.limits import DEAD_NOW
 from ftlayer.payloads import arrow_codecs, decode_record
 from ftlayer.segments import frames_of_rows
@@ -100,6 +100,7 @@ def plan_batch(
     on_error: str,
     immediate_replays: int | None = None,
     errors: ErrorPolicy = DEFAULT_POLICY,
+    record_key: str | None = None,
 ) -> VectorPlan:
     """The plan of one run of a vectorized batch (a fresh salt per run)."""
     inputs = [arrow_schema(input_schema, spark)]
@@ -118,11 +119,19 @@ def plan_batch(
                     f"{exit_schema.names}"
                 )
             inputs.append(exit_schema)
+    if record_key is not None:
+        for schema in [*inputs, *(s for seg in outputs for s in seg)]:
+            i = schema.get_field_index(record_key)
+            if i < 0 or schema.field(i).type != pa.int64():
+                raise ConfigError(
+                    f"record_key {record_key!r} must be an int64 (long) column of the input "
+                    f"and of every stage's output; not in {schema}"
+                )
     salt = int(new_ids(1)[0] & np.uint64(0x7FFF_FFFF_FFFF_FFFF))
     budget = config.max_replays if immediate_replays is None else immediate_replays
     return VectorPlan(config, source, batch_key, salt, segments, on_error,
                       min(budget, config.max_replays), tuple(inputs), tuple(outputs),
-                      errors)  # fmt: skip
+                      errors, record_key)  # fmt: skip
 
 
 class Failure(NamedTuple):
@@ -140,6 +149,10 @@ class _Summary:
     def key(self) -> tuple[int, int]:
         return self.raw["stage"], self.raw["partition"]
 
+    @property
+    def stage(self) -> int:
+        return int(self.raw["stage"])
+
     def ids(self, name: str) -> np.ndarray:
         return np.frombuffer(self.raw[name], dtype=">u8").astype(np.uint64)
 
@@ -152,6 +165,8 @@ class VectorRun:
     layer: FTLayer | None
     result: BatchResult
     injected: dict[int, int] = field(default_factory=dict)  # replay src -> its current id
+    replay_keys: dict[int, list[int]] = field(default_factory=dict)  # record key -> srcs
+    blobs: dict[str, bytes | None] = field(default_factory=dict)  # segments read, by member
     calls: int = 0
 
     # -- building the DataFrame ------------------------------------------------------------
@@ -186,7 +201,7 @@ class VectorRun:
         if i == len(plan.segments) - 1:
             return spark_schema(pa.schema([pa.field(SUMMARY_COL, pa.binary())]))
         fields = list(plan.inputs[i + 1])
-        if plan.config.enabled:
+        if plan.config.enabled and not plan.record_key:
             fields += ID_FIELDS
         return spark_schema(pa.schema(fields))
 
@@ -239,6 +254,11 @@ class VectorRun:
         if not rows:
             return None
         self.injected = dict(zip(srcs, curs, strict=True))
+        if self.plan.record_key:  # a replay failing past a shuffle is reported by its key
+            for src, record in zip(srcs, rows, strict=True):
+                k = record.get(self.plan.record_key)
+                if isinstance(k, int) and k >= 0:
+                    self.replay_keys.setdefault(k, []).append(src)
         table = table.append_column(SRC_COL, pa.array(np.array(srcs, np.uint64).view(np.int64)))
         table = table.append_column(ATT_COL, pa.array(atts, pa.int32()))
         log.info("replays claimed batch_id=%s source=%d claimed=%d undecodable=%d",
@@ -290,7 +310,12 @@ class VectorRun:
                 "batch fold is not 0 batch_id=%s fold=%016x consistent=%s: keeping every "
                 "record of the batch pending (they replay)", self.result.batch_id, fold, ok,
             )  # fmt: skip
-        failed, unconfirmed = self._residues(summaries)
+        keyed = bool(self.plan.record_key)
+        failed, unconfirmed = self._residues([s for s in summaries if not keyed or s.stage == 0])
+        if keyed:  # past a shuffle, residues are record keys
+            by_key = self._residues([s for s in summaries if s.stage > 0])
+            if not self._keys_to_ids(summaries, *by_key, failed, unconfirmed):
+                self.result.fold_ok = False  # a key naming no row: keep every record pending
         if self.result.fold_ok:  # source records this batch completed
             done = self.result.fresh + self.result.replayed - len(failed) - len(unconfirmed)
             self.result.acked = max(done, 0)
@@ -344,6 +369,55 @@ class VectorRun:
                 if len(r.errors) < MAX_MESSAGES:
                     r.errors.append(text)
 
+    def _keys_to_ids(
+        self,
+        summaries: list[_Summary],
+        keys_failed: dict[int, Failure],
+        keys_unc: set[int],
+        failed: dict[int, Failure],
+        unconfirmed: set[int],
+    ) -> bool:
+        """Add to ``failed`` / ``unconfirmed`` the source ids of the rows carrying each
+        failed / unconfirmed record key: claimed replays, and fresh rows of this run's
+        segments (read once, kept for the settlement). False when a key names no row (the
+        stage contract was broken: nothing may be assumed complete)."""
+        if not keys_failed and not keys_unc:
+            return True
+        wanted = np.fromiter(keys_failed.keys() | keys_unc, np.uint64)
+        found: dict[int, list[int]] = {k: list(self.replay_keys[k]) for k in wanted.tolist()
+                                       if k in self.replay_keys}  # fmt: skip
+        assert self.layer is not None and self.plan.record_key
+        store = self.layer.segments
+        for s in summaries:
+            member = s.raw["segment"]
+            if not member:
+                continue
+            if member not in self.blobs:
+                self.blobs[member] = store.get(s.raw["partition"], member)
+                self.calls += 1
+            blob = self.blobs[member]
+            if blob is None:  # timed out by the sidecar: all of its rows replay anyway
+                continue
+            col = pa.ipc.open_stream(blob).read_all().column(self.plan.record_key)
+            keys = np.asarray(col.fill_null(-1).to_numpy()).view(np.uint64)
+            rows = np.flatnonzero(np.isin(keys, wanted))
+            ids = batch_source_ids(s.raw["partition"], 0, s.raw["segment_rows"])[rows]
+            for k, src in zip(keys[rows].tolist(), ids.tolist(), strict=True):
+                found.setdefault(k, []).append(src)
+        missing = [k for k in wanted.tolist() if k not in found]
+        if missing:
+            log.error("record keys name no row batch_id=%s keys=%s: keeping the batch's "
+                      "records pending", self.result.batch_id, missing[:5])  # fmt: skip
+            return False
+        for k, srcs in found.items():
+            for src in srcs:
+                if k in keys_failed:
+                    failed.setdefault(src, keys_failed[k])
+                else:
+                    unconfirmed.add(src)
+        unconfirmed -= failed.keys()
+        return True
+
     def _residues(self, summaries: list[_Summary]) -> tuple[dict[int, Failure], set[int]]:
         """Failed source ids with their first error and attempts used; unconfirmed ones
         (failed wins)."""
@@ -385,8 +459,10 @@ class VectorRun:
             fail_frames: list[tuple[bytes, str, int]] = []
             pend_frames: list[tuple[bytes, bytes]] = []
             if fails or pends or keep_all:
-                blob = store.get(partition, member)
-                self.calls += 1
+                if member not in self.blobs:
+                    self.blobs[member] = store.get(partition, member)
+                    self.calls += 1
+                blob = self.blobs[member]
                 if blob is None:  # the sidecar timed it out: all of its rows replay
                     continue
                 table = pa.ipc.open_stream(blob).read_all()

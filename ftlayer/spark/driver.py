@@ -164,10 +164,12 @@ class FaultTolerance:
         ack_scope: AckScope = "batch",
         errors: ErrorPolicy | None = None,
         on_dead_letter: Callable[[DeadLetter], None] | None = None,
+        record_key: str | None = None,
     ) -> Pipeline:
         """A new pipeline reading source ``source``; see :class:`Pipeline` (``errors``:
         ftlayer.spark.policy.ErrorPolicy for its stages; ``on_dead_letter``: called on
-        the driver with each record of this source that is dead-lettered)."""
+        the driver with each record of this source that is dead-lettered; ``record_key``:
+        an int64 id column the stages keep, carried instead of ftlayer's own id column)."""
         if on_error not in ("fail_record", "fail_batch"):
             raise ConfigError(f"on_error must be 'fail_record' or 'fail_batch', not {on_error!r}")
         if ack_scope not in ("batch", "task"):
@@ -181,8 +183,10 @@ class FaultTolerance:
             raise ConfigError("partitions= needs key columns and must be >= 1")
         if on_dead_letter is not None and not callable(on_dead_letter):
             raise ConfigError("on_dead_letter takes a function of one DeadLetter")
+        if record_key is not None and (ack_scope != "batch" or not isinstance(record_key, str)):
+            raise ConfigError("record_key names one column, on the default ack_scope='batch'")
         return Pipeline(self, source, key, partitions, on_error, immediate_replays, ack_scope,
-                        errors or DEFAULT_POLICY, on_dead_letter)  # fmt: skip
+                        errors or DEFAULT_POLICY, on_dead_letter, record_key)  # fmt: skip
 
     # -- one batch ----------------------------------------------------------------------
     def run_batch(self, pipeline: Pipeline, df: DataFrame, batch_id: Any) -> BatchResult:
@@ -236,6 +240,8 @@ class FaultTolerance:
         spark = df.sparkSession
         self._last = (pipeline, spark, df.schema)
         segments = pipeline.segments
+        if pipeline.record_key is not None and not pipeline.vectorized:
+            raise ConfigError("record_key takes batch stages (map_batches, map_pandas)")
         if not pipeline.vectorized:
             segments = compile_rows(segments, df.schema, pipeline.on_error,
                                     lambda ddl: arrow_schema(ddl, spark),
@@ -247,6 +253,7 @@ class FaultTolerance:
             source=pipeline.source,
             batch_key=str(batch_id), on_error=pipeline.on_error,
             immediate_replays=pipeline.immediate_replays, errors=pipeline.errors,
+            record_key=pipeline.record_key,
         )  # fmt: skip
         run = VectorRun(plan, self.layer, result)
         out = run.dataframe(df, pipeline.key, pipeline.partitions, self.replay_limit)

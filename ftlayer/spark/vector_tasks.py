@@ -50,7 +50,7 @@ from ftlayer.ids import (
     split_local,
 )
 from ftlayer.limits import DEAD_NOW
-from ftlayer.spark.outcome import run_stage
+from ftlayer.spark.outcome import StageContractError, run_stage
 from ftlayer.spark.plan import MAX_MESSAGES, Segment, stage_name
 from ftlayer.spark.policy import DEFAULT_POLICY, BatchContext, ErrorPolicy, wants_context
 from ftlayer.spark.worker import task_context, worker_layer
@@ -86,6 +86,9 @@ class VectorPlan:
     """Output schema of each batch stage of each segment."""
     errors: ErrorPolicy = DEFAULT_POLICY
     """The pipeline's error policy (a stage's own ``errors=`` overrides it)."""
+    record_key: str | None = None
+    """The pipeline's record key column (Pipeline.record_key): folded and reported after
+    a shuffle instead of ``__ft_src``, which then is not added."""
 
     @cached_property
     def wants_context(self) -> tuple[bool, ...]:
@@ -106,7 +109,8 @@ class VectorPlan:
     @cached_property
     def id_schemas(self) -> tuple[pa.Schema, ...]:
         """The schema of the rows leaving each segment through a shuffle, ids included."""
-        return tuple(pa.schema([*s, *ID_FIELDS]) for s in (*self.inputs[1:], pa.schema([])))
+        ids = [] if self.record_key else ID_FIELDS
+        return tuple(pa.schema([*s, *ids]) for s in (*self.inputs[1:], pa.schema([])))
 
 
 def stage_label(segment: int, op: int, fn: Any, sink: bool = False) -> str:
@@ -179,10 +183,40 @@ def _markers(src: np.ndarray) -> np.ndarray:
     return (src >> np.uint64(40)) == _MARKER_HIGH
 
 
-def _may_hold_markers(user: pa.RecordBatch) -> bool:
-    """False when a user column has no nulls (a marker row is null in every one): the
-    per-row test is then skipped (Arrow knows a column's null count)."""
-    return user.num_columns == 0 or user.column(0).null_count > 0
+def _may_hold_markers(user: pa.RecordBatch, key: str | None) -> bool:
+    """False when a user column other than the record key (which carries the marker's id)
+    has no nulls (a marker row is null in every one): the per-row test is then skipped
+    (Arrow knows a column's null count)."""
+    for i, name in enumerate(user.schema.names):
+        if name != key:
+            return user.column(i).null_count > 0
+    return True
+
+
+def _valid_keys(
+    plan: VectorPlan,
+    task: _Task,
+    batch: pa.RecordBatch,
+    src: np.ndarray,
+    before: np.ndarray | None,
+) -> tuple[pa.RecordBatch, np.ndarray, np.ndarray | None]:
+    """With a record key: the rows whose key is null or negative are dead-lettered now
+    (a negative key would read as a marker past the shuffle), each with an error naming
+    it; the rest go on. Without one: everything goes on."""
+    if not plan.record_key:
+        return batch, src, before
+    col = batch.column(plan.record_key)
+    bad = np.asarray(col.fill_null(-1).to_numpy(zero_copy_only=False)) < 0
+    if not bad.any():
+        return batch, src, before
+    rows = np.flatnonzero(bad)
+    texts = [f"record_key {plan.record_key!r} is {col[int(i)].as_py()}: a record key must be "
+             "a non-negative integer" for i in rows]  # fmt: skip
+    _note_failures(task, texts[:1])
+    _residue(task, src[rows], texts, 1 | DEAD_NOW)
+    good = ~bad
+    return (batch.filter(pa.array(good)), src[good],
+            None if before is None else before[good])  # fmt: skip
 
 
 @dataclass
@@ -199,6 +233,7 @@ class _Chain:
 
 _NO_ROWS = np.zeros(0, np.int64)
 _NO_DEAD = np.zeros(0, bool)
+_NO_KEYS = np.zeros(0, np.uint64)
 
 
 def _run_chain(
@@ -215,6 +250,8 @@ def _run_chain(
     seg = plan.segments[stage]
     bisect = plan.on_error != "fail_batch"
     origin: np.ndarray | None = None  # None: row i derives from input row i
+    keyed = plan.record_key is not None and src is not None and seg.sink is None
+    in_keys = _u64(batch.column(plan.record_key)) if keyed else _NO_KEYS
     failed: list[np.ndarray] = []
     dead: list[np.ndarray] = []
     texts: list[str] = []
@@ -254,6 +291,18 @@ def _run_chain(
         batch = res.output
     if seg.sink is None:
         if src is None:
+            return done(batch)
+        if plan.record_key:  # the key column is the rows' identity past the shuffle
+            keys = _u64(batch.column(plan.record_key))
+            expect = in_keys if origin is None else in_keys[origin]
+            if not np.array_equal(keys, expect):
+                row = int(np.flatnonzero(keys != expect)[0])
+                raise StageContractError(
+                    f"segment {stage} changed record_key {plan.record_key!r} of a row: "
+                    f"{expect[row].view(np.int64)} became {keys[row].view(np.int64)} "
+                    "(record_key stages must pass the key through unchanged)"
+                )
+            task.fold += fold_sum(edge_hashes(keys, plan.edge_salts[stage]))  # sent
             return done(batch)
         out = src if origin is None else src[origin]
         task.fold += fold_sum(edge_hashes(out, plan.edge_salts[stage]))  # sent
@@ -391,7 +440,8 @@ def run_vector_task(
                 part = user if n_fresh == batch.num_rows else user.filter(pa.array(is_fresh))
                 ids = batch_source_ids(partition, task.fresh, n_fresh)
                 task.fresh += n_fresh
-                fresh.append(part)
+                fresh.append(part)  # the segment holds every fresh row, bad keys too
+                part, ids, _ = _valid_keys(plan, task, part, ids, None)
                 yield from _run_with_replays(plan, task, part, ids, plan.immediate_replays)
             if n_fresh < batch.num_rows:  # claimed replays: their budget is in Redis
                 keep = ~is_fresh
@@ -400,11 +450,12 @@ def run_vector_task(
                 if ATT_COL in batch.schema.names:
                     att = batch.column(ATT_COL).fill_null(0).to_numpy(zero_copy_only=False)
                     before = np.asarray(att, np.int32)[keep]
-                yield from _run_with_replays(plan, task, user.filter(pa.array(keep)),
-                                             src[keep], 0, before)  # fmt: skip
+                part, ids, before = _valid_keys(plan, task, user.filter(pa.array(keep)),
+                                                src[keep], before)  # fmt: skip
+                yield from _run_with_replays(plan, task, part, ids, 0, before)
             continue
-        src = _u64(batch.column(SRC_COL))
-        if _may_hold_markers(user) and (markers := _markers(src)).any():
+        src = _u64(batch.column(plan.record_key or SRC_COL))
+        if _may_hold_markers(user, plan.record_key) and (markers := _markers(src)).any():
             task.upstream.extend(split_local(src[markers])[1].tolist())
             keep = ~markers
             user, src = user.filter(pa.array(keep)), src[keep]
@@ -452,10 +503,13 @@ def _finish(
             return
         store.put_summary(token, summary, plan.salt,
                           store.batch_prefix(plan.source, plan.batch_key))  # fmt: skip
-    schema = pa.schema([*plan.inputs[stage + 1], *ID_FIELDS])
-    arrays = [pa.nulls(1, f.type) for f in plan.inputs[stage + 1]]
-    arrays.append(pa.array(np.array([marker_id(token)], np.uint64).view(np.int64)))
-    yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+    marker = pa.array(np.array([marker_id(token)], np.uint64).view(np.int64))
+    fields = plan.inputs[stage + 1]
+    if plan.record_key:  # the marker's id in the key column, null elsewhere
+        arrays = [marker if f.name == plan.record_key else pa.nulls(1, f.type) for f in fields]
+    else:
+        arrays = [*(pa.nulls(1, f.type) for f in fields), marker]
+    yield pa.RecordBatch.from_arrays(arrays, schema=plan.id_schemas[stage])
 
 
 def _segment_bytes(batches: list[pa.RecordBatch], codec: str) -> memoryview:

@@ -116,6 +116,7 @@ def main() -> None:
     from pyspark.sql import functions as F  # noqa: N812
 
     url, ns = sys.argv[1], sys.argv[2]
+    record_key = "id" if sys.argv[3:] == ["keyed"] else None  # no __ft_src column
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     # local[2,4]: Spark retries a failed task up to 4 times (local[2] fails the job)
     spark = (SparkSession.builder.remote("local[2,4]")
@@ -123,7 +124,7 @@ def main() -> None:
     out: dict[str, Any] = {"connect": type(spark).__module__}
     ft = FaultTolerance(FTConfig(namespace=ns, redis_url=url, timeout_s=2, max_replays=3))
     # immediate_replays=0: failures take the replay queue (claimed replays under Connect)
-    pipeline = (ft.pipeline(source=0, immediate_replays=0)
+    pipeline = (ft.pipeline(source=0, immediate_replays=0, record_key=record_key)
                 .map_batches(FailOnce(url, f"{ns}:seen"), "id long, key long")
                 .partition_by(["key"], 4)
                 .map_batches(RaiseOnce(url, f"{ns}:raised"), "id long, key long")

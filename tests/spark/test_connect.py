@@ -21,17 +21,19 @@ import pytest
 from ftlayer.connection import connect
 
 
-@pytest.mark.parametrize("backend", ["single", "cluster"])
+@pytest.mark.parametrize("backend", ["single", "cluster", "keyed"])
 def test_every_failure_kind_under_spark_connect(
     backend: str, request: pytest.FixtureRequest
 ) -> None:
     """On one Redis and on the 3-master cluster (keys of one script call in one slot, the
-    settle and claim calls per shard)."""
-    url = request.getfixturevalue("redis_server" if backend == "single" else "redis_cluster").url
+    settle and claim calls per shard), and (keyed) with ``record_key="id"``: failures past
+    the shuffle found by their key."""
+    fixture = "redis_cluster" if backend == "cluster" else "redis_server"
+    url = request.getfixturevalue(fixture).url
     ns = f"connect{uuid.uuid4().hex[:8]}"
     job = Path(__file__).with_name("connect_job.py")
     proc = subprocess.run(
-        [sys.executable, str(job), url, ns],
+        [sys.executable, str(job), url, ns, *(["keyed"] if backend == "keyed" else [])],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]

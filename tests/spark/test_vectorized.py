@@ -29,6 +29,7 @@ from pyspark import TaskContext, cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812
 
+from ftlayer.errors import ConfigError
 from ftlayer.segments import SUMMARY_TTL_MS
 from ftlayer.spark import FaultTolerance, Outcome
 
@@ -96,14 +97,15 @@ def dead_letters(ft: FaultTolerance) -> dict[int, Any]:
 
 
 def _backend(backend: str, request: pytest.FixtureRequest) -> dict[str, Any]:
-    """make_ft overrides: the session's single Redis, or the 3-master cluster."""
-    if backend == "single":
+    """make_ft overrides: the session's single Redis (also ``keyed``), or the 3-master
+    cluster."""
+    if backend in ("single", "keyed"):
         return {}
     return {"redis_url": request.getfixturevalue("redis_cluster").url}
 
 
 # -- 1 and 9: explicit per-row failures through a keyed shuffle, single server / cluster --
-@pytest.mark.parametrize("backend", ["single", "cluster"])
+@pytest.mark.parametrize("backend", ["single", "cluster", "keyed"])
 def test_explicit_failures_replay_through_a_shuffle(
     spark: SparkSession,
     make_ft: Any,
@@ -115,7 +117,9 @@ def test_explicit_failures_replay_through_a_shuffle(
     dropped (written twice), residues mapped to the wrong segment row (the wrong record
     replays: lost + duplicate), per-row error texts misaligned with their rows, replays
     never completed (pending > 0), replay budget off by one, segments or summaries not
-    deleted at settlement, and (cluster) keys of one script call in different slots."""
+    deleted at settlement, (cluster) keys of one script call in different slots, and
+    (keyed: ``record_key="id"``, no id column) a failure past the shuffle -- of a fresh
+    row or of a replay -- mapped by its key to the wrong record, or to none."""
     ft = make_ft(max_replays=3, timeout_s=5.0, **_backend(backend, request))
     n = 3000
     ids_all = np.arange(n)
@@ -151,8 +155,9 @@ def test_explicit_failures_replay_through_a_shuffle(
     def sink(b: pa.RecordBatch) -> None:
         push(probe, "sink", ids_of(b).tolist())
 
+    record_key = "id" if backend == "keyed" else None
     pipeline = (
-        ft.pipeline(source=0, immediate_replays=0)  # every failure takes the replay queue
+        ft.pipeline(source=0, immediate_replays=0, record_key=record_key)  # failures queue
         .map_batches(stage1, "id long, key long, total double")
         .partition_by(["key"], 4)
         .map_batches(stage2, "id long, key long, vat double")
@@ -811,6 +816,104 @@ def test_a_segment_whose_batch_never_settles_times_out(
     assert leftover_keys(ft, ":seg:") == []
     left = leftover_keys(ft, ":sum:")  # the failed run's: they expire (SUMMARY_TTL_MS)
     assert all(0 < ft.layer.client.pttl(k) <= SUMMARY_TTL_MS for k in left)
+
+
+# -- record_key: the records' own id column instead of ftlayer's ---------------------------
+def test_a_record_key_replaces_the_id_column_and_keys_shared_or_bad_lose_nothing(
+    spark: SparkSession, make_ft: Any, probe: Probe
+) -> None:
+    """Pipeline(record_key=...). Catches: the id column still added (the point of the
+    option), a row with a null or negative key run on instead of dead-lettered with an
+    error naming it (a negative key would read as a marker past the shuffle), rows
+    sharing a key where one fails past the shuffle -- only one replayed, the other
+    completed without reaching the sink (lost) --, an unconfirmed sink row found by its
+    key acked instead of left pending, and a fan-out row's key residue mapped wrongly."""
+    ft = make_ft(timeout_s=2.0, max_replays=2)
+    n = 1200
+    df = source_df(spark, n).select(
+        F.when(F.col("id") == 7, F.lit(None)).when(F.col("id") == 8, F.lit(-3))
+        .when(F.col("id") % 100 == 50, F.col("id") - 1).otherwise(F.col("id")).alias("rid"),
+        "id", "key", "amount",
+    )  # fmt: skip
+    dup = {i for i in range(n) if i % 100 in (49, 50)}  # pairs sharing rid = i - i % 100 + 49
+    fail_once = {i for i in range(n) if i % 100 == 50} | {i for i in range(n) if i % 31 == 3}
+    unc_once = {i for i in range(n) if i % 37 == 5} - fail_once - dup
+
+    def stage1(b: pa.RecordBatch) -> pa.RecordBatch:
+        assert "__ft_src" not in b.schema.names
+        return b
+
+    def stage2(b: pa.RecordBatch) -> Outcome:
+        assert "__ft_src" not in b.schema.names
+        ids = ids_of(b)
+        cand = np.flatnonzero(np.isin(ids, list(fail_once)))
+        mask = np.zeros(len(ids), bool)
+        mask[cand[first_times(probe, "s2", ids[cand])]] = True
+        return Outcome(b, failed=mask, errors="fails once past the shuffle")
+
+    def sink(b: pa.RecordBatch) -> Outcome:
+        ids = ids_of(b)
+        cand = np.flatnonzero(np.isin(ids, list(unc_once)))
+        lost = cand[first_times(probe, "unc", ids[cand])]
+        keep = np.ones(len(ids), bool)
+        keep[lost] = False
+        push(probe, "sink", ids[keep].tolist())
+        return Outcome(unconfirmed=lost)
+
+    schema = "rid long, id long, key long, amount long"
+    pipeline = (
+        ft.pipeline(record_key="rid")
+        .map_batches(stage1, schema)
+        .partition_by(["key"], 3)
+        .map_batches(stage2, schema)
+        .sink_batches(sink)
+    )
+    first = ft.run_batch(pipeline, df, 0)
+    assert first.fold_ok and first.fresh == n
+    report = ft.drain(timeout_s=60)
+    assert report.drained and report.pending == 0, report
+    dead = dead_letters(ft)
+    assert set(dead) == {7, 8}
+    assert "record_key 'rid' is None: a record key must be" in dead[7].history[-1].error
+    assert "record_key 'rid' is -3: a record key must be a non-negative integer" in (
+        dead[8].history[-1].error
+    )
+    got = Counter(probe.ids())
+    assert set(got) | {7, 8} == set(range(n)), "lost records"
+    assert max(v for k, v in got.items() if k not in dup) == 1
+    # a row whose key-mate failed past the shuffle replays with it (at least once)
+    assert all(got[i] == 2 for i in dup if i % 100 == 49)
+    assert_settled(ft)
+
+
+def test_a_stage_that_changes_the_record_key_fails_its_batch(
+    spark: SparkSession, make_ft: Any
+) -> None:
+    """Catches: a changed key accepted (a failure past the shuffle would then replay
+    another record, and the one that failed would count as complete: lost), and
+    record_key settings the path cannot honour accepted."""
+    ft = make_ft(timeout_s=5.0)
+
+    def bump(b: pa.RecordBatch) -> pa.RecordBatch:
+        return pa.RecordBatch.from_arrays(
+            [pc.add(b.column("id"), 1), b.column("key")], names=["id", "key"]
+        )
+
+    def sink(b: pa.RecordBatch) -> None:
+        pass
+
+    pipeline = (ft.pipeline(record_key="id").map_batches(bump, "id long, key long")
+                .partition_by(["key"], 2).map_batches(lambda b: b, "id long, key long")
+                .sink_batches(sink))  # fmt: skip
+    with pytest.raises(Exception, match="changed record_key 'id' of a row"):
+        ft.run_batch(pipeline, source_df(spark, 300), 0)
+    with pytest.raises(ConfigError, match="must be an int64"):
+        ft.run_batch(
+            ft.pipeline(record_key="id").map_batches(lambda b: b, "id double, key long")
+            .sink_batches(sink), source_df(spark, 10), 1,
+        )  # fmt: skip
+    with pytest.raises(ConfigError, match="record_key"):
+        ft.pipeline(record_key="id", ack_scope="task")
 
 
 # -- segment codecs --------------------------------------------------------------------------
