@@ -54,6 +54,10 @@ class FTStats:
     failed_timeout: int = 0
     replayed: int = 0
     replays_claimed: int = 0
+    replays_vanished: int = 0
+    """Queued replays whose stored record was gone when a source task claimed them (a key
+    deleted or evicted behind ftlayer's back: ``maxmemory-policy`` must be ``noeviction``).
+    They cannot replay and stay in ``pending``: any non-zero value needs an operator."""
     dead_lettered: int = 0
     orphans: int = 0
     pending: int = 0

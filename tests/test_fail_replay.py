@@ -199,3 +199,22 @@ def test_a_dead_letter_before_a_replay_in_one_bucket_does_not_move_the_replay(
     claimed = layer.claim_replays(0, 10)
     assert sorted(c.frame.decode()["id"] for c in claimed) == [3, 4]
     assert layer.stats().replays_claimed == 2
+
+
+def test_a_replay_whose_record_was_evicted_is_counted_as_vanished(layer: FTLayer) -> None:
+    """A queued replay whose bucket was deleted behind ftlayer's back (an eviction under a
+    maxmemory policy other than noeviction, a stray DEL) cannot replay. Catches: the loss
+    left visible only as a raw counter in Redis -- FTStats, ``ftlayer stats`` and the
+    sidecar's metrics and status page must show it; the record stays pending (never
+    counted as done)."""
+    h = layer.handler()
+    rid = h.persist_record({"x": 1}, source=0)
+    h.flush()
+    assert layer.fail([rid], error="once") == (1, 0, 0)
+    for shard in layer.keyspace.shards:  # the record's bucket, entries and frames, gone
+        for key in [*layer.client.scan_iter(match=shard.buckets_pattern),
+                    *layer.client.scan_iter(match=f"{shard.prefix}:f:*")]:  # fmt: skip
+            layer.client.delete(key)
+    assert layer.claim_replays(0, 10) == []
+    st = layer.stats()
+    assert st.replays_vanished == 1 and st.replays_claimed == 0 and st.pending == 1

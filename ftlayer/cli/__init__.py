@@ -241,7 +241,8 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         return 0
     print(f"namespace {args.namespace} on {redact_url(args.redis_url)}")
     for key in ("persisted", "completed", "completed_local", "failed_explicit",
-                "failed_timeout", "replayed", "replays_claimed", "dead_lettered",
+                "failed_timeout", "replayed", "replays_claimed", "replays_vanished",
+                "dead_lettered",
                 "dead_letters", "redriven", "orphans", "pending", "queued_replays",
                 "oldest_pending_age_s", "latency_count", "mean_latency_ms"):  # fmt: skip
         value = st[key]

@@ -8,8 +8,8 @@ how long completion takes, who rotates, and the newest dead letters with their p
     sidecar: {id, leader, role, ready, alive}, lease_holder (the id holding the rotation lease),
     settings: {shards, timeout_s, buckets, max_replays},
     totals: {persisted, completed, failed_explicit, failed_timeout, replayed,
-             replays_claimed, dead_lettered, redriven, pending, queued_replays,
-             dead_letters, unsettled_segments, oldest_pending_age_s},
+             replays_claimed, replays_vanished, dead_lettered, redriven, pending,
+             queued_replays, dead_letters, unsettled_segments, oldest_pending_age_s},
     rates_per_s: {persisted, completed, failed, replayed, dead_lettered}
                  (over the last RATE_WINDOW_S of samples; null until two samples),
     sources: [{source, pending, queued}],
@@ -115,8 +115,9 @@ class StatusModel:
             "lease_holder": cast(bytes, holder).decode() if holder else None,
             "totals": {k: getattr(st, k) for k in (
                 "persisted", "completed", "failed_explicit", "failed_timeout", "replayed",
-                "replays_claimed", "dead_lettered", "redriven", "pending", "queued_replays",
-                "dead_letters", "unsettled_segments", "oldest_pending_age_s")},
+                "replays_claimed", "replays_vanished", "dead_lettered", "redriven", "pending",
+                "queued_replays", "dead_letters", "unsettled_segments",
+                "oldest_pending_age_s")},
             "rates_per_s": self._rates(st),
             "sources": [{"source": s, "pending": n, "queued": st.queued_by_source.get(s, 0)}
                         for s, n in sorted(st.pending_by_source.items())],
@@ -142,6 +143,7 @@ _TILES = (  # (label, JSON path)
     ("completed", "totals.completed"), ("failed (explicit)", "totals.failed_explicit"),
     ("failed (timeout)", "totals.failed_timeout"), ("replayed", "totals.replayed"),
     ("dead letters held", "totals.dead_letters"),
+    ("replays vanished (lost)", "totals.replays_vanished"),
     ("latency p50, ms", "latency_ms.p50"), ("latency p90, ms", "latency_ms.p90"),
     ("latency p99, ms", "latency_ms.p99"), ("lease holder", "lease_holder"),
 )  # fmt: skip
