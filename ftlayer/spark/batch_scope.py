@@ -166,7 +166,7 @@ class VectorRun:
     result: BatchResult
     injected: dict[int, int] = field(default_factory=dict)  # replay src -> its current id
     replay_keys: dict[int, list[int]] = field(default_factory=dict)  # record key -> srcs
-    blobs: dict[str, bytes | None] = field(default_factory=dict)  # segments read, by member
+    tables: dict[str, pa.Table | None] = field(default_factory=dict)  # segments read
     calls: int = 0
 
     # -- building the DataFrame ------------------------------------------------------------
@@ -386,19 +386,13 @@ class VectorRun:
         wanted = np.fromiter(keys_failed.keys() | keys_unc, np.uint64)
         found: dict[int, list[int]] = {k: list(self.replay_keys[k]) for k in wanted.tolist()
                                        if k in self.replay_keys}  # fmt: skip
-        assert self.layer is not None and self.plan.record_key
-        store = self.layer.segments
+        assert self.plan.record_key
         for s in summaries:
             member = s.raw["segment"]
-            if not member:
+            table = self._segment(s.raw["partition"], member) if member else None
+            if table is None:  # none, or timed out by the sidecar: its rows replay anyway
                 continue
-            if member not in self.blobs:
-                self.blobs[member] = store.get(s.raw["partition"], member)
-                self.calls += 1
-            blob = self.blobs[member]
-            if blob is None:  # timed out by the sidecar: all of its rows replay anyway
-                continue
-            col = pa.ipc.open_stream(blob).read_all().column(self.plan.record_key)
+            col = table.column(self.plan.record_key)
             keys = np.asarray(col.fill_null(-1).to_numpy()).view(np.uint64)
             rows = np.flatnonzero(np.isin(keys, wanted))
             ids = batch_source_ids(s.raw["partition"], 0, s.raw["segment_rows"])[rows]
@@ -417,6 +411,15 @@ class VectorRun:
                     unconfirmed.add(src)
         unconfirmed -= failed.keys()
         return True
+
+    def _segment(self, partition: int, member: str) -> pa.Table | None:
+        """A segment's rows, read from Redis and decoded once per run (None: gone)."""
+        if member not in self.tables:
+            assert self.layer is not None
+            blob = self.layer.segments.get(partition, member)
+            self.calls += 1
+            self.tables[member] = None if blob is None else pa.ipc.open_stream(blob).read_all()
+        return self.tables[member]
 
     def _residues(self, summaries: list[_Summary]) -> tuple[dict[int, Failure], set[int]]:
         """Failed source ids with their first error and attempts used; unconfirmed ones
@@ -459,13 +462,9 @@ class VectorRun:
             fail_frames: list[tuple[bytes, str, int]] = []
             pend_frames: list[tuple[bytes, bytes]] = []
             if fails or pends or keep_all:
-                if member not in self.blobs:
-                    self.blobs[member] = store.get(partition, member)
-                    self.calls += 1
-                blob = self.blobs[member]
-                if blob is None:  # the sidecar timed it out: all of its rows replay
+                table = self._segment(partition, member)
+                if table is None:  # the sidecar timed it out: all of its rows replay
                     continue
-                table = pa.ipc.open_stream(blob).read_all()
                 make: Callable[..., list[bytes]] = partial(
                     frames_of_rows, table, shard=shard, source=plan.source,
                     partition=partition, max_replays=cfg.max_replays,

@@ -233,7 +233,6 @@ class _Chain:
 
 _NO_ROWS = np.zeros(0, np.int64)
 _NO_DEAD = np.zeros(0, bool)
-_NO_KEYS = np.zeros(0, np.uint64)
 
 
 def _run_chain(
@@ -250,8 +249,7 @@ def _run_chain(
     seg = plan.segments[stage]
     bisect = plan.on_error != "fail_batch"
     origin: np.ndarray | None = None  # None: row i derives from input row i
-    keyed = plan.record_key is not None and src is not None and seg.sink is None
-    in_keys = _u64(batch.column(plan.record_key)) if keyed else _NO_KEYS
+    given = batch
     failed: list[np.ndarray] = []
     dead: list[np.ndarray] = []
     texts: list[str] = []
@@ -294,7 +292,8 @@ def _run_chain(
             return done(batch)
         if plan.record_key:  # the key column is the rows' identity past the shuffle
             keys = _u64(batch.column(plan.record_key))
-            expect = in_keys if origin is None else in_keys[origin]
+            expect = _u64(given.column(plan.record_key))
+            expect = expect if origin is None else expect[origin]
             if not np.array_equal(keys, expect):
                 row = int(np.flatnonzero(keys != expect)[0])
                 raise StageContractError(

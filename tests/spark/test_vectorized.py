@@ -51,6 +51,12 @@ def first_times(probe: Probe, tag: str, ids: np.ndarray) -> np.ndarray:
         return np.array(p.execute(), dtype=bool)
 
 
+def first_seen(probe: Probe, tag: str, ids: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """Indices of the rows where ``where`` holds whose id ``tag`` sees for the first time."""
+    cand = np.flatnonzero(where)
+    return cand[first_times(probe, tag, ids[cand])]
+
+
 def times_seen(probe: Probe, tag: str, ids: np.ndarray) -> np.ndarray:
     """For each id, how many times ``tag`` has seen it, this time included."""
     if len(ids) == 0:
@@ -130,8 +136,7 @@ def test_explicit_failures_replay_through_a_shuffle(
     def stage1(b: pa.RecordBatch) -> Outcome:
         ids = ids_of(b)
         bad = ids % 997 == 5
-        cand = np.flatnonzero((ids % 7 == 3) & ~bad)
-        first = cand[first_times(probe, "s1", ids[cand])]
+        first = first_seen(probe, "s1", ids, (ids % 7 == 3) & ~bad)
         # unsorted indices with one error each, to check errors stay with their rows
         failed = np.concatenate([np.flatnonzero(bad), first])[::-1]
         errors = [f"poison {i}" if i % 997 == 5 else f"first try {i}" for i in ids[failed]]
@@ -143,9 +148,8 @@ def test_explicit_failures_replay_through_a_shuffle(
 
     def stage2(b: pa.RecordBatch) -> Outcome:
         ids = ids_of(b)
-        cand = np.flatnonzero(ids % 11 == 4)
         mask = np.zeros(len(ids), bool)
-        mask[cand[first_times(probe, "s2", ids[cand])]] = True
+        mask[first_seen(probe, "s2", ids, ids % 11 == 4)] = True
         out = pa.RecordBatch.from_arrays(
             [b.column("id"), b.column("key"), pc.multiply(b.column("total"), 0.2)],
             names=["id", "key", "vat"],
@@ -231,9 +235,8 @@ def test_failures_in_the_source_task_replay_at_once(
 
     def stage2(b: pa.RecordBatch) -> Outcome:
         ids = ids_of(b)
-        cand = np.flatnonzero(np.isin(ids, list(late)))
         mask = np.zeros(len(ids), bool)
-        mask[cand[first_times(probe, "s2", ids[cand])]] = True
+        mask[first_seen(probe, "s2", ids, np.isin(ids, list(late)))] = True
         return Outcome(b, failed=mask, errors="stage 2 rejects it once")
 
     def sink(b: pa.RecordBatch) -> None:
@@ -368,8 +371,7 @@ def test_fan_out_and_filtering_with_parents(
 
     def stage2(b: pa.RecordBatch) -> Outcome:
         ids, copy = ids_of(b), b.column("copy").to_numpy()
-        cand = np.flatnonzero((ids % 13 == 1) & (copy == 1))
-        failed = cand[first_times(probe, "child", ids[cand])]
+        failed = first_seen(probe, "child", ids, (ids % 13 == 1) & (copy == 1))
         return Outcome(b, failed=failed, errors="child 1 fails once")
 
     def sink(b: pa.RecordBatch) -> None:
@@ -502,8 +504,7 @@ def test_replays_land_where_spark_places_their_key(
         ids = ids_of(b)
         pid = TaskContext.get().partitionId()
         push(probe, "s1", [f"{k}:{pid}" for k in b.column("key").to_pylist()])
-        cand = np.flatnonzero(ids % 6 == 1)
-        failed = cand[first_times(probe, "failed", ids[cand])]
+        failed = first_seen(probe, "failed", ids, ids % 6 == 1)
         return Outcome(b.select(["id", "key"]), failed=failed, errors="once")
 
     def sink(b: pa.RecordBatch) -> None:
@@ -575,8 +576,7 @@ def test_crashed_tasks_retried_by_spark_lose_nothing(
         if probe.r.set(f"{probe.prefix}:crash:stage1", 1, nx=True):
             os._exit(1)  # the first task to get here dies, nothing flushed
         ids = ids_of(b)
-        cand = np.flatnonzero(ids % 10 == 3)
-        failed = cand[first_times(probe, "failed", ids[cand])]
+        failed = first_seen(probe, "failed", ids, ids % 10 == 3)
         return Outcome(b.select(["id", "key"]), failed=failed, errors="once")
 
     def sink(b: pa.RecordBatch) -> None:
@@ -671,7 +671,7 @@ def test_map_pandas_and_a_pandas_sink(spark: SparkSession, make_ft: Any, probe: 
         out = pd.DataFrame({"id": pdf["id"], "key": pdf["key"], "total": pdf["amount"] * 1.1})
         cand = (pdf["id"] % 17 == 2).to_numpy()
         mask = np.zeros(len(pdf), bool)
-        mask[np.flatnonzero(cand)[first_times(probe, "p1", pdf["id"].to_numpy()[cand])]] = True
+        mask[first_seen(probe, "p1", pdf["id"].to_numpy(), cand)] = True
         return Outcome(out, failed=mask, errors="pandas stage rejects it once")
 
     def drop_thirds(pdf: pd.DataFrame) -> Outcome:
@@ -681,8 +681,7 @@ def test_map_pandas_and_a_pandas_sink(spark: SparkSession, make_ft: Any, probe: 
 
     def sink(pdf: pd.DataFrame) -> Outcome:
         ids = pdf["id"].to_numpy()
-        cand = np.flatnonzero(ids % 19 == 4)
-        failed = cand[first_times(probe, "psink", ids[cand])]
+        failed = first_seen(probe, "psink", ids, ids % 19 == 4)
         ok = np.ones(len(pdf), bool)
         ok[failed] = False
         push(
@@ -723,8 +722,7 @@ def test_a_failed_batch_rerun_under_the_same_id(
 
     def stage1(b: pa.RecordBatch) -> Outcome:
         ids = ids_of(b)
-        cand = np.flatnonzero(ids % 8 == 5)
-        failed = cand[first_times(probe, "failed", ids[cand])]
+        failed = first_seen(probe, "failed", ids, ids % 8 == 5)
         return Outcome(b.select(["id", "key"]), failed=failed, errors="once")
 
     def broken(b: pa.RecordBatch) -> pa.RecordBatch:
@@ -846,15 +844,13 @@ def test_a_record_key_replaces_the_id_column_and_keys_shared_or_bad_lose_nothing
     def stage2(b: pa.RecordBatch) -> Outcome:
         assert "__ft_src" not in b.schema.names
         ids = ids_of(b)
-        cand = np.flatnonzero(np.isin(ids, list(fail_once)))
         mask = np.zeros(len(ids), bool)
-        mask[cand[first_times(probe, "s2", ids[cand])]] = True
+        mask[first_seen(probe, "s2", ids, np.isin(ids, list(fail_once)))] = True
         return Outcome(b, failed=mask, errors="fails once past the shuffle")
 
     def sink(b: pa.RecordBatch) -> Outcome:
         ids = ids_of(b)
-        cand = np.flatnonzero(np.isin(ids, list(unc_once)))
-        lost = cand[first_times(probe, "unc", ids[cand])]
+        lost = first_seen(probe, "unc", ids, np.isin(ids, list(unc_once)))
         keep = np.ones(len(ids), bool)
         keep[lost] = False
         push(probe, "sink", ids[keep].tolist())
