@@ -10,8 +10,8 @@ flush (as across shuffles), ``batch`` records per task, into a real Redis (embed
     sink task   : ack the input (1 XOR)                             -> flush: complete
 
 That is 6 logical XOR events per record, through ``FTLayer(...).handler()``, ``persist``,
-``emit``, ``ack``, ``flush`` -- and again (``*_numpy``) with the hops and the sink calling
-``emit_many`` / ``ack_many`` on id arrays (the source still persists record by record).
+``emit``, ``ack``, ``flush`` -- and again (``*_numpy``) with the source calling
+``persist_many`` and the hops and the sink ``emit_many`` / ``ack_many`` on id arrays.
 Every record must complete (pending 0, completed N), or the run fails. Measured on the
 same server, alternating with the ftlayer run:
 
@@ -147,8 +147,8 @@ def run_ftlayer(
 ) -> dict[str, Any]:
     """The 3-hop workload through the real handler API; asserts every record completed.
     Server counters are taken on every master; per shard, the ``stats`` hash.
-    ``numpy_api``: the hops and the sink use emit_many / ack_many (ids as arrays) instead
-    of a call per record; the source still persists record by record."""
+    ``numpy_api``: the source uses persist_many, the hops and the sink emit_many /
+    ack_many (ids as arrays) instead of a call per record."""
     namespace = namespace or f"ack-{uuid.uuid4().hex[:8]}"
     layer = FTLayer(client, FTConfig(namespace=namespace, timeout_s=600, shards=shards))
     try:
@@ -158,15 +158,16 @@ def run_ftlayer(
             k = min(batch, records - first)
             source = layer.handler()
             assert isinstance(source, FTHandler)
-            persist = source.persist
-            roots = [persist(PAYLOAD, i, 0) for i in range(first, first + k)]
+            if numpy_api:
+                src, cur = source.persist_many([PAYLOAD] * k, np.arange(first, first + k))
+            else:
+                persist = source.persist
+                roots = [persist(PAYLOAD, i, 0) for i in range(first, first + k)]
             clock.split("source_persist")
             source.flush()
             clock.split("source_flush")
-            inputs = roots
-            if numpy_api:
-                src = np.fromiter((r[0] for r in roots), np.uint64, k)
-                cur = np.fromiter((r[1] for r in roots), np.uint64, k)
+            if not numpy_api:
+                inputs = roots
             for hop in ("hop1", "hop2"):
                 task = layer.handler()
                 assert isinstance(task, FTHandler)

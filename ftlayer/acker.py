@@ -76,14 +76,20 @@ class ShardBatch:
     """What one flush sends to one shard."""
 
     persists: list[bytes] = field(default_factory=list)
+    """One item per record: [delta 8][frame length 4][frame] (lua/flush.lua)."""
+    persist_blocks: list[tuple[bytes, np.ndarray]] = field(default_factory=list)
+    """Records packed as above into one buffer, with each record's size in bytes."""
     xor_srcs: np.ndarray | None = None
     xor_deltas: np.ndarray | None = None
     fails: list[tuple[int, str, str]] = field(default_factory=list)
     local_completed: int = 0
 
     def add_persist(self, delta: int, frame: bytes) -> None:
-        self.persists.append(_PERSIST_HEAD.pack(delta, len(frame)))
-        self.persists.append(frame)
+        self.persists.append(_PERSIST_HEAD.pack(delta, len(frame)) + frame)
+
+    def add_persists(self, packed: bytes, sizes: np.ndarray) -> None:
+        """Records already packed as ``persists`` items, end to end, of ``sizes`` bytes."""
+        self.persist_blocks.append((packed, sizes))
 
     def pack_xors(self) -> bytes:
         if self.xor_srcs is None or not len(self.xor_srcs):
@@ -98,8 +104,13 @@ class ShardBatch:
         under ``max_bytes`` (a record larger than that travels alone). A record never
         spans two calls, so each call stays atomic for the records it carries; the
         local completions ride in the first."""
-        pairs = [self.persists[i] + self.persists[i + 1] for i in range(0, len(self.persists), 2)]
-        persists = _group(pairs, max_bytes)
+        if self.persist_blocks:  # one stream: a call carries as many whole records as fit
+            persists = _cut(b"".join(self.persists + [p for p, _ in self.persist_blocks]),
+                            np.concatenate([np.fromiter(map(len, self.persists), np.int64),
+                                            *(s for _, s in self.persist_blocks)]),
+                            max_bytes)  # fmt: skip
+        else:
+            persists = _group(self.persists, max_bytes)
         packed = self.pack_xors()
         step = max(16, max_bytes // 16 * 16)
         xors = [packed[i : i + step] for i in range(0, len(packed), step)]
@@ -116,6 +127,7 @@ class ShardBatch:
     def empty(self) -> bool:
         return not (
             self.persists
+            or self.persist_blocks
             or self.fails
             or self.local_completed
             or (self.xor_srcs is not None and len(self.xor_srcs))
@@ -140,6 +152,19 @@ def _packed_fails(fails: list[tuple[int, str, str]]) -> list[bytes]:
 
 def pack_fails(fails: list[tuple[int, str, str]]) -> bytes:
     return b"".join(_packed_fails(fails))
+
+
+def _cut(packed: bytes, sizes: np.ndarray, max_bytes: int) -> list[bytes]:
+    """``packed`` (items of ``sizes`` bytes end to end) cut between items into parts of at
+    most ``max_bytes`` (an item larger than that is a part of its own)."""
+    ends = np.cumsum(sizes)
+    out, i, start = [], 0, 0
+    while i < len(ends):
+        j = max(int(np.searchsorted(ends, start + max_bytes, "right")), i + 1)
+        end = int(ends[j - 1])
+        out.append(packed[start:end])
+        i, start = j, end
+    return out
 
 
 def _group(items: list[bytes], max_bytes: int) -> list[bytes]:

@@ -19,14 +19,27 @@ import numpy as np
 from ftlayer.acker import RedisAckerTable, ShardBatch
 from ftlayer.config import FTConfig
 from ftlayer.errors import FailRecord, FTLayerError, RecordError
-from ftlayer.ids import IdPool, RecordId, SourceIds, as_ids, new_ids, shard_of, shards_of, xor_fold
+from ftlayer.ids import (
+    IdPool,
+    RecordId,
+    SourceIds,
+    as_ids,
+    new_ids,
+    persisted_ids,
+    shard_of,
+    shards_of,
+    xor_fold,
+)
 from ftlayer.limits import MAX_RECORD_BYTES, MAX_SOURCE
 from ftlayer.tally import Tally
 from serialization import HEADER_SIZE, encode_frame, encode_payload
+from serialization.many import encode_frames
 
 __all__ = ["AbstractFTHandler", "FTHandler", "NonFTHandler"]
 
 _NO_ID = RecordId(0, 0)
+_PERSIST_DTYPE = np.dtype([("delta", ">u8"), ("frame_len", ">u4"), ("header", f"V{HEADER_SIZE}")])
+"""One record of a flush's persists argument before its payload (lua/flush.lua)."""
 _REASONS = ("explicit", "timeout", "dead_letter")
 
 
@@ -135,13 +148,24 @@ class _Unsent(NamedTuple):
     token: str
     batches: dict[int, ShardBatch]
     srcs: frozenset[int]
+    born_many: tuple[np.ndarray, ...]
+
+
+class _BornMany(NamedTuple):
+    """Records of one ``persist_many`` call: source and current ids, frame headers
+    (serialization.many.HEADER_DTYPE) and payloads, aligned."""
+
+    src: np.ndarray
+    cur: np.ndarray
+    headers: np.ndarray
+    payloads: list[bytes]
 
 
 class FTHandler(AbstractFTHandler):
     """The operating handler of one task attempt."""
 
     __slots__ = ("table", "config", "partition", "_deltas", "_born", "_failed", "_anchor",
-                 "_ids", "_reset", "_unsent", "_rejected", "_xors")  # fmt: skip
+                 "_ids", "_reset", "_unsent", "_rejected", "_xors", "_born_many")  # fmt: skip
 
     def __init__(
         self,
@@ -157,6 +181,7 @@ class FTHandler(AbstractFTHandler):
         self._deltas: dict[int, int] = {}
         self._xors: list[tuple[np.ndarray, np.ndarray]] = []  # emit_many / ack_many events
         self._born: dict[int, tuple[bytes, int, int, int, int]] = {}
+        self._born_many: list[_BornMany] = []
         self._failed: dict[int, tuple[str, str]] = {}
         self._rejected: set[int] = set()  # born here to be dead-lettered (budget 0)
         self._anchor: RecordId | None = None
@@ -191,6 +216,51 @@ class FTHandler(AbstractFTHandler):
         self._born[src] = (bytes(payload), cur, hash_code, source, partition)
         self._deltas[src] = cur
         return RecordId(src, cur)
+
+    def persist_many(
+        self, payloads: Any, hash_codes: Any = 0, source: int = 0, partitions: Any = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``persist`` for many records with no Python call per record but the payload's
+        checksum: ``payloads`` a sequence of msgpack bytes, ``hash_codes`` and
+        ``partitions`` int32 arrays aligned with it or one value for all (default
+        partition: the handler's). Returns the records' (source ids, current ids) as uint64
+        arrays, for ``emit_many`` / ``ack_many``. The records take buckets of their own and
+        are stored at flush exactly as ``persist`` would store them. A bad record raises
+        RecordError naming its index before any of them is registered."""
+        if not isinstance(payloads, list):
+            payloads = list(payloads)
+        n = len(payloads)
+        if not set(map(type, payloads)) <= {bytes}:
+            i, p = next((i, p) for i, p in enumerate(payloads) if type(p) is not bytes)
+            if not isinstance(p, bytearray):
+                raise RecordError(
+                    f"payload {i} must be msgpack bytes, not {type(p).__name__} "
+                    f"(source={source}); encode records with encode_payload()"
+                )
+            payloads = [bytes(p) for p in payloads]
+        if not 0 <= source <= MAX_SOURCE:
+            raise RecordError(f"source index {source} is outside 0..{MAX_SOURCE}")
+        lens = np.fromiter(map(len, payloads), np.int64, n)
+        hcs = np.broadcast_to(np.asarray(hash_codes, np.int64), (n,))
+        parts = np.broadcast_to(np.asarray(self.partition if partitions is None else partitions,
+                                           np.int64), (n,))  # fmt: skip
+        cap = self.config.max_record_bytes
+        for what, bad in (("bytes exceed max_record_bytes=" + str(cap), lens > cap),
+                          ("has a hash_code that is not int32", (hcs < -(2**31)) | (hcs >= 2**31)),
+                          ("has a partition that is not int32",
+                           (parts < -(2**31)) | (parts >= 2**31))):  # fmt: skip
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise RecordError(f"record {i} of this persist_many (source={source}, "
+                                  f"{int(lens[i])} bytes, hash_code={int(hcs[i])}, "
+                                  f"partition={int(parts[i])}) {what}")  # fmt: skip
+        src = persisted_ids(lens + HEADER_SIZE)
+        cur = new_ids(n)
+        headers = encode_frames(payloads, src, cur, hcs, source, partitions=parts,
+                                max_replays=self.config.max_replays, max_payload=cap)  # fmt: skip
+        self._born_many.append(_BornMany(src, cur, headers, payloads))
+        self._xors.append((src, cur))
+        return src, cur
 
     def reject(
         self, raw: bytes, error: str, hash_code: int = 0, source: int = 0, partition: int = -1
@@ -271,14 +341,20 @@ class FTHandler(AbstractFTHandler):
     def reset_timeout(self, record_id: RecordId) -> bool:
         if self._reset is None:
             raise FTLayerError("this handler was built without a timeout layer")
-        if record_id[0] in self._born or (self._unsent and record_id[0] in self._unsent.srcs):
+        src = record_id[0]
+        many = [b.src for b in self._born_many]
+        many += self._unsent.born_many if self._unsent else ()
+        if (src in self._born or (self._unsent and src in self._unsent.srcs)
+                or any(np.isin(np.uint64(src), m) for m in many)):  # fmt: skip
             return True  # not (known to be) in Redis yet: its timeout starts at flush
         return self._reset([record_id[0]]) == 1
 
     @property
     def pending_sources(self) -> int:
         """Source ids with unflushed work in this handler."""
-        unsent = self._unsent.srcs if self._unsent else frozenset()
+        unsent: set[int] = set(self._unsent.srcs) if self._unsent else set()
+        for arr in self._unsent.born_many if self._unsent else ():
+            unsent.update(arr.tolist())
         many = {int(s) for s in xor_fold(*self._folded_arrays())[0]} if self._xors else set()
         return len(self._deltas.keys() | self._failed.keys() | unsent | many)
 
@@ -306,15 +382,46 @@ class FTHandler(AbstractFTHandler):
         batches = self._batches()
         if batches:
             srcs = frozenset(self._deltas.keys() | self._failed.keys() | self._born.keys())
-            self._unsent = _Unsent(os.urandom(12).hex(), batches, srcs)
+            many = tuple(b.src for b in self._born_many)
+            self._unsent = _Unsent(os.urandom(12).hex(), batches, srcs, many)
             self._deltas.clear()
             self._xors.clear()
             self._born.clear()
+            self._born_many.clear()
             self._failed.clear()
             self._rejected.clear()
             result.merge(self.table.apply(batches, token=self._unsent.token))
             self._unsent = None
         return result
+
+    def _add_born_many(
+        self,
+        blk: _BornMany,
+        delta: np.ndarray,
+        failed_ids: np.ndarray,
+        batches: dict[int, ShardBatch],
+    ) -> int:
+        """Persist ``blk``'s records whose tree did not complete here (delta != 0) or that
+        failed (stored, then failed by the same call: delta 0), one packed buffer per
+        shard; returns how many completed inside the task."""
+        failed = np.isin(blk.src, failed_ids) if len(failed_ids) else np.zeros(len(delta), bool)
+        delta = np.where(failed, np.uint64(0), delta)
+        keep = failed | (delta != 0)
+        shard_ids = shards_of(blk.src, self.config.shards)
+        for k in np.unique(shard_ids[keep]).tolist():
+            rows = np.flatnonzero(keep & (shard_ids == k))
+            head = np.empty(len(rows), _PERSIST_DTYPE)
+            head["delta"] = delta[rows]
+            head["frame_len"] = blk.headers["payload_len"][rows] + HEADER_SIZE
+            head["header"] = blk.headers[rows].view(f"V{HEADER_SIZE}")
+            parts: list[Any] = [None] * (2 * len(rows))
+            parts[0::2] = head.view(f"V{_PERSIST_DTYPE.itemsize}").tolist()
+            payloads = blk.payloads
+            parts[1::2] = payloads if len(rows) == len(payloads) else [payloads[i] for i in rows]
+            sizes = head["frame_len"].astype(np.int64) + 12
+            b = batches.get(k) or batches.setdefault(k, ShardBatch())
+            b.add_persists(b"".join(parts), sizes)
+        return int(len(keep) - keep.sum())
 
     def _all_deltas(self) -> tuple[np.ndarray, np.ndarray]:
         """Each source id this handler XORed into, with its folded delta (one entry per
@@ -333,9 +440,14 @@ class FTHandler(AbstractFTHandler):
         budget = self.config.max_replays
         failed = self._failed
         srcs, vals = self._all_deltas()
-        # born and failed records need their delta one by one (few); the rest stay arrays
+        # born and failed records need their delta one by one (few); persist_many's born
+        # records are taken out as arrays; the rest stay arrays
         special = np.fromiter(self._born.keys() | failed.keys(), np.uint64)
         one_by_one = np.isin(srcs, special) if len(special) else np.zeros(len(srcs), bool)
+        born_many = [(blk, vals[at]) for blk in self._born_many
+                     for at in [np.searchsorted(srcs, blk.src)]]  # fmt: skip
+        for blk in self._born_many:  # xor_fold sorted srcs (a block's born XOR is in _xors)
+            one_by_one[np.searchsorted(srcs, blk.src)] = True
         deltas = dict(zip(srcs[one_by_one].tolist(), vals[one_by_one].tolist(), strict=True))
         srcs, vals = srcs[~one_by_one], vals[~one_by_one]
         batches: dict[int, ShardBatch] = {}
@@ -367,6 +479,9 @@ class FTHandler(AbstractFTHandler):
                 max_payload=MAX_RECORD_BYTES if src in rejected else max_payload,
             )
             batch(src).add_persist(delta, frame)
+        failed_ids = np.fromiter(failed.keys(), np.uint64, len(failed))
+        for blk, delta in born_many:
+            local_done += self._add_born_many(blk, delta, failed_ids, batches)
         if local_done:
             batch(0).local_completed = local_done
         for src, (reason, error) in failed.items():

@@ -31,7 +31,8 @@ from ftlayer.limits import MAX_ERROR_BYTES as _MAX_ERROR
 from ftlayer.payloads import arrow_codecs, encode_record
 from ftlayer.scripts import NamespacePart
 from ftlayer.tally import Tally
-from serialization import HEADER_SIZE, encode_frame
+from serialization import HEADER_SIZE
+from serialization.many import encode_frames
 
 __all__ = ["Residues", "SegmentStore", "frames_of_rows"]
 
@@ -56,14 +57,10 @@ def frames_of_rows(
     codecs = arrow_codecs(table.schema)
     payloads = [encode_record(rec, codecs) for rec in table.take(rows).to_pylist()]
     ids = persisted_ids([HEADER_SIZE + len(p) for p in payloads], shard)
-    curs = new_ids(len(rows))
-    return [
-        encode_frame(
-            payload, int(src), int(cur), 0, source,
-            partition=partition, max_replays=max_replays, max_payload=max_payload,
-        )
-        for payload, src, cur in zip(payloads, ids.tolist(), curs.tolist(), strict=True)
-    ]  # fmt: skip
+    heads = encode_frames(payloads, ids, new_ids(len(rows)), 0, source, partitions=partition,
+                          max_replays=max_replays, max_payload=max_payload)  # fmt: skip
+    return [head + payload for head, payload in zip(heads.view("V48").tolist(), payloads,
+                                                    strict=True)]  # fmt: skip
 
 
 @dataclass

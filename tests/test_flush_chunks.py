@@ -3,6 +3,7 @@ used to fail forever; a shard's records now go in calls of at most ``flush_chunk
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer, FTLayerError
@@ -58,3 +59,20 @@ def test_chunks_keep_every_record_whole_and_in_order() -> None:
     big = ShardBatch()
     big.add_persist(1, b"z" * 5000)  # larger than a chunk: travels alone
     assert [len(p) for p, _, _, _ in big.calls(600)] == [5012]
+
+
+def test_packed_blocks_and_single_records_share_calls_whole() -> None:
+    """Catches: a block cut inside a record, and a block sent in a call of its own when
+    it fits beside the single records (their failures ride in the first call)."""
+    b = ShardBatch()
+    b.add_persist(7, b"s" * 50)
+    items = [bytes([i]) * (20 + i) for i in range(30)]
+    b.add_persists(b"".join(items), np.array([len(i) for i in items]))
+    assert [p for p, _, _, _ in b.calls(10_000)] == [b.persists[0] + b"".join(items)]
+    parts = [p for p, _, _, _ in b.calls(200)]
+    assert all(len(p) <= 200 for p in parts) and b"".join(parts) == b.persists[0] + b"".join(items)
+    starts = {0}
+    for p in parts[:-1]:
+        starts.add(max(starts) + len(p))
+    bounds = np.cumsum([62] + [len(i) for i in items]).tolist()
+    assert starts - {0} <= set(bounds), "every cut falls between two records"

@@ -4,12 +4,13 @@ give the same outcome, record by record."""
 
 from __future__ import annotations
 
+import msgpack
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftlayer import FTLayer, FTLayerError, RecordId
+from ftlayer import FTLayer, FTLayerError, RecordError, RecordId
 from ftlayer.ids import xor_fold
 from tests.faults import stored_ids
 
@@ -81,3 +82,68 @@ def test_fail_many_replays_and_bad_shapes_are_refused(make_layer) -> None:
     h.flush()
     st_ = layer.stats()
     assert st_.completed == 40 and st_.replayed == 10 and st_.queued_replays == 10
+
+
+def test_persist_many_stores_what_persist_would(make_layer) -> None:
+    """Catches: frames stored with other fields than per-record persist's, records that
+    completed inside the task stored anyway (or counted as pending), a failed record of
+    the block acked instead of replayed, block ids mixed up with the plain XORs, and a
+    block sent in another call than the failures of the same shard (one shard here)."""
+    layer = make_layer(max_replays=2, shards=1)
+    h = layer.handler(partition=3)
+    one = h.persist(msgpack.packb({"one": 1}), hash_code=-5, source=1)
+    payloads = [msgpack.packb({"i": i}) for i in range(300)]
+    src, cur = h.persist_many(payloads, hash_codes=np.arange(300) - 150, source=1)
+    h.ack_many(src[:20], cur[:20])  # complete inside the task: never stored
+    h.fail_many(src[20:30], error="bad batch")  # stored, then failed by the same call
+    kids = h.emit_many(src[30:])  # a child each, the input acked: pending on the child
+    h.ack_many(src[30:], cur[30:])
+    h.flush()
+    st_ = layer.stats()
+    assert (st_.persisted, st_.completed_local, st_.replayed, st_.pending) == (301, 20, 10, 281)
+    for i in (30, 299):
+        f = layer.persistence.get(int(src[i]))
+        assert f is not None and (f.payload, f.hash_code, f.source) == (payloads[i], i - 150, 1)
+        assert (f.partition, f.max_replays, f.current_id) == (3, 2, int(cur[i]))
+    assert set(stored_ids(layer)) >= {int(s) for s in src[30:]} | {one.source_id}
+
+    sink = layer.handler()
+    sink.ack_many(src[30:], kids)
+    sink.ack(one)
+    sink.flush()
+    st_ = layer.stats()
+    assert st_.completed == 20 + 270 + 1 and st_.pending == st_.queued_replays == 10
+
+
+def test_persist_many_in_chunks_and_on_many_flushes(make_layer) -> None:
+    """Catches: a block cut inside a record when a flush needs several calls, and a
+    record persisted twice (or a block forgotten) across flushes."""
+    layer = make_layer(flush_chunk_bytes=4096, shards=2)
+    h = layer.handler()
+    a = h.persist_many([b"\xc4\x64" + bytes(100)] * 500)
+    h.flush()
+    b = h.persist_many([b"\xc0"] * 10)
+    assert layer.stats().pending == 500
+    h.flush()
+    assert layer.stats().pending == 510 and h.flush().calls == 0
+    sink = layer.handler()
+    sink.ack_many(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
+    sink.flush()
+    st_ = layer.stats()
+    assert st_.completed == 510 and st_.pending == 0
+
+
+def test_persist_many_refuses_a_bad_record_by_its_index(make_layer) -> None:
+    """Catches: a bad record stored, or its block half registered."""
+    layer = make_layer(max_record_bytes=50)
+    h = layer.handler()
+    with pytest.raises(RecordError, match="payload 2 must be msgpack bytes, not str"):
+        h.persist_many([b"\xc0", b"\xc0", "text"])
+    with pytest.raises(RecordError, match="record 1 of this persist_many .*51 bytes"):
+        h.persist_many([b"\xc0", b"x" * 51])
+    with pytest.raises(RecordError, match="record 0 .* hash_code that is not int32"):
+        h.persist_many([b"\xc0"], hash_codes=2**31)
+    src, _ = h.persist_many([bytearray(b"\xc0")])
+    assert h.pending_sources == 1 and len(src) == 1
+    h.flush()
+    assert layer.stats().persisted == 1

@@ -77,3 +77,16 @@ def test_one_flush_writes_one_bucket_and_its_frames(layer: FTLayer) -> None:
         sink.ack(r)
     assert sink.flush().completed == 200
     assert not list(client.scan_iter(match=layer.keyspace.pattern.replace("*", "*:[bf]:*")))
+
+
+def test_persisted_ids_of_large_records_close_buckets_at_the_byte_limit() -> None:
+    """Catches: the array path used for records whose 128 frames pass BUCKET_MAX_BYTES
+    (a bucket's frames string would pass what one call may write)."""
+    big = BUCKET_MAX_BYTES // 3 + 1
+    got = persisted_ids([10, big, big, big, 10]).tolist()
+    assert [(i & SLOT) >> 16 for i in got] == [0, 1, 2, 0, 1]
+    small = persisted_ids([100] * (2 * BUCKET_SLOTS + 1)).tolist()
+    assert [(i & SLOT) >> 16 for i in small] == [*range(BUCKET_SLOTS)] * 2 + [0]
+    assert len({i & ~SLOT for i in small}) == 3 and len(set(small)) == len(small)
+    assert all(i and not i & int(LOCAL_BIT) for i in small), "non-zero, bit 63 clear"
+    assert len({i & 0xFFFF for i in small}) == 3, "random low bits (shard) per bucket"
