@@ -76,7 +76,8 @@ class ShardBatch:
     """What one flush sends to one shard."""
 
     persists: list[bytes] = field(default_factory=list)
-    """One item per record: [delta 8][frame length 4][frame] (lua/flush.lua)."""
+    """One item per record: [delta 8][unit length 4][source id 8][stored record]
+    (lua/flush.lua, serialization/stored.py)."""
     persist_blocks: list[tuple[bytes, np.ndarray]] = field(default_factory=list)
     """Records packed as above into one buffer, with each record's size in bytes."""
     xor_srcs: np.ndarray | None = None
@@ -84,8 +85,9 @@ class ShardBatch:
     fails: list[tuple[int, str, str]] = field(default_factory=list)
     local_completed: int = 0
 
-    def add_persist(self, delta: int, frame: bytes) -> None:
-        self.persists.append(_PERSIST_HEAD.pack(delta, len(frame)) + frame)
+    def add_persist(self, delta: int, unit: bytes) -> None:
+        """``unit``: the record's source id (8 bytes) and its stored form."""
+        self.persists.append(_PERSIST_HEAD.pack(delta, len(unit)) + unit)
 
     def add_persists(self, packed: bytes, sizes: np.ndarray) -> None:
         """Records already packed as ``persists`` items, end to end, of ``sizes`` bytes."""

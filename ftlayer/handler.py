@@ -32,13 +32,20 @@ from ftlayer.ids import (
 )
 from ftlayer.limits import MAX_RECORD_BYTES, MAX_SOURCE
 from ftlayer.tally import Tally
-from serialization import HEADER_SIZE, encode_frame, encode_payload
-from serialization.many import encode_frames
+from serialization import FrameError, encode_payload
+from serialization.stored import (
+    STORED_DTYPE,
+    STORED_HEADER_SIZE,
+    encode_stored,
+    encode_stored_many,
+)
 
 __all__ = ["AbstractFTHandler", "FTHandler", "NonFTHandler"]
 
 _NO_ID = RecordId(0, 0)
-_PERSIST_DTYPE = np.dtype([("delta", ">u8"), ("frame_len", ">u4"), ("header", f"V{HEADER_SIZE}")])
+_PERSIST_DTYPE = np.dtype(
+    [("delta", ">u8"), ("unit_len", ">u4"), ("source_id", ">u8"), ("header", STORED_DTYPE)]
+)
 """One record of a flush's persists argument before its payload (lua/flush.lua)."""
 _REASONS = ("explicit", "timeout", "dead_letter")
 
@@ -180,7 +187,7 @@ class FTHandler(AbstractFTHandler):
         self.partition = partition
         self._deltas: dict[int, int] = {}
         self._xors: list[tuple[np.ndarray, np.ndarray]] = []  # emit_many / ack_many events
-        self._born: dict[int, tuple[bytes, int, int, int, int]] = {}
+        self._born: dict[int, tuple[bytes, int, int, int]] = {}
         self._born_many: list[_BornMany] = []
         self._failed: dict[int, tuple[str, str]] = {}
         self._rejected: set[int] = set()  # born here to be dead-lettered (budget 0)
@@ -211,9 +218,9 @@ class FTHandler(AbstractFTHandler):
             raise RecordError(f"source index {source} is outside 0..{MAX_SOURCE}")
         if not -(2**31) <= hash_code < 2**31:
             raise RecordError(f"hash_code {hash_code} of a source {source} record is not int32")
-        src = self._sources.next(HEADER_SIZE + len(payload))
+        src = self._sources.next(STORED_HEADER_SIZE + len(payload))
         cur = self._ids.next()
-        self._born[src] = (bytes(payload), cur, hash_code, source, partition)
+        self._born[src] = (bytes(payload), hash_code, source, partition)
         self._deltas[src] = cur
         return RecordId(src, cur)
 
@@ -240,24 +247,16 @@ class FTHandler(AbstractFTHandler):
             payloads = [bytes(p) for p in payloads]
         if not 0 <= source <= MAX_SOURCE:
             raise RecordError(f"source index {source} is outside 0..{MAX_SOURCE}")
-        lens = np.fromiter(map(len, payloads), np.int64, n)
-        hcs = np.broadcast_to(np.asarray(hash_codes, np.int64), (n,))
-        parts = np.broadcast_to(np.asarray(self.partition if partitions is None else partitions,
-                                           np.int64), (n,))  # fmt: skip
-        cap = self.config.max_record_bytes
-        for what, bad in (("bytes exceed max_record_bytes=" + str(cap), lens > cap),
-                          ("has a hash_code that is not int32", (hcs < -(2**31)) | (hcs >= 2**31)),
-                          ("has a partition that is not int32",
-                           (parts < -(2**31)) | (parts >= 2**31))):  # fmt: skip
-            if bad.any():
-                i = int(np.flatnonzero(bad)[0])
-                raise RecordError(f"record {i} of this persist_many (source={source}, "
-                                  f"{int(lens[i])} bytes, hash_code={int(hcs[i])}, "
-                                  f"partition={int(parts[i])}) {what}")  # fmt: skip
-        src = persisted_ids(lens + HEADER_SIZE)
+        try:
+            headers = encode_stored_many(
+                payloads, hash_codes, source,
+                partitions=self.partition if partitions is None else partitions,
+                max_replays=self.config.max_replays, max_payload=self.config.max_record_bytes,
+            )  # fmt: skip
+        except FrameError as e:
+            raise RecordError(f"persist_many: {e} (max_record_bytes)") from e
+        src = persisted_ids(headers["payload_len"].astype(np.int64) + STORED_HEADER_SIZE)
         cur = new_ids(n)
-        headers = encode_frames(payloads, src, cur, hcs, source, partitions=parts,
-                                max_replays=self.config.max_replays, max_payload=cap)  # fmt: skip
         self._born_many.append(_BornMany(src, cur, headers, payloads))
         self._xors.append((src, cur))
         return src, cur
@@ -275,8 +274,8 @@ class FTHandler(AbstractFTHandler):
             raw = raw[:cap]
         if not -(2**31) <= hash_code < 2**31:
             hash_code = 0
-        src, cur = self._sources.next(HEADER_SIZE + len(raw)), self._ids.next()
-        self._born[src] = (bytes(raw), cur, hash_code, source, partition)
+        src, cur = self._sources.next(STORED_HEADER_SIZE + len(raw)), self._ids.next()
+        self._born[src] = (bytes(raw), hash_code, source, partition)
         self._failed[src] = ("explicit", error)
         self._rejected.add(src)
         return RecordId(src, cur)
@@ -412,13 +411,14 @@ class FTHandler(AbstractFTHandler):
             rows = np.flatnonzero(keep & (shard_ids == k))
             head = np.empty(len(rows), _PERSIST_DTYPE)
             head["delta"] = delta[rows]
-            head["frame_len"] = blk.headers["payload_len"][rows] + HEADER_SIZE
-            head["header"] = blk.headers[rows].view(f"V{HEADER_SIZE}")
+            head["unit_len"] = blk.headers["payload_len"][rows] + 8 + STORED_HEADER_SIZE
+            head["source_id"] = blk.src[rows]
+            head["header"] = blk.headers[rows]
             parts: list[Any] = [None] * (2 * len(rows))
             parts[0::2] = head.view(f"V{_PERSIST_DTYPE.itemsize}").tolist()
             payloads = blk.payloads
             parts[1::2] = payloads if len(rows) == len(payloads) else [payloads[i] for i in rows]
-            sizes = head["frame_len"].astype(np.int64) + 12
+            sizes = head["unit_len"].astype(np.int64) + 12
             b = batches.get(k) or batches.setdefault(k, ShardBatch())
             b.add_persists(b"".join(parts), sizes)
         return int(len(keep) - keep.sum())
@@ -461,24 +461,23 @@ class FTHandler(AbstractFTHandler):
 
         local_done = 0
         rejected = self._rejected
-        for src, (payload, cur, hash_code, source, partition) in self._born.items():
+        for src, (payload, hash_code, source, partition) in self._born.items():
             delta = deltas.pop(src, 0)
             if src in failed:
                 delta = 0  # stored only, then failed by the same call
             elif delta == 0:
                 local_done += 1
                 continue
-            frame = encode_frame(
+            stored = encode_stored(
                 payload,
-                src,
-                cur,
                 hash_code,
                 source,
                 partition=partition,
                 max_replays=0 if src in rejected else budget,
                 max_payload=MAX_RECORD_BYTES if src in rejected else max_payload,
+                source_id=src,
             )
-            batch(src).add_persist(delta, frame)
+            batch(src).add_persist(delta, src.to_bytes(8, "big") + stored)
         failed_ids = np.fromiter(failed.keys(), np.uint64, len(failed))
         for blk, delta in born_many:
             local_done += self._add_born_many(blk, delta, failed_ids, batches)

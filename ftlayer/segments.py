@@ -31,8 +31,7 @@ from ftlayer.limits import MAX_ERROR_BYTES as _MAX_ERROR
 from ftlayer.payloads import arrow_codecs, encode_record
 from ftlayer.scripts import NamespacePart
 from ftlayer.tally import Tally
-from serialization import HEADER_SIZE
-from serialization.many import encode_frames
+from serialization.stored import STORED_DTYPE, STORED_HEADER_SIZE, encode_stored_many
 
 __all__ = ["Residues", "SegmentStore", "frames_of_rows"]
 
@@ -52,15 +51,18 @@ def frames_of_rows(
     max_replays: int,
     max_payload: int,
 ) -> list[bytes]:
-    """Frames for ``rows`` of an Arrow table: the row as a msgpack map, a new source id
-    in ``shard`` (low 16 bits; the rows share buckets) and a random current id."""
+    """Stored records for ``rows`` of an Arrow table, each as a unit (its new source id
+    then its stored form, serialization.stored): the row as a msgpack map, the id in
+    ``shard`` (low 16 bits; the rows share buckets)."""
     codecs = arrow_codecs(table.schema)
     payloads = [encode_record(rec, codecs) for rec in table.take(rows).to_pylist()]
-    ids = persisted_ids([HEADER_SIZE + len(p) for p in payloads], shard)
-    heads = encode_frames(payloads, ids, new_ids(len(rows)), 0, source, partitions=partition,
-                          max_replays=max_replays, max_payload=max_payload)  # fmt: skip
-    return [head + payload for head, payload in zip(heads.view("V48").tolist(), payloads,
-                                                    strict=True)]  # fmt: skip
+    heads = encode_stored_many(payloads, 0, source, partitions=partition,
+                               max_replays=max_replays, max_payload=max_payload)  # fmt: skip
+    ids = persisted_ids(heads["payload_len"].astype(np.int64) + STORED_HEADER_SIZE, shard)
+    unit = np.empty(len(payloads), [("id", ">u8"), ("head", STORED_DTYPE)])
+    unit["id"], unit["head"] = ids, heads
+    return [u + p for u, p in zip(unit.view(f"V{unit.itemsize}").tolist(), payloads,
+                                  strict=True)]  # fmt: skip
 
 
 @dataclass
@@ -73,7 +75,7 @@ class Residues:
 
 
 SegmentEntry = tuple[str, int, list[tuple[bytes, str, int]], list[tuple[bytes, bytes]], int]
-"""(member, rows, failed rows as (frame, error, attempts used), pending rows as (frame, ack
+"""(member, rows, failed rows as (unit, error, attempts used), pending rows as (unit, ack
 value), failed attempts its task replayed at once)"""
 _SEG_HEAD = struct.Struct(">I")
 

@@ -18,7 +18,7 @@ import redis
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
 from ftlayer.keys import Keyspace
-from serialization.frame import VERSION
+from serialization.stored import STORED_VERSION
 
 __all__ = ["CHECKED", "NamespaceSettings", "check_settings", "read_settings"]
 
@@ -34,7 +34,7 @@ class NamespaceSettings:
 
     @classmethod
     def of(cls, config: FTConfig) -> NamespaceSettings:
-        return cls(config.shards, config.timeout_s, config.buckets, VERSION)
+        return cls(config.shards, config.timeout_s, config.buckets, STORED_VERSION)
 
     @classmethod
     def parse(cls, raw: dict[Any, Any]) -> NamespaceSettings:

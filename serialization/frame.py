@@ -30,8 +30,7 @@ that comes from outside -- stays covered.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import xxhash
@@ -68,9 +67,9 @@ _checksum = xxhash.xxh64_intdigest
 _header_check = xxhash.xxh32_intdigest
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """One framed record; ``payload`` is the record's msgpack bytes, untouched."""
+class Frame(NamedTuple):
+    """One framed record; ``payload`` is the record's msgpack bytes, untouched. A named
+    tuple: built for every claimed replay, where a frozen dataclass cost ~1 µs each."""
 
     source_id: int
     current_id: int

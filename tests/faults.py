@@ -210,7 +210,7 @@ def corrupt_stored_frame(layer: Any, source_id: int, at: int) -> bytes:
     shard = layer.keyspace[shard_of(source_id, len(layer.keyspace))]
     off = AckEntry.read(layer.client, shard, source_id).frame_offset
     fkey = shard.bucket(source_id)[1]
-    frame = bytearray(layer.persistence.raw_frame(source_id))
+    frame = bytearray(layer.persistence.stored(source_id))
     frame[at] ^= 0xFF
     layer.client.setrange(fkey, off, bytes(frame))
     return bytes(frame)

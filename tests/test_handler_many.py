@@ -104,7 +104,7 @@ def test_persist_many_stores_what_persist_would(make_layer) -> None:
     for i in (30, 299):
         f = layer.persistence.get(int(src[i]))
         assert f is not None and (f.payload, f.hash_code, f.source) == (payloads[i], i - 150, 1)
-        assert (f.partition, f.max_replays, f.current_id) == (3, 2, int(cur[i]))
+        assert (f.partition, f.max_replays, f.source_id) == (3, 2, int(src[i]))
     assert set(stored_ids(layer)) >= {int(s) for s in src[30:]} | {one.source_id}
 
     sink = layer.handler()
@@ -139,7 +139,7 @@ def test_persist_many_refuses_a_bad_record_by_its_index(make_layer) -> None:
     h = layer.handler()
     with pytest.raises(RecordError, match="payload 2 must be msgpack bytes, not str"):
         h.persist_many([b"\xc0", b"\xc0", "text"])
-    with pytest.raises(RecordError, match="record 1 of this persist_many .*51 bytes"):
+    with pytest.raises(RecordError, match=r"persist_many: record 1 \(51 bytes.*limit of 50"):
         h.persist_many([b"\xc0", b"x" * 51])
     with pytest.raises(RecordError, match="record 0 .* hash_code that is not int32"):
         h.persist_many([b"\xc0"], hash_codes=2**31)

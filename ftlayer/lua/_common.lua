@@ -86,19 +86,22 @@ local function tmo_key(deadline)
   return PREFIX .. ':t:' .. string.format('%d', deadline)
 end
 
+-- A stored record (serialization/stored.py): payload_len u32 | hash_code i32 | partition
+-- i32 | source u16 | max_replays u16 | checksum u64 | payload.
+local STORED_HEAD = 24
 local function source_of(frame)
-  return (struct.unpack('>I2', frame, 33))
+  return (struct.unpack('>I2', frame, 13))
 end
 
 -- The record's replay budget, written into its frame by the pipeline that persisted it;
 -- an override >= 0 (a sidecar's --max-replays) replaces it.
 local function budget_of(frame, override)
   if override >= 0 then return override end
-  return (struct.unpack('>I2', frame, 35))
+  return (struct.unpack('>I2', frame, 15))
 end
 
 local function frame_len(frames, off)
-  return 48 + struct.unpack('>I4', frames, off + 5)
+  return STORED_HEAD + struct.unpack('>I4', frames, off + 1)
 end
 
 -- == buckets: every read and write of ack entries and frames goes through this cache ====
@@ -219,7 +222,7 @@ local function frame_at(b, off)
     return string.sub(pending, off - b.flen + 1, off - b.flen + frame_len(pending, off - b.flen))
   end
   if not b.frames then b.frames = redis.call('GET', b.fkey) or '' end
-  if off + 48 > #b.frames then return nil end
+  if off + STORED_HEAD > #b.frames then return nil end
   return string.sub(b.frames, off + 1, off + frame_len(b.frames, off))
 end
 
@@ -319,7 +322,7 @@ end
 -- A replay queue entry: new id | hash code | original partition | failed attempts u16
 -- (18 bytes; claim hands the attempts to the stage contexts).
 local function queue_entry(new, frame, attempts)
-  local hash_code, partition = struct.unpack('>i4i4', frame, 25)
+  local hash_code, partition = struct.unpack('>i4i4', frame, 5)
   return struct.pack('>c8i4i4I2', new, hash_code, partition, math.min(attempts, 65535))
 end
 
@@ -363,10 +366,8 @@ local function queue_replay(id, b, slot, frame, hist)
   items[#items + 1] = queue_entry(id, frame, attempts_since_redrive(hist))
 end
 
--- Queue a failed record for replay under a new source id, in a fresh bucket. Its frame is
--- copied as it is: a stored frame's source id bytes (9..16) are the ones it was first
--- persisted with, the entry's place names the record, and whoever hands a stored frame out
--- puts its id in (claim's caller, dead_letter, RedisPersistenceLayer.raw_frame).
+-- Queue a failed record for replay under a new source id, in a fresh bucket. Its stored
+-- form is copied as it is: it holds no ids (the entry's place names the record).
 local function requeue(src, frame, hist, lo)
   local new, b, slot = new_source_id(lo or struct.unpack('>I2', src, 7), #frame)
   queue_replay(new, b, slot, frame, hist)
@@ -375,7 +376,6 @@ end
 
 -- pending: it counted as pending until now (a vectorized batch's residue did not).
 local function dead_letter(src, frame, hist, source, pending)
-  if #frame >= 16 then frame = string.sub(frame, 1, 8) .. src .. string.sub(frame, 17) end
   dlq_set[#dlq_set + 1] = src
   dlq_set[#dlq_set + 1] = cmsgpack.pack({frame, hist, NOW})
   log_dead_letter(src, source)

@@ -8,13 +8,16 @@
 -- i-th popped entry gets the i-th id of ARGV[3]), and gets a fresh timeout: if the
 -- claiming task dies, the record times out and is replayed again (nothing lost); while it
 -- only waits in the queue it burns no attempt.
--- Returns a flat list: queue entry (source id 8 | hash code 4 | original partition 4 |
--- failed attempts 2), its index among the popped entries (1-based: its current id is
--- that one of ARGV[3]), its frame as stored (the caller puts the current id in), ...;
--- entries whose record vanished are left out. The caller decodes every frame, so a record
--- whose frame no longer decodes can still be dead-lettered on its own.
+-- Returns {queue entries, stored records, vanished, n lengths, [n indices]} for the n
+-- records claimed: their queue entries end to end (source id 8 | hash code 4 | original
+-- partition 4 | failed attempts 2), their stored records end to end
+-- (serialization/stored.py) and each one's length; when some popped entries' records had
+-- vanished (left out, counted), also each claimed record's index among the popped entries
+-- (1-based: its current id is that one of ARGV[3]; without them, the k-th claimed is the
+-- k-th popped). The caller decodes every record on its own, so one that no longer decodes
+-- can still be dead-lettered alone.
 -- Redis is called per bucket (one GET of its entries, one of its frames, one SET), not
--- per record, and no string is made per record but its frame and its entry.
+-- per record, and the reply holds two strings and integers, not strings per record.
 
 local token_key = PREFIX .. ':claim:' .. ARGV[6]
 local source, want, curs = ARGV[1], tonumber(ARGV[2]), ARGV[3]
@@ -22,7 +25,7 @@ local QITEM = 18
 
 -- Init (claim) or only read (a retry: init = false) the records of queue entries.
 local function claim(items, deadline, init)
-  local out, vanished = {}, 0
+  local got, frames, lens, idx, vanished = {}, {}, {}, {}, 0
   for i = 1, #items do
     local hi, slot, lo = split_id(items[i])
     local b = bucket(hi, lo)
@@ -35,14 +38,19 @@ local function claim(items, deadline, init)
         put(b, slot, chi, clo, deadline, NOW, off, src_index)
         add_timeout(b, deadline)
       end
-      out[#out + 1] = items[i]
-      out[#out + 1] = i
-      out[#out + 1] = frame
+      local k = #got + 1
+      got[k], frames[k], lens[k], idx[k] = items[i], frame, #frame, i
     else
       vanished = vanished + 1
     end
   end
-  return out, vanished
+  local out = {table.concat(got), table.concat(frames), vanished}
+  for k = 1, #lens do out[k + 3] = lens[k] end
+  if vanished > 0 then
+    local n = #lens
+    for k = 1, n do out[n + k + 3] = idx[k] end
+  end
+  return out, vanished, #got
 end
 
 local seen = redis.call('GET', token_key)
@@ -58,10 +66,10 @@ if not items then
   redis.call('SET', token_key, '', 'PX', CLAIM_TOKEN_TTL_MS)
   return {}
 end
-local out, vanished = claim(items, deadline, true)
+local out, vanished, claimed = claim(items, deadline, true)
 commit()
 count('replays_vanished', vanished)
-count('replays_claimed', #out / 3)
+count('replays_claimed', claimed)
 flush_counts()
 redis.call('SET', token_key, table.concat(items), 'PX', CLAIM_TOKEN_TTL_MS)
 return out

@@ -2,7 +2,8 @@
 -- reaches Redis as one delta, never a partial subset).
 -- ARGV: token, interval_ms, buckets, max_replays (-1: each record's own budget), persists,
 --       xors, fails, local_completed
---   persists: repeated [delta 8][frame_len u32][frame]  (record born in the flushing task;
+--   persists: repeated [delta 8][len u32][source id 8][stored record]  (len counts the id
+--             and the stored record; a record born in the flushing task;
 --             the delta includes its init, i.e. the XOR of its root current id; a zero
 --             delta means the record is only stored, to be failed by this same call)
 --   xors:     repeated [source id 8][delta hi i4][delta lo i4]
@@ -38,9 +39,9 @@ local pos, n = 1, #persists
 while pos <= n do
   local dhi, dlo, flen
   dhi, dlo, flen, pos = struct.unpack('>i4i4I4', persists, pos)
-  local frame = string.sub(persists, pos, pos + flen - 1)
+  local hi, slot, lo = split_id(persists, pos)
+  local frame = string.sub(persists, pos + 8, pos + flen - 1)
   pos = pos + flen
-  local hi, slot, lo = split_id(frame, 9)
   local b = bucket(hi, lo)
   local source = source_of(frame)
   add(b, slot, dhi, dlo, source, add_frame(b, frame))

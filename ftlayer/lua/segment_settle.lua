@@ -6,9 +6,10 @@
 -- ARGV: interval_ms, buckets, max_replays, reason ('explicit'|'timeout'), run salt,
 --       segments: repeated [member_len u16][member][rows u32][failed u32][pending u32]
 --                          [immediate u32: failed attempts its task replayed at once],
---         then each failed row  [frame_len u32][frame][attempts u16][err_len u16][err]
+--         then each failed row  [len u32][source id 8][stored][attempts u16][err_len u16][err]
 --              -> replay queue (or dead letters past the budget),
---         then each pending row [frame_len u32][frame][value 8]
+--         then each pending row [len u32][source id 8][stored][value 8]
+--         (len counts the id and the stored record, serialization/stored.py)
 --              -> pending with a live timeout, value as its ack value,
 --       summary keys to delete (key suffixes joined by ','),
 --       batch prefix (source:batch:, or ''): when given, the batch is marked settled by
@@ -40,8 +41,8 @@ while pos <= #segs do
   end
   if redis.call('ZSCORE', idx, member) then
     for _, f in ipairs(failed) do
-      local frame, err, attempts = f[1], f[2], f[3]
-      local src = string.sub(frame, 9, 16)
+      local unit, err, attempts = f[1], f[2], f[3]
+      local src, frame = string.sub(unit, 1, 8), string.sub(unit, 9)
       local source = source_of(frame)
       local dead_now = attempts >= DEAD_NOW
       if dead_now then attempts = attempts - DEAD_NOW end
@@ -58,8 +59,9 @@ while pos <= #segs do
       end
     end
     for _, p in ipairs(pending) do
-      local frame, value = p[1], p[2]
-      local hi, slot, lo = split_id(frame, 9)
+      local unit, value = p[1], p[2]
+      local hi, slot, lo = split_id(unit)
+      local frame = string.sub(unit, 9)
       local b = bucket(hi, lo)
       local source = source_of(frame)
       local hi, lo = struct.unpack('>i4i4', value)

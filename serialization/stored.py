@@ -1,0 +1,174 @@
+"""The stored form of a frame: what Redis keeps of a pending record (docs/storage-layout.md).
+
+Layout (big-endian, 24-byte header)::
+
+    0  payload_len  I
+    4  hash_code    i    int32 hash of the key
+    8  partition    i    partition the source placed it in (-1: unknown)
+   12  source       H    source index
+   14  max_replays  H    the record's replay budget
+   16  checksum     Q    xxh64(payload, seed=0)
+   24  payload      payload_len bytes
+
+A frame (serialization.frame) minus what Redis knows without it: magic, version and flags
+(the namespace's settings name the layout: ``STORED_VERSION``), the source id (the key and
+slot of the record's ack entry name it), the current id (a replay gets a fresh one when
+claimed) and the header check (the ids it skipped are gone; a length past the stored
+bytes fails the bounds check, a changed payload the checksum). Lua reads ``payload_len``,
+``hash_code``, ``partition``, ``source`` and ``max_replays`` at these offsets
+(lua/_common.lua).
+
+Where a stored record travels to Lua (a flush's persists, a segment's residues) it is
+preceded by its 8-byte source id: ``[source id][stored]``, one *unit*.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+import xxhash
+
+from serialization.errors import (
+    ChecksumMismatchError,
+    CorruptFrameError,
+    FrameError,
+    OversizedFrameError,
+    TruncatedFrameError,
+)
+from serialization.frame import (
+    DEFAULT_MAX_PAYLOAD,
+    Frame,
+    describe_record,
+    encode_frame,
+)
+
+__all__ = [
+    "STORED",
+    "STORED_DTYPE",
+    "STORED_HEADER_SIZE",
+    "STORED_VERSION",
+    "decode_stored",
+    "encode_stored",
+    "encode_stored_many",
+    "frame_of_stored",
+]
+
+STORED = struct.Struct(">IiiHHQ")
+STORED_HEADER_SIZE = STORED.size  # 24
+_unpack = STORED.unpack_from
+_xxh64 = xxhash.xxh64_intdigest
+STORED_VERSION = 2
+"""The stored layout's version, kept in a namespace's settings (1: whole frames)."""
+STORED_DTYPE = np.dtype(
+    [("payload_len", ">u4"), ("hash_code", ">i4"), ("partition", ">i4"), ("source", ">u2"),
+     ("max_replays", ">u2"), ("checksum", ">u8")]
+)  # fmt: skip
+assert STORED_DTYPE.itemsize == STORED_HEADER_SIZE
+
+
+def encode_stored(
+    payload: bytes,
+    hash_code: int,
+    source: int,
+    *,
+    partition: int = -1,
+    max_replays: int = 0,
+    max_payload: int = DEFAULT_MAX_PAYLOAD,
+    source_id: int = 0,
+) -> bytes:
+    """The stored form of a payload (``source_id`` only names it in errors); raises
+    OversizedFrameError past ``max_payload``, CorruptFrameError for a field out of range."""
+    if len(payload) > max_payload:
+        raise OversizedFrameError(
+            f"payload of {len(payload)} bytes exceeds the limit of {max_payload} bytes",
+            record=describe_record(source_id, 0, source),
+        )
+    try:
+        head = STORED.pack(len(payload), hash_code, partition, source, max_replays,
+                           xxhash.xxh64_intdigest(payload))  # fmt: skip
+    except struct.error as e:
+        raise CorruptFrameError(
+            f"cannot store record: {e} (hash_code and partition int32, source and max_replays u16)",
+            record=describe_record(source_id, 0, source),
+        ) from e
+    return head + payload
+
+
+def encode_stored_many(
+    payloads: Sequence[bytes],
+    hash_codes: np.ndarray | int,
+    source: int,
+    *,
+    partitions: np.ndarray | int = -1,
+    max_replays: int = 0,
+    max_payload: int = DEFAULT_MAX_PAYLOAD,
+) -> np.ndarray:
+    """The stored headers of many payloads as one STORED_DTYPE array: ``encode_stored``
+    with no Python call per record but the checksum (``hash_codes`` and ``partitions``
+    aligned arrays or one value for all). Raises OversizedFrameError or CorruptFrameError
+    naming the index of the first bad record."""
+    n = len(payloads)
+    lens = np.fromiter(map(len, payloads), np.int64, n)
+    hcs = np.broadcast_to(np.asarray(hash_codes, np.int64), (n,))
+    parts = np.broadcast_to(np.asarray(partitions, np.int64), (n,))
+    if not (0 <= source < 1 << 16 and 0 <= max_replays < 1 << 16):
+        raise CorruptFrameError(f"source {source} and max_replays {max_replays} must be u16")
+    for what, bad, err in (
+        ("bytes exceed the limit of", lens > max_payload, OversizedFrameError),
+        ("has a hash_code that is not int32", (hcs < -(2**31)) | (hcs >= 2**31), CorruptFrameError),
+        ("has a partition that is not int32", (parts < -(2**31)) | (parts >= 2**31),
+         CorruptFrameError),
+    ):  # fmt: skip
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            limit = f" {max_payload}" if err is OversizedFrameError else ""
+            raise err(f"record {i} ({int(lens[i])} bytes, hash_code={int(hcs[i])}, "
+                      f"partition={int(parts[i])}, source={source}) {what}{limit}")  # fmt: skip
+    h = np.empty(n, STORED_DTYPE)
+    h["payload_len"] = lens
+    h["hash_code"], h["partition"] = hcs, parts
+    h["source"], h["max_replays"] = source, max_replays
+    h["checksum"] = np.fromiter(map(xxhash.xxh64_intdigest, payloads), np.uint64, n)
+    return h
+
+
+def decode_stored(
+    stored: bytes, source_id: int, current_id: int = 0, *, max_payload: int = DEFAULT_MAX_PAYLOAD
+) -> Frame:
+    """The Frame of a stored record named ``source_id`` (``current_id``: the one it is
+    handed out with; 0 for a record at rest). Raises a FrameError naming the record for
+    a short or oversized record, trailing bytes, or a payload whose checksum fails."""
+    if len(stored) >= STORED_HEADER_SIZE:  # the path of every good record: no string made
+        n, hc, part, source, budget, ck = _unpack(stored)
+        if n <= max_payload and len(stored) == STORED_HEADER_SIZE + n:
+            payload = bytes(stored[STORED_HEADER_SIZE:])
+            if _xxh64(payload) == ck:
+                return Frame(source_id, current_id, hc, source, payload, part, budget)
+    raise _why(stored, source_id, current_id, max_payload)
+
+
+def _why(stored: bytes, source_id: int, current_id: int, max_payload: int) -> FrameError:
+    """The error ``decode_stored`` raises for a record it could not decode."""
+    if len(stored) < STORED_HEADER_SIZE:
+        return TruncatedFrameError(f"stored record of {len(stored)} bytes: header cut short",
+                                   record=describe_record(source_id, current_id, 0))  # fmt: skip
+    n, _hc, _part, source, _budget, _ck = _unpack(stored)
+    desc = describe_record(source_id, current_id, source)
+    if n > max_payload:
+        return OversizedFrameError(f"payload of {n} bytes exceeds the limit of {max_payload} "
+                                   "bytes", record=desc)  # fmt: skip
+    if len(stored) != STORED_HEADER_SIZE + n:
+        return CorruptFrameError(f"stored record of {len(stored)} bytes says its payload has "
+                                 f"{n}", record=desc)  # fmt: skip
+    return ChecksumMismatchError("payload checksum mismatch (payload corrupted)", record=desc)
+
+
+def frame_of_stored(stored: bytes, source_id: int, current_id: int = 0) -> bytes:
+    """The wire frame of a stored record (for tools that hand frames on); raises as
+    ``decode_stored``."""
+    f = decode_stored(stored, source_id, current_id, max_payload=1 << 31)
+    return encode_frame(f.payload, source_id, current_id, f.hash_code, f.source,
+                        partition=f.partition, max_replays=f.max_replays,
+                        max_payload=1 << 31)  # fmt: skip
