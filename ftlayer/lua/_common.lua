@@ -343,27 +343,40 @@ local hist_set, hist_del, dlq_set, queues = {}, {}, {}, {}
 -- no timeout until a source task claims it.
 local first_failures = {} -- reason -> err -> packed one-entry history (memo: a bulk
                           -- expiry fails thousands of records with the same first entry)
-local function packed_history(hist)
-  if #hist ~= 1 or hist[1][3] ~= 1 then return cmsgpack.pack(hist) end
-  local reason, err = hist[1][1], hist[1][4]
+local function first_history(reason, err)
   local by_err = table_at(first_failures, reason)
   local packed = by_err[err]
   if not packed then
-    packed = cmsgpack.pack(hist)
+    packed = cmsgpack.pack({{reason, NOW, 1, err}})
     by_err[err] = packed
   end
   return packed
 end
 
+local function packed_history(hist)
+  if #hist == 1 and hist[1][3] == 1 then return first_history(hist[1][1], hist[1][4]) end
+  return cmsgpack.pack(hist)
+end
+
+-- As queue_replay below, with the history packed and its attempts since the last redrive.
 local queue_names = {}
-local function queue_replay(id, b, slot, frame, hist)
+local function queue_packed(id, b, slot, frame, packed_hist, attempts)
   local source = source_of(frame)
   put(b, slot, 0, 0, 0, 0, add_frame(b, frame), source)
-  hist_set[#hist_set + 1] = id
-  hist_set[#hist_set + 1] = packed_history(hist)
-  if not queue_names[source] then queue_names[source] = PREFIX .. ':replay:' .. source end
-  local items = table_at(queues, source)
-  items[#items + 1] = queue_entry(id, frame, attempts_since_redrive(hist))
+  local n = #hist_set
+  hist_set[n + 1] = id
+  hist_set[n + 2] = packed_hist
+  local items = queues[source]
+  if not items then
+    queue_names[source] = PREFIX .. ':replay:' .. source
+    items = {}
+    queues[source] = items
+  end
+  items[#items + 1] = queue_entry(id, frame, attempts)
+end
+
+local function queue_replay(id, b, slot, frame, hist)
+  queue_packed(id, b, slot, frame, packed_history(hist), attempts_since_redrive(hist))
 end
 
 -- Queue a failed record for replay under a new source id, in a fresh bucket. Its stored
@@ -372,6 +385,12 @@ local function requeue(src, frame, hist, lo)
   local new, b, slot = new_source_id(lo or struct.unpack('>I2', src, 7), #frame)
   queue_replay(new, b, slot, frame, hist)
   return new
+end
+
+-- requeue of a record at its first failure (no history yet): no table made for it.
+local function requeue_first(frame, reason, err, lo)
+  local new, b, slot = new_source_id(lo, #frame)
+  queue_packed(new, b, slot, frame, first_history(reason, err), 1)
 end
 
 -- pending: it counted as pending until now (a vectorized batch's residue did not).
@@ -396,33 +415,31 @@ end
 -- re-persist the record under a new source id in the same shard and queue it for replay
 -- with its hash code and original partition, or, past its budget, move it to the
 -- dead-letter hash with its history. Never acks.
--- list: {src, reason, err, budget} each; budget -1: the record's own (its frame's). A
--- caller that has read the entry already (expire) adds b, slot and off (its frame's offset):
--- then the entry is not looked up again (each such src must appear once in the list).
+-- Parallel arrays, one index per record: srcs (8-byte ids), bs and slots (its bucket and
+-- slot), offs (its frame's offset if the caller read its entry already, else false: then
+-- the entry is looked up; each such src must appear once); reason, err and budget either
+-- arrays or one value for all (budget -1: the record's own, from its frame).
 -- Returns {replayed, dead_lettered, orphans}; writes are buffered (commit_failures()).
-local function fail_records(list)
+local function fail_many(srcs, bs, slots, offs, reason, err, budget)
   local done = {0, 0, 0}
-  for _, f in ipairs(list) do
-    if not f.b then
-      local hi, slot, lo = split_id(f[1])
-      f.b, f.slot = bucket(hi, lo), slot
-    end
-  end
-  local srcs = {}
-  for i, f in ipairs(list) do srcs[i] = f[1] end
+  local rs, es, bud = type(reason) == 'table', type(err) == 'table', type(budget) == 'table'
   local hists = {}
   for i = 1, #srcs, CHUNK do
     local got = redis.call('HMGET', HIST, unpack(srcs, i, math.min(i + CHUNK - 1, #srcs)))
     for j = 1, #got do hists[i + j - 1] = got[j] end
   end
-  for i, f in ipairs(list) do
-    local src, reason, err, budget, b, slot = f[1], f[2], f[3], f[4], f.b, f.slot
-    local frame, off = nil, f.off
-    if off == nil then
+  for i = 1, #srcs do
+    local src, b, slot, off = srcs[i], bs[i], slots[i], offs[i]
+    local r, e, bu = reason, err, budget
+    if rs then r = reason[i] end
+    if es then e = err[i] end
+    if bud then bu = budget[i] end
+    local frame = nil
+    if not off then
       local hi, _, _, _, o = get(b, slot)
       if hi then off = o end
     end
-    if off ~= nil then
+    if off then
       remove(b, slot)
       if off ~= NOFRAME then frame = frame_at(b, off) end
     end
@@ -430,25 +447,42 @@ local function fail_records(list)
       count('orphans')
       done[3] = done[3] + 1
     else
-      local hist = {}
-      if hists[i] then
-        hist = cmsgpack.unpack(hists[i])
-        hist_del[#hist_del + 1] = src
-      end
-      local attempt = attempts_since_redrive(hist) + 1
-      hist[#hist + 1] = {reason, NOW, attempt, err}
-      count(FAILED[reason] or ('failed_' .. reason))
-      if attempt > budget_of(frame, budget) then
-        dead_letter(src, frame, hist, source_of(frame), true)
-        done[2] = done[2] + 1
-      else
-        requeue(src, frame, hist, b.lo)
-        count('replayed')
+      count(FAILED[r] or ('failed_' .. r))
+      local packed = hists[i]
+      if not packed and budget_of(frame, bu) >= 1 then  -- the common case: a first failure
+        requeue_first(frame, r, e, b.lo)
         done[1] = done[1] + 1
+      else
+        local hist = {}
+        if packed then
+          hist = cmsgpack.unpack(packed)
+          hist_del[#hist_del + 1] = src
+        end
+        local attempt = attempts_since_redrive(hist) + 1
+        hist[#hist + 1] = {r, NOW, attempt, e}
+        if attempt > budget_of(frame, bu) then
+          dead_letter(src, frame, hist, source_of(frame), true)
+          done[2] = done[2] + 1
+        else
+          requeue(src, frame, hist, b.lo)
+          done[1] = done[1] + 1
+        end
       end
     end
   end
+  if done[1] > 0 then count('replayed', done[1]) end
   return done
+end
+
+-- fail_many for a list of {src, reason, err, budget} tables (parse_fails).
+local function fail_records(list)
+  local srcs, bs, slots, offs, reasons, errs, budgets = {}, {}, {}, {}, {}, {}, {}
+  for i, f in ipairs(list) do
+    local hi, slot, lo = split_id(f[1])
+    srcs[i], bs[i], slots[i], offs[i] = f[1], bucket(hi, lo), slot, false
+    reasons[i], errs[i], budgets[i] = f[2], f[3], f[4]
+  end
+  return fail_many(srcs, bs, slots, offs, reasons, errs, budgets)
 end
 
 -- Parse a packed list of failures: repeated [source id 8][reason u8: 1 explicit,
