@@ -233,7 +233,19 @@ local function commit()
       b.flen = b.flen + b.applen
       b.app, b.applen, b.frames = {}, 0, nil
     end
-    if b.dirty then
+    local emptied = b.dirty -- every slot it may hold removed: delete it, no string built
+    if emptied then
+      for slot = 0, slots_of(b) - 1 do
+        if b.ch[slot] ~= false then
+          emptied = false
+          break
+        end
+      end
+    end
+    if emptied then
+      redis.call('DEL', b.key, b.fkey)
+      b.ch, b.dirty, b.raw, b.flen, b.frames = {}, false, '', 0, ''
+    elseif b.dirty then
       -- the new entries string: runs of unchanged entries as they were, changed ones
       -- packed; trailing empty slots cut; an empty bucket deleted with its frames
       local n = slots_of(b)
@@ -322,6 +334,7 @@ end
 -- A replay queue entry: new id | hash code | original partition | failed attempts u16
 -- (18 bytes; claim hands the attempts to the stage contexts).
 local function queue_entry(new, frame, attempts)
+  if attempts == 1 then return new .. string.sub(frame, 5, 12) .. '\0\1' end
   local hash_code, partition = struct.unpack('>i4i4', frame, 5)
   return struct.pack('>c8i4i4I2', new, hash_code, partition, math.min(attempts, 65535))
 end
