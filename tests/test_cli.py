@@ -47,6 +47,16 @@ def test_readme_example_runs_as_written() -> None:
     assert _redis_children() <= before, "the embedded redis-server was left running"
 
 
+def test_readme_array_example_runs_as_written() -> None:
+    readme = (ROOT / "README.md").read_text()
+    core = readme[readme.index("## The core API") :]
+    code = re.findall(r"```python\n(.*?)```", core, re.S)[1]
+    assert "persist_many" in code
+    out = _run([sys.executable, "-c", code], cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["completed=990 queued_replays=10"]
+
+
 def test_readme_pipeline_is_the_tested_one() -> None:
     """The README's pipeline is the one tests/spark runs (from docs/vectorized.md)."""
     block = re.compile(r"```python\n(.*?)```", re.S)
