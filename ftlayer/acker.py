@@ -30,7 +30,8 @@ _ENTRY_HEAD = struct.Struct(">Q")
 _ENTRY_TAIL = struct.Struct(">IH")
 ENTRY_BYTES = 26
 NOFRAME = 0xFFFF_FFFF
-_PERSIST_HEAD = struct.Struct(">QI")
+PERSIST_HEAD = struct.Struct(">QQI")
+"""A record in a flush's persists argument: its delta, source id, stored length."""
 _FAIL_HEAD = struct.Struct(">QBH")
 REASON_CODES = {"explicit": 1, "timeout": 2, "dead_letter": 3}
 """``dead_letter``: an explicit failure that no replay can fix (dead-lettered now)."""
@@ -75,23 +76,49 @@ class AckEntry:
 class ShardBatch:
     """What one flush sends to one shard."""
 
-    persists: list[bytes] = field(default_factory=list)
-    """One item per record: [delta 8][unit length 4][source id 8][stored record]
-    (lua/flush.lua, serialization/stored.py)."""
-    persist_blocks: list[tuple[bytes, np.ndarray]] = field(default_factory=list)
-    """Records packed as above into one buffer, with each record's size in bytes."""
+    persists: list[tuple[int, int, bytes]] = field(default_factory=list)
+    """Records born in the task: (delta, source id, stored record) each (lua/flush.lua,
+    serialization/stored.py)."""
+    persist_blocks: list[tuple[bytes, bytes, np.ndarray]] = field(default_factory=list)
+    """Records packed already: their heads (PERSIST_HEAD each), their stored records end
+    to end, and each stored record's size in bytes."""
     xor_srcs: np.ndarray | None = None
     xor_deltas: np.ndarray | None = None
     fails: list[tuple[int, str, str]] = field(default_factory=list)
     local_completed: int = 0
 
-    def add_persist(self, delta: int, unit: bytes) -> None:
-        """``unit``: the record's source id (8 bytes) and its stored form."""
-        self.persists.append(_PERSIST_HEAD.pack(delta, len(unit)) + unit)
+    def add_persist(self, delta: int, source_id: int, stored: bytes) -> None:
+        self.persists.append((delta, source_id, stored))
 
-    def add_persists(self, packed: bytes, sizes: np.ndarray) -> None:
-        """Records already packed as ``persists`` items, end to end, of ``sizes`` bytes."""
-        self.persist_blocks.append((packed, sizes))
+    def add_persists(self, heads: bytes, records: bytes, sizes: np.ndarray) -> None:
+        """Records packed already (see ``persist_blocks``)."""
+        self.persist_blocks.append((heads, records, sizes))
+
+    def persist_parts(self, max_bytes: int) -> list[tuple[bytes, bytes]]:
+        """The records as (heads, stored records) argument pairs of whole records, each
+        pair under ``max_bytes`` together (a record larger than that travels alone)."""
+        heads = [PERSIST_HEAD.pack(d, s, len(r)) for d, s, r in self.persists]
+        records = [r for _, _, r in self.persists]
+        sizes = [np.fromiter(map(len, records), np.int64, len(records))]
+        for h, r, sz in self.persist_blocks:
+            heads.append(h)
+            records.append(r)
+            sizes.append(sz.astype(np.int64))
+        size = np.concatenate(sizes)
+        if not len(size):
+            return []
+        head, rec = b"".join(heads), b"".join(records)
+        ends = np.cumsum(size)
+        through = ends + PERSIST_HEAD.size * np.arange(1, len(size) + 1)
+        out, i = [], 0
+        while i < len(size):
+            before = int(through[i - 1]) if i else 0
+            j = max(int(np.searchsorted(through, before + max_bytes, "right")), i + 1)
+            start = int(ends[i - 1]) if i else 0
+            out.append((head[i * PERSIST_HEAD.size : j * PERSIST_HEAD.size],
+                        rec[start : int(ends[j - 1])]))  # fmt: skip
+            i = j
+        return out
 
     def pack_xors(self) -> bytes:
         if self.xor_srcs is None or not len(self.xor_srcs):
@@ -101,28 +128,23 @@ class ShardBatch:
         out[:, 1] = self.xor_deltas
         return out.tobytes()
 
-    def calls(self, max_bytes: int) -> list[tuple[bytes, bytes, bytes, int]]:
-        """The batch as (persists, xors, fails, local_completed) script arguments, each
-        under ``max_bytes`` (a record larger than that travels alone). A record never
-        spans two calls, so each call stays atomic for the records it carries; the
-        local completions ride in the first."""
-        if self.persist_blocks:  # one stream: a call carries as many whole records as fit
-            persists = _cut(b"".join(self.persists + [p for p, _ in self.persist_blocks]),
-                            np.concatenate([np.fromiter(map(len, self.persists), np.int64),
-                                            *(s for _, s in self.persist_blocks)]),
-                            max_bytes)  # fmt: skip
-        else:
-            persists = _group(self.persists, max_bytes)
+    def calls(self, max_bytes: int) -> list[tuple[bytes, bytes, bytes, int, bytes]]:
+        """The batch as (persists, xors, fails, local_completed, records) script
+        arguments, each under ``max_bytes`` (a record larger than that travels alone). A
+        record never spans two calls, so each call stays atomic for the records it
+        carries; the local completions ride in the first."""
+        persists = self.persist_parts(max_bytes)
         packed = self.pack_xors()
         step = max(16, max_bytes // 16 * 16)
         xors = [packed[i : i + step] for i in range(0, len(packed), step)]
         fails = _group(_packed_fails(self.fails), max_bytes)
         n = max(1, len(persists), len(xors), len(fails))
 
-        def at(parts: list[bytes], i: int) -> bytes:
-            return parts[i] if i < len(parts) else b""
+        def at(parts: list[Any], i: int, empty: Any = b"") -> Any:
+            return parts[i] if i < len(parts) else empty
 
-        return [(at(persists, i), at(xors, i), at(fails, i), self.local_completed if i == 0 else 0)
+        return [(at(persists, i, (b"", b""))[0], at(xors, i), at(fails, i),
+                 self.local_completed if i == 0 else 0, at(persists, i, (b"", b""))[1])
                 for i in range(n)]  # fmt: skip
 
     @property
@@ -154,19 +176,6 @@ def _packed_fails(fails: list[tuple[int, str, str]]) -> list[bytes]:
 
 def pack_fails(fails: list[tuple[int, str, str]]) -> bytes:
     return b"".join(_packed_fails(fails))
-
-
-def _cut(packed: bytes, sizes: np.ndarray, max_bytes: int) -> list[bytes]:
-    """``packed`` (items of ``sizes`` bytes end to end) cut between items into parts of at
-    most ``max_bytes`` (an item larger than that is a part of its own)."""
-    ends = np.cumsum(sizes)
-    out, i, start = [], 0, 0
-    while i < len(ends):
-        j = max(int(np.searchsorted(ends, start + max_bytes, "right")), i + 1)
-        end = int(ends[j - 1])
-        out.append(packed[start:end])
-        i, start = j, end
-    return out
 
 
 def _group(items: list[bytes], max_bytes: int) -> list[bytes]:
@@ -205,9 +214,12 @@ class RedisAckerTable(NamespacePart):
         for shard, batch in sorted(batches.items()):
             if batch.empty:
                 continue
-            for i, (persists, xors, fails, local) in enumerate(batch.calls(cfg.flush_chunk_bytes)):
+            for i, (persists, xors, fails, local, records) in enumerate(
+                batch.calls(cfg.flush_chunk_bytes)
+            ):
                 call_token = f"{token}:{shard}" + (f":{i}" if i else "")
-                args = [call_token, cfg.interval_ms, cfg.buckets, -1, persists, xors, fails, local]
+                args = [call_token, cfg.interval_ms, cfg.buckets, -1, persists, xors, fails, local,
+                        records]  # fmt: skip
                 calls.append((self.keyspace[shard].script_keys, args))
         result = Tally()
         if not calls:

@@ -34,7 +34,6 @@ from ftlayer.limits import MAX_RECORD_BYTES, MAX_SOURCE
 from ftlayer.tally import Tally
 from serialization import FrameError, encode_payload
 from serialization.stored import (
-    STORED_DTYPE,
     STORED_HEADER_SIZE,
     encode_stored,
     encode_stored_many,
@@ -43,10 +42,8 @@ from serialization.stored import (
 __all__ = ["AbstractFTHandler", "FTHandler", "NonFTHandler"]
 
 _NO_ID = RecordId(0, 0)
-_PERSIST_DTYPE = np.dtype(
-    [("delta", ">u8"), ("unit_len", ">u4"), ("source_id", ">u8"), ("header", STORED_DTYPE)]
-)
-"""One record of a flush's persists argument before its payload (lua/flush.lua)."""
+_PERSIST_DTYPE = np.dtype([("delta", ">u8"), ("source_id", ">u8"), ("stored_len", ">u4")])
+"""One record of a flush's persists argument (acker.PERSIST_HEAD, lua/flush.lua)."""
 _REASONS = ("explicit", "timeout", "dead_letter")
 
 
@@ -411,16 +408,14 @@ class FTHandler(AbstractFTHandler):
             rows = np.flatnonzero(keep & (shard_ids == k))
             head = np.empty(len(rows), _PERSIST_DTYPE)
             head["delta"] = delta[rows]
-            head["unit_len"] = blk.headers["payload_len"][rows] + 8 + STORED_HEADER_SIZE
             head["source_id"] = blk.src[rows]
-            head["header"] = blk.headers[rows]
+            head["stored_len"] = blk.headers["payload_len"][rows] + STORED_HEADER_SIZE
             parts: list[Any] = [None] * (2 * len(rows))
-            parts[0::2] = head.view(f"V{_PERSIST_DTYPE.itemsize}").tolist()
+            parts[0::2] = blk.headers[rows].view(f"V{STORED_HEADER_SIZE}").tolist()
             payloads = blk.payloads
             parts[1::2] = payloads if len(rows) == len(payloads) else [payloads[i] for i in rows]
-            sizes = head["unit_len"].astype(np.int64) + 12
             b = batches.get(k) or batches.setdefault(k, ShardBatch())
-            b.add_persists(b"".join(parts), sizes)
+            b.add_persists(head.tobytes(), b"".join(parts), head["stored_len"].astype(np.int64))
         return int(len(keep) - keep.sum())
 
     def _all_deltas(self) -> tuple[np.ndarray, np.ndarray]:
@@ -477,7 +472,7 @@ class FTHandler(AbstractFTHandler):
                 max_payload=MAX_RECORD_BYTES if src in rejected else max_payload,
                 source_id=src,
             )
-            batch(src).add_persist(delta, src.to_bytes(8, "big") + stored)
+            batch(src).add_persist(delta, src, stored)
         failed_ids = np.fromiter(failed.keys(), np.uint64, len(failed))
         for blk, delta in born_many:
             local_done += self._add_born_many(blk, delta, failed_ids, batches)

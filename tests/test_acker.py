@@ -76,7 +76,8 @@ def test_a_retried_flush_is_applied_once(layer: FTLayer) -> None:
     batch = sink._batches()[shard]
     keys = layer.keyspace[shard].script_keys
     cfg = layer.config
-    args = ["tok-1", cfg.interval_ms, cfg.buckets, cfg.max_replays, b"", batch.pack_xors(), b"", 0]
+    args = ["tok-1", cfg.interval_ms, cfg.buckets, cfg.max_replays, b"", batch.pack_xors(), b"", 0,
+            b""]
     assert layer.scripts.flush(keys=keys, args=args)[0] == 0
     assert layer.scripts.flush(keys=keys, args=args)[0] == -1  # seen token: not re-applied
     entry = layer.acker.entry(rid.source_id)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer, FTLayerError
-from ftlayer.acker import ShardBatch, pack_fails
+from ftlayer.acker import PERSIST_HEAD, ShardBatch, pack_fails
 
 
 def test_a_flush_past_the_servers_largest_argument_is_sent_in_chunks() -> None:
@@ -48,31 +48,35 @@ def test_chunks_keep_every_record_whole_and_in_order() -> None:
     b = ShardBatch()
     frames = [bytes([i]) * (100 + i) for i in range(20)]
     for i, f in enumerate(frames):
-        b.add_persist(i, f)
+        b.add_persist(i, 1000 + i, f)
     b.fails = [(i, "explicit", "e" * 50) for i in range(7)]
     b.local_completed = 5
     calls = b.calls(max_bytes=600)
-    assert all(len(p) <= 600 and len(f) <= 600 for p, _, f, _ in calls)
-    assert b"".join(p for p, _, _, _ in calls) == b"".join(b.persists)
-    assert b"".join(f for _, _, f, _ in calls) == pack_fails(b.fails)
+    assert all(len(p) + len(r) <= 600 and len(f) <= 600 for p, _, f, _, r in calls)
+    assert b"".join(r for *_, r in calls) == b"".join(frames)
+    heads = b"".join(p for p, *_ in calls)
+    assert heads == b"".join(PERSIST_HEAD.pack(i, 1000 + i, len(f)) for i, f in enumerate(frames))
+    for p, *_, r in calls:  # each call's heads name exactly its records
+        assert sum(PERSIST_HEAD.unpack_from(p, at)[2] for at in range(0, len(p), 20)) == len(r)
+    assert b"".join(f for _, _, f, _, _ in calls) == pack_fails(b.fails)
     assert [c[3] for c in calls] == [5] + [0] * (len(calls) - 1)
     big = ShardBatch()
-    big.add_persist(1, b"z" * 5000)  # larger than a chunk: travels alone
-    assert [len(p) for p, _, _, _ in big.calls(600)] == [5012]
+    big.add_persist(1, 2, b"z" * 5000)  # larger than a chunk: travels alone
+    assert [(len(p), len(r)) for p, *_, r in big.calls(600)] == [(20, 5000)]
 
 
 def test_packed_blocks_and_single_records_share_calls_whole() -> None:
     """Catches: a block cut inside a record, and a block sent in a call of its own when
     it fits beside the single records (their failures ride in the first call)."""
     b = ShardBatch()
-    b.add_persist(7, b"s" * 50)
+    b.add_persist(7, 8, b"s" * 50)
     items = [bytes([i]) * (20 + i) for i in range(30)]
-    b.add_persists(b"".join(items), np.array([len(i) for i in items]))
-    assert [p for p, _, _, _ in b.calls(10_000)] == [b.persists[0] + b"".join(items)]
-    parts = [p for p, _, _, _ in b.calls(200)]
-    assert all(len(p) <= 200 for p in parts) and b"".join(parts) == b.persists[0] + b"".join(items)
-    starts = {0}
-    for p in parts[:-1]:
-        starts.add(max(starts) + len(p))
-    bounds = np.cumsum([62] + [len(i) for i in items]).tolist()
-    assert starts - {0} <= set(bounds), "every cut falls between two records"
+    heads = b"".join(PERSIST_HEAD.pack(i, i, len(x)) for i, x in enumerate(items))
+    b.add_persists(heads, b"".join(items), np.array([len(i) for i in items]))
+    [(p, _, _, _, r)] = b.calls(10_000)
+    assert (p, r) == (PERSIST_HEAD.pack(7, 8, 50) + heads, b"s" * 50 + b"".join(items))
+    calls = b.calls(200)
+    assert len(calls) > 2 and all(len(p) + len(r) <= 200 for p, *_, r in calls)
+    assert b"".join(r for *_, r in calls) == b"s" * 50 + b"".join(items)
+    for p, *_, r in calls:  # cut between records: each call's heads name exactly its records
+        assert sum(PERSIST_HEAD.unpack_from(p, at)[2] for at in range(0, len(p), 20)) == len(r)

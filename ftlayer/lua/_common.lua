@@ -40,20 +40,29 @@ local function count(name, n)
   counts[name] = (counts[name] or 0) + (n or 1)
 end
 
+-- completions' latencies, folded into the counts by flush_counts (no counter name looked
+-- up per completion): how many, their sum, and how many fell in each LATENCY_BOUNDS_MS
+local lat_n, lat_sum, lat_hits = 0, 0, {}
+
 local function flush_counts()
+  if lat_n > 0 then
+    count('latency_count', lat_n)
+    count('latency_sum_ms', lat_sum)
+    for i, n in pairs(lat_hits) do count(LATENCY_NAMES[i], n) end
+    lat_n, lat_sum, lat_hits = 0, 0, {}
+  end
   for name, n in pairs(counts) do
     if n ~= 0 then redis.call('HINCRBY', STATS, name, n) end
   end
   counts = {}
 end
 
-
 local function observe_latency(ms)
-  count('latency_count')
-  count('latency_sum_ms', ms)
+  lat_n = lat_n + 1
+  lat_sum = lat_sum + ms
   for i = 1, #LATENCY_BOUNDS_MS do
     if ms <= LATENCY_BOUNDS_MS[i] then
-      count(LATENCY_NAMES[i])
+      lat_hits[i] = (lat_hits[i] or 0) + 1
       return
     end
   end
@@ -203,10 +212,16 @@ local function add_timeout(b, deadline)
   table_at(tmo_add, deadline)[b.key] = true
 end
 
--- Append a frame to bucket b's frames (written at commit); returns its offset.
-local function add_frame(b, frame)
+-- Where the next frame appended to bucket b will start.
+local function frames_end(b)
   if not b.flen then b.flen = redis.call('STRLEN', b.fkey) end
-  local off = b.flen + b.applen
+  return b.flen + b.applen
+end
+
+-- Append a frame (or frames end to end) to bucket b's frames (written at commit);
+-- returns its offset.
+local function add_frame(b, frame)
+  local off = frames_end(b)
   b.app[#b.app + 1] = frame
   b.applen = b.applen + #frame
   return off

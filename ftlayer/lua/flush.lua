@@ -1,11 +1,12 @@
 -- One task flush for one shard, atomically (invariant 3: a task's work for a source id
 -- reaches Redis as one delta, never a partial subset).
 -- ARGV: token, interval_ms, buckets, max_replays (-1: each record's own budget), persists,
---       xors, fails, local_completed
---   persists: repeated [delta 8][len u32][source id 8][stored record]  (len counts the id
---             and the stored record; a record born in the flushing task;
---             the delta includes its init, i.e. the XOR of its root current id; a zero
---             delta means the record is only stored, to be failed by this same call)
+--       xors, fails, local_completed, records
+--   persists: repeated [delta 8][source id 8][len u32]  (a record born in the flushing
+--             task; the delta includes its init, i.e. the XOR of its root current id; a
+--             zero delta means the record is only stored, to be failed by this same call)
+--   records:  their stored records (serialization/stored.py) end to end, len bytes each;
+--             a run of them going to one bucket is appended with one string made
 --   xors:     repeated [source id 8][delta hi i4][delta lo i4]
 --   fails:    as parse_fails in _common.lua
 -- A token already seen means a retry of a call that did apply: nothing is done twice.
@@ -21,7 +22,7 @@ if not redis.call('SET', token_key, '1', 'NX', 'PX', FLUSH_TOKEN_TTL_MS) then
 end
 local deadline = deadline_for(tonumber(ARGV[2]), tonumber(ARGV[3]))
 local max_replays = tonumber(ARGV[4])
-local persists, xors, fails = ARGV[5], ARGV[6], ARGV[7]
+local persists, xors, fails, records = ARGV[5], ARGV[6], ARGV[7], ARGV[9]
 local done = {0, 0, 0, 0}
 
 -- the changes, in order, as parallel arrays (no table per change): bucket, slot, delta
@@ -35,19 +36,23 @@ local function add(b, slot, dhi, dlo, source, off)
 end
 
 local born = 0
-local pos, n = 1, #persists
+local pos, n, rpos = 1, #persists, 1
+local run_b, run_start, run_base = nil, 1, 0 -- consecutive records of one bucket
 while pos <= n do
-  local dhi, dlo, flen
-  dhi, dlo, flen, pos = struct.unpack('>i4i4I4', persists, pos)
-  local hi, slot, lo = split_id(persists, pos)
-  local frame = string.sub(persists, pos + 8, pos + flen - 1)
-  pos = pos + flen
+  local dhi, dlo, hi, slot, lo, flen
+  dhi, dlo, hi, slot, lo, flen, pos = struct.unpack('>i4i4I5BI2I4', persists, pos)
   local b = bucket(hi, lo)
-  local source = source_of(frame)
-  add(b, slot, dhi, dlo, source, add_frame(b, frame))
+  if b ~= run_b then
+    if run_b then add_frame(run_b, string.sub(records, run_start, rpos - 1)) end
+    run_b, run_start, run_base = b, rpos, frames_end(b)
+  end
+  local source = struct.unpack('>I2', records, rpos + 12) -- source_of, in place
+  add(b, slot, dhi, dlo, source, run_base + rpos - run_start)
+  rpos = rpos + flen
   count(pending_name(source))
   born = born + 1
 end
+if run_b then add_frame(run_b, string.sub(records, run_start, rpos - 1)) end
 pos, n = 1, #xors
 local bhi, blo, b = -1, -1, nil
 while pos <= n do
