@@ -212,10 +212,40 @@ local function add_timeout(b, deadline)
   table_at(tmo_add, deadline)[b.key] = true
 end
 
+-- A copy of stored frames pending from one bucket's frames string (src, bytes s..e-1,
+-- 0-based) to the end of another's (dst): a run of records failed in order and requeued
+-- into consecutive slots of one fresh bucket is copied with one string made. Whatever
+-- reads or extends dst's frames writes the pending copy first (flush_copy).
+local copy = {dst = false, src = false, s = 0, e = 0}
+local function flush_copy()
+  local dst = copy.dst
+  if dst then
+    copy.dst = false
+    local run = string.sub(copy.src.frames, copy.s + 1, copy.e)
+    dst.app[#dst.app + 1] = run
+    dst.applen = dst.applen + #run
+  end
+end
+
 -- Where the next frame appended to bucket b will start.
 local function frames_end(b)
+  if copy.dst == b then flush_copy() end
   if not b.flen then b.flen = redis.call('STRLEN', b.fkey) end
   return b.flen + b.applen
+end
+
+-- Copy the stored frame at ``off`` (``len`` bytes) of bucket src's frames string (read
+-- already) to the end of bucket dst's frames; returns its offset there.
+local function copy_frame(dst, src, off, len)
+  if copy.dst == dst and copy.src == src and copy.e == off then
+    local at = dst.flen + dst.applen + copy.e - copy.s
+    copy.e = off + len
+    return at
+  end
+  flush_copy()
+  local at = frames_end(dst)
+  copy.dst, copy.src, copy.s, copy.e = dst, src, off, off + len
+  return at
 end
 
 -- Append a frame (or frames end to end) to bucket b's frames (written at commit);
@@ -230,6 +260,7 @@ end
 -- The frame at ``off`` in bucket b (read whole once per call: frames are small and a call
 -- that needs one usually needs several).
 local function frame_at(b, off)
+  if copy.dst == b then flush_copy() end
   if not b.flen then b.flen = redis.call('STRLEN', b.fkey) end
   if off >= b.flen then
     local pending = table.concat(b.app)
@@ -241,7 +272,20 @@ local function frame_at(b, off)
   return string.sub(b.frames, off + 1, off + frame_len(b.frames, off))
 end
 
+-- The length of the stored frame at ``off`` of bucket b when it lies whole in b's frames
+-- as read from Redis (read now if not yet), else nil (appended by this call, or cut short).
+local function stored_len(b, off)
+  if not b.flen then b.flen = redis.call('STRLEN', b.fkey) end
+  if off >= b.flen then return nil end
+  if not b.frames then b.frames = redis.call('GET', b.fkey) or '' end
+  if off + STORED_HEAD > #b.frames then return nil end
+  local len = frame_len(b.frames, off)
+  if off + len > #b.frames then return nil end
+  return len
+end
+
 local function commit()
+  flush_copy()
   for _, by_lo in pairs(bucket_cache) do for _, b in pairs(by_lo) do
     if b.applen > 0 then
       redis.call('APPEND', b.fkey, table.concat(b.app))
@@ -348,10 +392,10 @@ end
 
 -- A replay queue entry: new id | hash code | original partition | failed attempts u16
 -- (18 bytes; claim hands the attempts to the stage contexts).
-local function queue_entry(new, frame, attempts)
-  if attempts == 1 then return new .. string.sub(frame, 5, 12) .. '\0\1' end
-  local hash_code, partition = struct.unpack('>i4i4', frame, 5)
-  return struct.pack('>c8i4i4I2', new, hash_code, partition, math.min(attempts, 65535))
+-- ``hp``: the 8 bytes of hash code and partition of its stored record.
+local function queue_entry(new, hp, attempts)
+  if attempts == 1 then return new .. hp .. '\0\1' end
+  return new .. hp .. struct.pack('>I2', math.min(attempts, 65535))
 end
 
 -- Note a dead letter in this shard's dead-letter log (a capped stream that the drivers'
@@ -388,9 +432,10 @@ end
 
 -- As queue_replay below, with the history packed and its attempts since the last redrive.
 local queue_names = {}
-local function queue_packed(id, b, slot, frame, packed_hist, attempts)
-  local source = source_of(frame)
-  put(b, slot, 0, 0, 0, 0, add_frame(b, frame), source)
+-- The entry of a queued record (its frame at ``off`` of bucket b already), its history
+-- and its queue entry.
+local function queue_item(id, b, slot, off, source, hp, packed_hist, attempts)
+  put(b, slot, 0, 0, 0, 0, off, source)
   local n = #hist_set
   hist_set[n + 1] = id
   hist_set[n + 2] = packed_hist
@@ -400,7 +445,12 @@ local function queue_packed(id, b, slot, frame, packed_hist, attempts)
     items = {}
     queues[source] = items
   end
-  items[#items + 1] = queue_entry(id, frame, attempts)
+  items[#items + 1] = queue_entry(id, hp, attempts)
+end
+
+local function queue_packed(id, b, slot, frame, packed_hist, attempts)
+  queue_item(id, b, slot, add_frame(b, frame), source_of(frame), string.sub(frame, 5, 12),
+             packed_hist, attempts)
 end
 
 local function queue_replay(id, b, slot, frame, hist)
@@ -416,9 +466,19 @@ local function requeue(src, frame, hist, lo)
 end
 
 -- requeue of a record at its first failure (no history yet): no table made for it.
+-- requeue of a record at its first failure (no history yet): no table made for it.
 local function requeue_first(frame, reason, err, lo)
   local new, b, slot = new_source_id(lo, #frame)
   queue_packed(new, b, slot, frame, first_history(reason, err), 1)
+end
+
+-- The same for the stored frame at ``off`` (``len`` bytes) of bucket src's frames string,
+-- copied without making a string of it.
+local function requeue_first_at(src, off, len, reason, err)
+  local new, b, slot = new_source_id(src.lo, len)
+  local frames = src.frames
+  queue_item(new, b, slot, copy_frame(b, src, off, len), struct.unpack('>I2', frames, off + 13),
+             string.sub(frames, off + 5, off + 12), first_history(reason, err), 1)
 end
 
 -- pending: it counted as pending until now (a vectorized batch's residue did not).
@@ -462,25 +522,40 @@ local function fail_many(srcs, bs, slots, offs, reason, err, budget)
     if rs then r = reason[i] end
     if es then e = err[i] end
     if bud then bu = budget[i] end
-    local frame = nil
+    local frame, flen = nil, nil
     if not off then
       local hi, _, _, _, o = get(b, slot)
       if hi then off = o end
     end
     if off then
       remove(b, slot)
-      if off ~= NOFRAME then frame = frame_at(b, off) end
+      if off ~= NOFRAME then
+        flen = stored_len(b, off) -- whole in the stored frames: copied without a string
+        if not flen then frame = frame_at(b, off) end
+      end
     end
-    if not frame then
+    if not frame and not flen then
       count('orphans')
       done[3] = done[3] + 1
     else
       count(FAILED[r] or ('failed_' .. r))
       local packed = hists[i]
-      if not packed and budget_of(frame, bu) >= 1 then  -- the common case: a first failure
+      local first = false -- the common case: a first failure within the budget
+      if not packed then
+        if flen then
+          first = (bu >= 0 and bu or struct.unpack('>I2', b.frames, off + 15)) >= 1
+        else
+          first = budget_of(frame, bu) >= 1
+        end
+      end
+      if first and flen then
+        requeue_first_at(b, off, flen, r, e)
+        done[1] = done[1] + 1
+      elseif first then
         requeue_first(frame, r, e, b.lo)
         done[1] = done[1] + 1
       else
+        if not frame then frame = string.sub(b.frames, off + 1, off + flen) end
         local hist = {}
         if packed then
           hist = cmsgpack.unpack(packed)
