@@ -45,11 +45,12 @@ def _kill_the_held_worker(proxy: TcpProxy, killed: list[int]) -> None:
     if not proxy.held.wait(120):
         return
     pid = None
-    for _ in range(20):  # /proc is read while the processes run: look again if it missed
+    deadline = time.monotonic() + 10  # the held worker waits for its reply as long as we look
+    while pid is None and time.monotonic() < deadline:
+        # /proc is read while the processes run (slowly under a loaded CI): look again
         pid = socket_owner(proxy.held_peer)
-        if pid is not None:
-            break
-        time.sleep(0.05)
+        if pid is None:
+            time.sleep(0.05)
     if pid is not None and pid != os.getpid():
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
