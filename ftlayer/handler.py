@@ -439,10 +439,11 @@ class FTHandler(AbstractFTHandler):
         # records are taken out as arrays; the rest stay arrays
         special = np.fromiter(self._born.keys() | failed.keys(), np.uint64)
         one_by_one = np.isin(srcs, special) if len(special) else np.zeros(len(srcs), bool)
-        born_many = [(blk, vals[at]) for blk in self._born_many
-                     for at in [np.searchsorted(srcs, blk.src)]]  # fmt: skip
+        born_many = []
         for blk in self._born_many:  # xor_fold sorted srcs (a block's born XOR is in _xors)
-            one_by_one[np.searchsorted(srcs, blk.src)] = True
+            at = np.searchsorted(srcs, blk.src)
+            born_many.append((blk, vals[at]))
+            one_by_one[at] = True
         deltas = dict(zip(srcs[one_by_one].tolist(), vals[one_by_one].tolist(), strict=True))
         srcs, vals = srcs[~one_by_one], vals[~one_by_one]
         batches: dict[int, ShardBatch] = {}

@@ -97,16 +97,23 @@ end
 
 -- A stored record (serialization/stored.py): payload_len u32 | hash_code i32 | partition
 -- i32 | source u16 | max_replays u16 | checksum u64 | payload.
+-- The readers below take the stored record at byte ``off`` (0-based, default 0) of a
+-- string, so a record inside a bucket's frames is read in place.
 local STORED_HEAD = 24
-local function source_of(frame)
-  return (struct.unpack('>I2', frame, 13))
+local function source_of(frame, off)
+  return (struct.unpack('>I2', frame, (off or 0) + 13))
 end
 
 -- The record's replay budget, written into its frame by the pipeline that persisted it;
 -- an override >= 0 (a sidecar's --max-replays) replaces it.
-local function budget_of(frame, override)
+local function budget_of(frame, override, off)
   if override >= 0 then return override end
-  return (struct.unpack('>I2', frame, 15))
+  return (struct.unpack('>I2', frame, (off or 0) + 15))
+end
+
+-- Its hash code and partition, the 8 bytes a replay queue entry carries.
+local function hash_partition_of(frame, off)
+  return string.sub(frame, (off or 0) + 5, (off or 0) + 12)
 end
 
 local function frame_len(frames, off)
@@ -449,7 +456,7 @@ local function queue_item(id, b, slot, off, source, hp, packed_hist, attempts)
 end
 
 local function queue_packed(id, b, slot, frame, packed_hist, attempts)
-  queue_item(id, b, slot, add_frame(b, frame), source_of(frame), string.sub(frame, 5, 12),
+  queue_item(id, b, slot, add_frame(b, frame), source_of(frame), hash_partition_of(frame),
              packed_hist, attempts)
 end
 
@@ -477,8 +484,8 @@ end
 local function requeue_first_at(src, off, len, reason, err)
   local new, b, slot = new_source_id(src.lo, len)
   local frames = src.frames
-  queue_item(new, b, slot, copy_frame(b, src, off, len), struct.unpack('>I2', frames, off + 13),
-             string.sub(frames, off + 5, off + 12), first_history(reason, err), 1)
+  queue_item(new, b, slot, copy_frame(b, src, off, len), source_of(frames, off),
+             hash_partition_of(frames, off), first_history(reason, err), 1)
 end
 
 -- pending: it counted as pending until now (a vectorized batch's residue did not).
@@ -542,11 +549,8 @@ local function fail_many(srcs, bs, slots, offs, reason, err, budget)
       local packed = hists[i]
       local first = false -- the common case: a first failure within the budget
       if not packed then
-        if flen then
-          first = (bu >= 0 and bu or struct.unpack('>I2', b.frames, off + 15)) >= 1
-        else
-          first = budget_of(frame, bu) >= 1
-        end
+        if flen then first = budget_of(b.frames, bu, off) >= 1
+        else first = budget_of(frame, bu) >= 1 end
       end
       if first and flen then
         requeue_first_at(b, off, flen, r, e)

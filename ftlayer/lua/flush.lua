@@ -46,7 +46,7 @@ while pos <= n do
     if run_b then add_frame(run_b, string.sub(records, run_start, rpos - 1)) end
     run_b, run_start, run_base = b, rpos, frames_end(b)
   end
-  local source = struct.unpack('>I2', records, rpos + 12) -- source_of, in place
+  local source = source_of(records, rpos - 1)
   add(b, slot, dhi, dlo, source, run_base + rpos - run_start)
   rpos = rpos + flen
   count(pending_name(source))
