@@ -64,6 +64,18 @@ def server_usec(client: redis.Redis, command: str) -> tuple[int, int]:
     return (int(stats["calls"]), int(stats["usec"])) if stats else (0, 0)
 
 
+def script_usec(client: redis.Redis) -> tuple[int, int]:
+    """(calls, usec) that Redis has spent running scripts so far: EVALSHA and FCALL (the
+    ``evalsha_*`` keys of the benchmarks' JSON count both: their names predate functions)."""
+    stats = client.info("commandstats")
+    calls = usec = 0
+    for command in ("evalsha", "fcall"):
+        s = stats.get(f"cmdstat_{command}")
+        if s:
+            calls, usec = calls + int(s["calls"]), usec + int(s["usec"])
+    return calls, usec
+
+
 def timed(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     fn()

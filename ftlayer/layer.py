@@ -119,7 +119,7 @@ class FTLayer:
         if self.config.enabled:
             check_settings(client, self.config, create)
         self.keyspace = Keyspace(self.config.namespace, self.config.shards)
-        self.scripts = Scripts(client)
+        self.scripts = Scripts(client, self.config.script_mode)
         self.acker = RedisAckerTable(client, self.keyspace, self.scripts, self.config)
         self.persistence = RedisPersistenceLayer(client, self.keyspace, self.scripts, self.config)
         self.timeouts = RedisTimeoutLayer(client, self.keyspace, self.scripts, self.config)

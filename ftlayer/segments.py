@@ -141,11 +141,13 @@ class SegmentStore(NamespacePart):
             if segment:
                 self.client.set(key, segment, px=SUMMARY_TTL_MS)
             return int(self.scripts.segment_put(keys=shard.script_keys, args=args))
-        with self.client.pipeline(transaction=False) as pipe:
+
+        def fill(pipe: Any) -> None:
             if segment:  # the TTL holds until the script indexes it
                 pipe.set(key, segment, px=SUMMARY_TTL_MS)
             self.scripts.segment_put(keys=shard.script_keys, args=args, client=pipe)
-            return int(pipe.execute()[-1])
+
+        return int(self.scripts.execute(fill)[-1])
 
     def put_summary(self, token: int, summary: bytes, salt: int, batch: str) -> int:
         """Store the summary of a task behind a shuffle (lua/summary_put.lua). 0: this run
@@ -186,10 +188,12 @@ class SegmentStore(NamespacePart):
                 int(self.scripts.segment_batch(keys=s.script_keys, args=args))
                 for s in self.keyspace.shards
             )
-        with self.client.pipeline(transaction=False) as pipe:
+
+        def fill(pipe: Any) -> None:
             for s in self.keyspace.shards:
                 self.scripts.segment_batch(keys=s.script_keys, args=args, client=pipe)
-            return sum(int(n) for n in pipe.execute())
+
+        return sum(int(n) for n in self.scripts.execute(fill))
 
     def settle(
         self,
@@ -234,10 +238,12 @@ class SegmentStore(NamespacePart):
         if is_cluster(self.client) or len(shards) == 1:
             replies = [call(k) for k in shards]
         else:
-            with self.client.pipeline(transaction=False) as pipe:
+
+            def fill(pipe: Any) -> None:
                 for k in shards:
                     call(k, pipe)
-                replies = pipe.execute()
+
+            replies = self.scripts.execute(fill)
         return {k: [int(x) for x in r] for k, r in zip(shards, replies, strict=True)}
 
     def indexed(self) -> list[tuple[int, str, float]]:

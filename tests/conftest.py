@@ -21,7 +21,8 @@ from pyspark.sql import SparkSession
 
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer
 from ftlayer.connection import connect
-from ftlayer.embedded import EmbeddedCluster
+from ftlayer.embedded import EmbeddedCluster, find_redis_server
+from ftlayer.errors import EmbeddedRedisError
 
 
 @pytest.fixture(scope="session")
@@ -39,29 +40,57 @@ def redis_cluster() -> Iterator[EmbeddedCluster]:
     cluster.stop()
 
 
-@pytest.fixture(params=["single", "cluster"])
+@pytest.fixture(scope="session")
+def redis7_server() -> Iterator[EmbeddedRedis]:
+    """A real Redis 7 (Debian's ``redis-server`` package, which .ci/run installs): where
+    ftlayer runs its scripts as a function library (ftlayer/scripts.py)."""
+    try:
+        binary = find_redis_server(min_version=(7, 0))
+    except EmbeddedRedisError as e:
+        pytest.fail(f"{e} -- the function-library tests need Redis 7: apt-get install redis-server")
+    server = EmbeddedRedis(binary=binary).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["single", "cluster", "functions"])
 def redis_client(
     request: pytest.FixtureRequest, redis_server: EmbeddedRedis
 ) -> Iterator[redis.Redis]:
-    """Every core test that takes this runs on one server and on a 3-master cluster."""
+    """Every core test that takes this runs on one server (the embedded Redis 6.2: EVALSHA),
+    on a 3-master cluster, and on a Redis 7 server, where the scripts run as functions."""
     if request.param == "single":
         client = redis_server.client()
+    elif request.param == "functions":
+        client = request.getfixturevalue("redis7_server").client()
     else:
         client = connect(request.getfixturevalue("redis_cluster").url)
     yield client
     client.close()
 
 
+@pytest.fixture
+def redis_url(request: pytest.FixtureRequest, redis_client: redis.Redis) -> str:
+    """The URL of the server (or cluster) redis_client talks to, for a CLI or a sidecar."""
+    name = {"single": "redis_server", "functions": "redis7_server", "cluster": "redis_cluster"}
+    return str(request.getfixturevalue(name[request.node.callspec.params["redis_client"]]).url)
+
+
 LayerFactory = Callable[..., FTLayer]
 
 
 @pytest.fixture
-def make_layer(redis_client: redis.Redis) -> Iterator[LayerFactory]:
-    """``make_layer(**FTConfig fields)``: an FTLayer on a namespace of its own."""
+def make_layer(request: pytest.FixtureRequest, redis_client: redis.Redis) -> Iterator[LayerFactory]:
+    """``make_layer(**FTConfig fields)``: an FTLayer on a namespace of its own (on the Redis
+    7 server with ``script_mode="functions"``: a library that fails to load fails the test,
+    never falls back to EVALSHA unseen)."""
     made: list[FTLayer] = []
+    on_functions = request.node.callspec.params.get("redis_client") == "functions"
 
     def make(**overrides: object) -> FTLayer:
         overrides.setdefault("namespace", f"t{uuid.uuid4().hex[:12]}")
+        if on_functions:
+            overrides.setdefault("script_mode", "functions")
         layer = FTLayer(redis_client, FTConfig(**overrides))  # type: ignore[arg-type]
         made.append(layer)
         return layer

@@ -14,19 +14,18 @@ from dataclasses import replace
 
 import pytest
 
-from ftlayer import EmbeddedRedis, FTLayer, RecordError
-from ftlayer.connection import is_cluster
+from ftlayer import FTLayer, RecordError
 from serialization import encode_payload
 from tests.faults import corrupt_stored_frame, stored_ids
 
 
 def test_a_corrupt_and_an_oversized_replay_are_dead_lettered_alone(
-    make_layer, redis_server: EmbeddedRedis, request: pytest.FixtureRequest
+    make_layer, redis_url: str
 ) -> None:
-    """On one server and on the 3-master cluster (make_layer is parametrized)."""
+    """On one server, on the 3-master cluster and on Redis 7's functions (make_layer is
+    parametrized)."""
     layer = make_layer(max_record_bytes=1000, shards=1)
-    cluster = is_cluster(layer.client)
-    url = request.getfixturevalue("redis_cluster").url if cluster else redis_server.url
+    url = redis_url
     h = layer.handler()
     rids = [h.persist_record({"n": i, "pad": "x" * (600 if i == 3 else 10)}, source=0)
             for i in range(6)]  # fmt: skip

@@ -34,7 +34,7 @@ local function claim(items, deadline, init)
     if ehi and off ~= NOFRAME then frame = frame_at(b, off) end
     if frame then
       if init then
-        local chi, clo = struct.unpack('>i4i4', curs, (i - 1) * 8 + 1)
+        local chi, clo = sunpack('>i4i4', curs, (i - 1) * 8 + 1)
         put(b, slot, chi, clo, deadline, NOW, off, src_index)
         add_timeout(b, deadline)
       end
@@ -56,7 +56,7 @@ end
 local seen = redis.call('GET', token_key)
 if seen then
   local items = {}
-  for pos = 1, #seen, QITEM do items[#items + 1] = string.sub(seen, pos, pos + QITEM - 1) end
+  for pos = 1, #seen, QITEM do items[#items + 1] = ssub(seen, pos, pos + QITEM - 1) end
   return (claim(items, 0, false))
 end
 

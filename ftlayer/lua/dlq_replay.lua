@@ -8,7 +8,7 @@ local wanted = {}
 if #ids == 0 then
   wanted = redis.call('HKEYS', DLQ)
 else
-  for pos = 1, #ids, 8 do wanted[#wanted + 1] = string.sub(ids, pos, pos + 7) end
+  for pos = 1, #ids, 8 do wanted[#wanted + 1] = ssub(ids, pos, pos + 7) end
 end
 local n = 0
 for _, src in ipairs(wanted) do

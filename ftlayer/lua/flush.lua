@@ -40,10 +40,10 @@ local pos, n, rpos = 1, #persists, 1
 local run_b, run_start, run_base = nil, 1, 0 -- consecutive records of one bucket
 while pos <= n do
   local dhi, dlo, hi, slot, lo, flen
-  dhi, dlo, hi, slot, lo, flen, pos = struct.unpack('>i4i4I5BI2I4', persists, pos)
+  dhi, dlo, hi, slot, lo, flen, pos = sunpack('>i4i4I5BI2I4', persists, pos)
   local b = bucket(hi, lo)
   if b ~= run_b then
-    if run_b then add_frame(run_b, string.sub(records, run_start, rpos - 1)) end
+    if run_b then add_frame(run_b, ssub(records, run_start, rpos - 1)) end
     run_b, run_start, run_base = b, rpos, frames_end(b)
   end
   local source = source_of(records, rpos - 1)
@@ -52,12 +52,12 @@ while pos <= n do
   count(pending_name(source))
   born = born + 1
 end
-if run_b then add_frame(run_b, string.sub(records, run_start, rpos - 1)) end
+if run_b then add_frame(run_b, ssub(records, run_start, rpos - 1)) end
 pos, n = 1, #xors
 local bhi, blo, b = -1, -1, nil
 while pos <= n do
   local hi, slot, lo, dhi, dlo
-  hi, slot, lo, dhi, dlo, pos = struct.unpack('>I5BI2i4i4', xors, pos)
+  hi, slot, lo, dhi, dlo, pos = sunpack('>I5BI2i4i4', xors, pos)
   if hi ~= bhi or lo ~= blo then
     bhi, blo, b = hi, lo, bucket(hi, lo)
   end
@@ -68,7 +68,7 @@ local function apply(b, slot, dhi, dlo, source, off)
   local hi, lo, dl, inited, foff, src_index = dhi, dlo, 0, 0, NOFRAME, UNKNOWN_SOURCE
   local ehi, elo, edl, einited, eoff, esrc = get(b, slot)
   if ehi then
-    hi, lo = bit.bxor(ehi, dhi), bit.bxor(elo, dlo)
+    hi, lo = bxor(ehi, dhi), bxor(elo, dlo)
     dl, inited, foff, src_index = edl, einited, eoff, esrc
   end
   if source then

@@ -12,7 +12,7 @@ local deadline = 0
 if action == 'touch' then deadline = deadline_for(tonumber(ARGV[3]), tonumber(ARGV[4])) end
 local n = 0
 for _, member in ipairs(redis.call('ZRANGE', idx, 0, -1)) do
-  if string.sub(member, 1, #prefix) == prefix then
+  if ssub(member, 1, #prefix) == prefix then
     if action == 'drop' then
       redis.call('DEL', PREFIX .. ':seg:' .. member)
       redis.call('ZREM', idx, member)

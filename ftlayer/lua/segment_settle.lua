@@ -27,22 +27,22 @@ local done = {0, 0, 0, 0, 0, 0}
 local segs, pos = ARGV[6], 1
 while pos <= #segs do
   local member, rows, nf, np, immediate
-  member, rows, nf, np, immediate, pos = struct.unpack('>Hc0I4I4I4I4', segs, pos)
+  member, rows, nf, np, immediate, pos = sunpack('>Hc0I4I4I4I4', segs, pos)
   local failed, pending = {}, {}
   for i = 1, nf do
     local frame, attempts, err
-    frame, attempts, err, pos = struct.unpack('>I4c0I2Hc0', segs, pos)
+    frame, attempts, err, pos = sunpack('>I4c0I2Hc0', segs, pos)
     failed[i] = {frame, err, attempts}
   end
   for i = 1, np do
     local frame, value
-    frame, value, pos = struct.unpack('>I4c0c8', segs, pos)
+    frame, value, pos = sunpack('>I4c0c8', segs, pos)
     pending[i] = {frame, value}
   end
   if redis.call('ZSCORE', idx, member) then
     for _, f in ipairs(failed) do
       local unit, err, attempts = f[1], f[2], f[3]
-      local src, frame = string.sub(unit, 1, 8), string.sub(unit, 9)
+      local src, frame = ssub(unit, 1, 8), ssub(unit, 9)
       local source = source_of(frame)
       local dead_now = attempts >= DEAD_NOW
       if dead_now then attempts = attempts - DEAD_NOW end
@@ -61,10 +61,10 @@ while pos <= #segs do
     for _, p in ipairs(pending) do
       local unit, value = p[1], p[2]
       local hi, slot, lo = split_id(unit)
-      local frame = string.sub(unit, 9)
+      local frame = ssub(unit, 9)
       local b = bucket(hi, lo)
       local source = source_of(frame)
-      local hi, lo = struct.unpack('>i4i4', value)
+      local hi, lo = sunpack('>i4i4', value)
       put(b, slot, hi, lo, deadline, NOW, add_frame(b, frame), source)
       add_timeout(b, deadline)
       done[5] = done[5] + 1
@@ -92,7 +92,7 @@ if batch ~= '' then
   end
   redis.call('DEL', sidx)
   for _, member in ipairs(redis.call('ZRANGE', idx, 0, -1)) do
-    if string.sub(member, 1, #batch) == batch then
+    if ssub(member, 1, #batch) == batch then
       redis.call('DEL', PREFIX .. ':seg:' .. member)
       redis.call('ZREM', idx, member)
     end

