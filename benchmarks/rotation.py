@@ -32,17 +32,21 @@ from ftlayer import FTConfig, FTHandler, FTLayer
 PAYLOAD = b"\xc4\x62" + b"p" * 98  # msgpack bin8 of 98 bytes: 100 bytes in all
 
 
-def run(records: int, timeout_s: float, buckets: int, url: str | None) -> dict:
+def run(
+    records: int, timeout_s: float, buckets: int, url: str | None, script_mode: str = "auto"
+) -> dict:
     ns = f"rot-{uuid.uuid4().hex[:6]}"
     with redis_for_benchmark(url) as client:
         kw = client.connection_pool.connection_kwargs
         redis_url = url or f"redis://{kw['host']}:{kw['port']}/0"
-        layer = FTLayer(client, FTConfig(namespace=ns, timeout_s=timeout_s, buckets=buckets))
+        cfg = FTConfig(namespace=ns, timeout_s=timeout_s, buckets=buckets,
+                       script_mode=script_mode)  # type: ignore[arg-type]  # fmt: skip
+        layer = FTLayer(client, cfg)
         log = tempfile.NamedTemporaryFile(prefix="ftlayer-serve-", suffix=".log", delete=False)
         serve = subprocess.Popen(
             [sys.executable, "-m", "ftlayer.cli", "serve", "--redis-url", redis_url,
              "--namespace", ns, "--timeout-s", str(timeout_s), "--buckets", str(buckets),
-             "--metrics-port", "-1"],
+             "--metrics-port", "-1", "--script-mode", script_mode],
             stdout=subprocess.DEVNULL, stderr=log,
         )  # fmt: skip
         proc = psutil.Process(serve.pid)
@@ -102,6 +106,7 @@ def run(records: int, timeout_s: float, buckets: int, url: str | None) -> dict:
         "sidecar_rss_mb_idle": round(idle_rss / 2**20, 1),
         "sidecar_rss_mb_peak": round(peak[0] / 2**20, 1),
         "redis_bytes_per_pending": round((mem1 - mem0) / records, 1),
+        "scripts": "functions" if layer.scripts.functions else "eval",
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
     }
@@ -114,9 +119,15 @@ def main() -> None:
     ap.add_argument("--timeout-s", type=float, default=20.0)
     ap.add_argument("--buckets", type=int, default=5)
     ap.add_argument("--redis-url", default=None)
+    ap.add_argument(
+        "--script-mode",
+        choices=("auto", "functions", "eval"),
+        default="auto",
+        help="FTConfig.script_mode, the sidecar's too",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    result = run(args.records, args.timeout_s, args.buckets, args.redis_url)
+    result = run(args.records, args.timeout_s, args.buckets, args.redis_url, args.script_mode)
     save("rotation", result)
     if args.json:
         print(json.dumps(result))

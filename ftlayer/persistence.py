@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -26,7 +25,7 @@ from ftlayer.ids import RecordId, new_ids, shard_of
 from ftlayer.keys import ShardKeys
 from ftlayer.scripts import NamespacePart
 from serialization import Frame, FrameError
-from serialization.stored import STORED_HEADER_SIZE, decode_stored
+from serialization.stored import STORED_HEADER_SIZE, decode_stored, decode_stored_many
 
 __all__ = ["ClaimedRecord", "DeadLetter", "Failure", "RedisPersistenceLayer"]
 
@@ -44,31 +43,31 @@ call, large enough that a call's fixed cost (~10 µs) stays below 1 % of it."""
 
 def _claimed(
     reply: list[Any], curs: bytes, max_payload: int
-) -> Iterator[tuple[RecordId, Frame | FrameError, int, int]]:
-    """(record id, frame or why it does not decode, original partition, failed attempts)
-    of each record of a claim's reply (lua/claim.lua)."""
+) -> tuple[list[ClaimedRecord], list[tuple[RecordId, FrameError]]]:
+    """The records of a claim's reply (lua/claim.lua) that decode, and (record id, why)
+    of those that do not."""
     if not reply:
-        return
+        return [], []
     items, blob, vanished = reply[0], reply[1], int(reply[2])
     q = np.frombuffer(items, _QUEUE_ENTRY)
     n = len(q)
-    lens = reply[3 : 3 + n]
     cur = np.frombuffer(curs, ">u8")
     if vanished:  # the k-th claimed took the current id of its place among those popped
         cur = cur[np.array(reply[3 + n : 3 + 2 * n], np.int64) - 1]
-    pos = 0
-    for src, c, part, attempts, length in zip(
-        q["source_id"].tolist(), cur[:n].tolist(), q["partition"].tolist(),
-        q["attempts"].tolist(), lens, strict=True,
-    ):  # fmt: skip
-        stored = blob[pos : pos + length]
-        pos += length
-        frame: Frame | FrameError
-        try:
-            frame = decode_stored(stored, src, c, max_payload=max_payload)
-        except FrameError as e:
-            frame = e
-        yield RecordId(src, c), frame, part, attempts
+    srcs, curs_ = q["source_id"].tolist(), cur[:n].tolist()
+    frames = decode_stored_many(blob, reply[3 : 3 + n], srcs, curs_, max_payload=max_payload)
+    good: list[ClaimedRecord] = []
+    bad: list[tuple[RecordId, FrameError]] = []
+    new = tuple.__new__  # named tuples built without their __new__'s keyword handling
+    for src, c, frame, part, attempts in zip(
+        srcs, curs_, frames, q["partition"].tolist(), q["attempts"].tolist(), strict=True
+    ):
+        rid = new(RecordId, (src, c))
+        if type(frame) is Frame:
+            good.append(new(ClaimedRecord, (rid, frame, part, attempts)))
+        else:
+            bad.append((rid, cast(FrameError, frame)))
+    return good, bad
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,16 +206,11 @@ class RedisPersistenceLayer(NamespacePart):
     def _claimed(self, shard: ShardKeys, args: list[Any], reply: list[Any]) -> list[ClaimedRecord]:
         """The records of one shard's claim reply; those that no longer decode are
         dead-lettered (budget 0: straight to the dead letters, raw bytes and error kept)."""
-        out: list[ClaimedRecord] = []
+        out, undecodable = _claimed(reply, args[2], self.config.max_record_bytes)
         bad: list[tuple[int, str, str]] = []
-        for rid, frame, partition, attempts in _claimed(
-            reply, args[2], self.config.max_record_bytes
-        ):
-            if isinstance(frame, FrameError):  # dead-lettered alone; the rest delivered
-                bad.append((rid.source_id, "explicit", f"undecodable replay frame: {frame}"))
-                log.error("replay dead-lettered source_id=%016x error=%s", rid.source_id, frame)
-                continue
-            out.append(ClaimedRecord(rid, frame, partition, attempts))
+        for rid, error in undecodable:  # dead-lettered alone; the rest delivered
+            bad.append((rid.source_id, "explicit", f"undecodable replay frame: {error}"))
+            log.error("replay dead-lettered source_id=%016x error=%s", rid.source_id, error)
         if bad:
             self.scripts.fail(keys=shard.script_keys, args=[0, pack_fails(bad)])
         return out

@@ -50,6 +50,7 @@ __all__ = [
     "STORED_HEADER_SIZE",
     "STORED_VERSION",
     "decode_stored",
+    "decode_stored_many",
     "encode_stored",
     "encode_stored_many",
     "frame_of_stored",
@@ -147,6 +148,50 @@ def decode_stored(
             if _xxh64(payload) == ck:
                 return Frame(source_id, current_id, hc, source, payload, part, budget)
     raise _why(stored, source_id, current_id, max_payload)
+
+
+def decode_stored_many(
+    blob: bytes,
+    lens: Sequence[int],
+    source_ids: Sequence[int],
+    current_ids: Sequence[int],
+    *,
+    max_payload: int = DEFAULT_MAX_PAYLOAD,
+) -> list[Frame | FrameError]:
+    """``decode_stored`` of records stored end to end in ``blob`` (``lens`` bytes each),
+    each named by its ids: a Frame for each one that decodes, the FrameError it would
+    raise for each one that does not (so one bad record is handled alone). The headers
+    are read and checked as one array; per record, only its payload's copy, its checksum
+    and its Frame."""
+    n = len(lens)
+    size = np.asarray(lens, np.int64)
+    ends = np.cumsum(size)
+    if n and int(ends[-1]) != len(blob):
+        raise CorruptFrameError(f"{len(blob)} bytes hold records of {int(ends[-1])} in all")
+    starts = ends - size
+    whole = size >= STORED_HEADER_SIZE  # a short one's header is not read
+    at = np.where(whole, starts, 0)[:, None] + np.arange(STORED_HEADER_SIZE)
+    # a record that is not whole reads the blob's first 24 bytes (or zeros), unused
+    big = len(blob) >= STORED_HEADER_SIZE
+    buf = np.frombuffer(blob, np.uint8) if big else np.zeros(STORED_HEADER_SIZE, np.uint8)
+    heads = buf[at].view(STORED_DTYPE)[:, 0]
+    plen = heads["payload_len"].astype(np.int64)
+    good = whole & (plen <= max_payload) & (plen == size - STORED_HEADER_SIZE)
+    out: list[Frame | FrameError] = []
+    add = out.append
+    new = tuple.__new__  # a named tuple without its __new__'s argument handling
+    for ok, start, end, src, cur, hc, part, source, budget, ck in zip(
+        good.tolist(), starts.tolist(), ends.tolist(), source_ids, current_ids,
+        heads["hash_code"].tolist(), heads["partition"].tolist(), heads["source"].tolist(),
+        heads["max_replays"].tolist(), heads["checksum"].tolist(), strict=True,
+    ):  # fmt: skip
+        if ok:
+            payload = blob[start + STORED_HEADER_SIZE : end]
+            if _xxh64(payload) == ck:
+                add(new(Frame, (src, cur, hc, source, payload, part, budget)))
+                continue
+        add(_why(blob[start:end], src, cur, max_payload))
+    return out
 
 
 def _why(stored: bytes, source_id: int, current_id: int, max_payload: int) -> FrameError:

@@ -251,3 +251,23 @@ def test_claims_in_many_calls_hand_each_record_the_id_it_was_inited_with(make_la
     sink.flush()
     st = layer.stats()
     assert st.completed == len(claimed) and st.replays_vanished == lost and st.pending == lost
+
+
+def test_a_claim_hands_out_the_records_of_its_source_from_a_bucket_shared_with_another(
+    make_layer,
+) -> None:
+    """Records of two sources failed together are requeued into the same fresh buckets,
+    interleaved: a claim of one source finds its records' stored bytes with the other's in
+    between (claim.lua copies runs of adjacent records; a run must end at a gap), and a
+    partial claim leaves a run that starts mid-bucket for the next one."""
+    layer = make_layer(shards=1)
+    h = layer.handler()
+    rids = [h.persist_record({"n": i, "pad": "x" * (i % 7)}, source=i % 2) for i in range(300)]
+    h.flush()
+    layer.fail(rids, error="first")
+    first = layer.claim_replays(source=0, limit=40)
+    rest = layer.claim_replays(source=0, limit=1000)
+    other = layer.claim_replays(source=1, limit=1000)
+    for claimed, want in ((first + rest, range(0, 300, 2)), (other, range(1, 300, 2))):
+        assert [c.frame.decode() for c in claimed] == [{"n": i, "pad": "x" * (i % 7)} for i in want]
+    assert len(first) == 40 and layer.stats().dead_lettered == 0

@@ -16,6 +16,7 @@ from serialization.errors import (
 )
 from serialization.stored import (
     decode_stored,
+    decode_stored_many,
     encode_stored,
     encode_stored_many,
     frame_of_stored,
@@ -59,3 +60,40 @@ def test_bad_records_name_themselves() -> None:
         decode_stored(good[:-1] + b"\x02", 42)
     with pytest.raises(OversizedFrameError):
         decode_stored(good, 42, max_payload=1)
+
+
+_DAMAGE = st.sampled_from(["none", "checksum", "short", "trailing", "cut_header", "oversized"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=200), st.integers(-(2**31), 2**31 - 1), _DAMAGE),
+                min_size=0, max_size=25))  # fmt: skip
+def test_decoding_many_gives_what_decoding_each_gives_or_raises(rows: list) -> None:
+    """decode_stored_many (a claim's records, end to end) against decode_stored one by one,
+    damaged records among good ones. Catches: a header read at another record's offset, a
+    payload cut at the wrong end, and a bad record that takes its neighbours with it."""
+    stored = []
+    for payload, hc, damage in rows:
+        s = encode_stored(payload, hc, 3, partition=5, max_replays=2)
+        s = {"none": s, "checksum": s[:-1] + bytes([s[-1] ^ 1]) if payload else s + b"x",
+             "short": s[:-1], "trailing": s + b"zz", "cut_header": s[:10],
+             "oversized": encode_stored(payload + b"o" * 301, hc, 3)}[damage]  # fmt: skip
+        stored.append(s)
+    ids = [(1000 + i, 7 + i) for i in range(len(stored))]
+    got = decode_stored_many(b"".join(stored), [len(s) for s in stored],
+                             [a for a, _ in ids], [b for _, b in ids], max_payload=300)  # fmt: skip
+    assert len(got) == len(stored)
+    for g, s, (src, cur) in zip(got, stored, ids, strict=True):
+        try:
+            want = decode_stored(s, src, cur, max_payload=300)
+        except (ChecksumMismatchError, CorruptFrameError, OversizedFrameError,
+                TruncatedFrameError) as e:  # fmt: skip
+            assert type(g) is type(e) and str(g) == str(e)
+        else:
+            assert g == want and type(g) is type(want)
+
+
+def test_decoding_many_refuses_lengths_that_do_not_add_up() -> None:
+    s = encode_stored(b"abc", 1, 0)
+    with pytest.raises(CorruptFrameError, match="bytes hold records of"):
+        decode_stored_many(s + b"x", [len(s)], [1], [2])

@@ -36,6 +36,14 @@ def add_common(p: argparse.ArgumentParser) -> None:
     opt(p, "--namespace", str, "ftlayer", "key prefix of the pipeline")
     opt(p, "--shards", int, None, "hash-tagged key groups (default: the namespace's, "
          "stored by its first open; 8 for a new one)")  # fmt: skip
+    opt(p, "--script-mode", _script_mode, "auto", "auto: the scripts as a Redis 7 function "
+         "library where the server takes FUNCTION LOAD, else EVALSHA; functions; eval")  # fmt: skip
+
+
+def _script_mode(value: str) -> str:
+    if value not in ("auto", "functions", "eval"):
+        raise argparse.ArgumentTypeError(f"{value!r}: auto, functions or eval")
+    return value
 
 
 def open_existing(args: argparse.Namespace) -> Any:
@@ -73,4 +81,5 @@ def config_of(args: argparse.Namespace, **more: Any) -> FTConfig:
     for name, value in wanted.items():
         if value is None:
             wanted[name] = getattr(stored, name) if stored else _NEW[name]
-    return FTConfig(namespace=args.namespace, redis_url=args.redis_url, **wanted)
+    return FTConfig(namespace=args.namespace, redis_url=args.redis_url,
+                    script_mode=args.script_mode, **wanted)  # fmt: skip

@@ -23,28 +23,57 @@ local token_key = PREFIX .. ':claim:' .. ARGV[6]
 local source, want, curs = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local QITEM = 18
 
--- Init (claim) or only read (a retry: init = false) the records of queue entries.
-local function claim(items, deadline, init)
+-- Init (claim) or only read (a retry: init = false) the records of queue entries (``all``:
+-- the entries end to end). Stored records lying end to end in one bucket's frames (those
+-- requeued together: the usual case) are copied to the reply as one string per run, not
+-- one per record.
+local function claim(items, all, deadline, init)
   local got, frames, lens, idx, vanished = {}, {}, {}, {}, 0
+  local run_b, run_s, run_e, timed = nil, 0, 0, nil
+  local function end_run()
+    if run_b then frames[#frames + 1] = ssub(run_b.frames, run_s + 1, run_e) end
+    run_b = nil
+  end
   for i = 1, #items do
     local hi, slot, lo = split_id(items[i])
     local b = bucket(hi, lo)
-    local frame = nil
+    local len = nil
     local ehi, _, _, _, off, src_index = get(b, slot)
-    if ehi and off ~= NOFRAME then frame = frame_at(b, off) end
-    if frame then
+    if ehi and off ~= NOFRAME then
+      len = stored_len(b, off)
+      if len then
+        if run_b ~= b or run_e ~= off then
+          end_run()
+          run_b, run_s = b, off
+        end
+        run_e = off + len
+      else -- cut short: handed out as it is (the caller names what is wrong with it)
+        local frame = frame_at(b, off)
+        if frame then
+          end_run()
+          frames[#frames + 1] = frame
+          len = #frame
+        end
+      end
+    end
+    if len then
       if init then
         local chi, clo = sunpack('>i4i4', curs, (i - 1) * 8 + 1)
         put(b, slot, chi, clo, deadline, NOW, off, src_index)
-        add_timeout(b, deadline)
+        if b ~= timed then
+          add_timeout(b, deadline)
+          timed = b
+        end
       end
-      local k = #got + 1
-      got[k], frames[k], lens[k], idx[k] = items[i], frame, #frame, i
+      local k = #lens + 1
+      got[k], lens[k], idx[k] = items[i], len, i
     else
       vanished = vanished + 1
     end
   end
-  local out = {table.concat(got), table.concat(frames), vanished}
+  end_run()
+  if vanished > 0 then all = table.concat(got) end
+  local out = {all, table.concat(frames), vanished}
   for k = 1, #lens do out[k + 3] = lens[k] end
   if vanished > 0 then
     local n = #lens
@@ -57,7 +86,7 @@ local seen = redis.call('GET', token_key)
 if seen then
   local items = {}
   for pos = 1, #seen, QITEM do items[#items + 1] = ssub(seen, pos, pos + QITEM - 1) end
-  return (claim(items, 0, false))
+  return (claim(items, seen, 0, false))
 end
 
 local deadline = deadline_for(tonumber(ARGV[4]), tonumber(ARGV[5]))
@@ -66,10 +95,11 @@ if not items then
   redis.call('SET', token_key, '', 'PX', CLAIM_TOKEN_TTL_MS)
   return {}
 end
-local out, vanished, claimed = claim(items, deadline, true)
+local all = table.concat(items)
+local out, vanished, claimed = claim(items, all, deadline, true)
 commit()
 count('replays_vanished', vanished)
 count('replays_claimed', claimed)
 flush_counts()
-redis.call('SET', token_key, table.concat(items), 'PX', CLAIM_TOKEN_TTL_MS)
+redis.call('SET', token_key, all, 'PX', CLAIM_TOKEN_TTL_MS)
 return out
