@@ -8,9 +8,13 @@ from functools import cache
 
 from redis.crc import key_slot
 
-__all__ = ["Keyspace", "ShardKeys", "shard_tag"]
+__all__ = ["LAYOUT_VERSION", "Keyspace", "ShardKeys", "shard_tag"]
 
 _SLOTS = 16384
+LAYOUT_VERSION = 3
+"""The version of the storage layout (docs/storage-layout.md), kept in a namespace's
+settings as ``frame_version``: 1 whole frames, 2 stored records (serialization.stored),
+3 failure histories per bucket. A namespace written by another layout is refused."""
 
 
 @cache
@@ -36,7 +40,7 @@ class ShardKeys:
     def script_keys(self) -> list[str]:
         """KEYS of every script, in the order lua/_common.lua expects."""
         p = self.prefix
-        return [f"{p}:stats", f"{p}:hist", f"{p}:tmoidx", f"{p}:dlq"]
+        return [f"{p}:stats", f"{p}:tmoidx", f"{p}:dlq"]
 
     def bucket(self, source_id: int) -> tuple[str, str, int]:
         """(entries key, frames key, slot) of a source id: byte 6 of the id (bits 16..23)
@@ -45,14 +49,16 @@ class ShardKeys:
         base = ((source_id >> 24) << 16) | (source_id & 0xFFFF)
         return f"{self.prefix}:b:{base:014x}", f"{self.prefix}:f:{base:014x}", slot
 
+    def history(self, source_id: int) -> tuple[str, bytes]:
+        """(histories key of its bucket, its field: the slot as one byte)."""
+        slot = (source_id >> 16) & 0xFF
+        base = ((source_id >> 24) << 16) | (source_id & 0xFFFF)
+        return f"{self.prefix}:h:{base:014x}", bytes([slot])
+
     @property
     def buckets_pattern(self) -> str:
         """A SCAN pattern matching the shard's buckets (their entries)."""
         return f"{self.prefix}:b:*"
-
-    @property
-    def hist(self) -> str:
-        return f"{self.prefix}:hist"
 
     @property
     def stats(self) -> str:

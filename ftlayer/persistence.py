@@ -145,7 +145,7 @@ class RedisPersistenceLayer(NamespacePart):
         return decode_stored(raw, source_id, max_payload=self.config.max_record_bytes)
 
     def history(self, source_id: int) -> tuple[Failure, ...]:
-        raw = self.client.hget(self._shard(source_id).hist, source_id.to_bytes(8, "big"))
+        raw = self.client.hget(*self._shard(source_id).history(source_id))
         return () if raw is None else _failures(msgpack.unpackb(raw, raw=True))
 
     def pending(self) -> int:

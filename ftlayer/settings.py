@@ -1,6 +1,7 @@
 """A namespace's settings, stored in Redis by its first open and checked by every later one.
 
-Shards decide every key's name, the frame format every stored record's layout, and
+Shards decide every key's name, the layout version (``frame_version``: ftlayer.keys.
+LAYOUT_VERSION) how records and their histories are kept, and
 timeout/buckets how pending records expire: a pipeline, sidecar or CLI that opened a
 namespace with other values would read empty keys (``stats`` printing zeros), expire
 nothing, or misread frames. So the first open of a namespace writes ``ft:{<ns>}:settings``
@@ -17,8 +18,7 @@ import redis
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
-from ftlayer.keys import Keyspace
-from serialization.stored import STORED_VERSION
+from ftlayer.keys import LAYOUT_VERSION, Keyspace
 
 __all__ = ["CHECKED", "NamespaceSettings", "check_settings", "read_settings"]
 
@@ -34,7 +34,7 @@ class NamespaceSettings:
 
     @classmethod
     def of(cls, config: FTConfig) -> NamespaceSettings:
-        return cls(config.shards, config.timeout_s, config.buckets, STORED_VERSION)
+        return cls(config.shards, config.timeout_s, config.buckets, LAYOUT_VERSION)
 
     @classmethod
     def parse(cls, raw: dict[Any, Any]) -> NamespaceSettings:

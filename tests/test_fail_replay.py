@@ -271,3 +271,34 @@ def test_a_claim_hands_out_the_records_of_its_source_from_a_bucket_shared_with_a
     for claimed, want in ((first + rest, range(0, 300, 2)), (other, range(1, 300, 2))):
         assert [c.frame.decode() for c in claimed] == [{"n": i, "pad": "x" * (i % 7)} for i in want]
     assert len(first) == 40 and layer.stats().dead_lettered == 0
+
+
+def test_a_replayed_record_that_completes_leaves_nothing_in_redis(make_layer) -> None:
+    """A record's failure history lives in its bucket's histories hash and goes with the
+    bucket's last entry. Catches: histories kept after their records completed (they were,
+    in one shard-wide hash: memory growing with every replay that ever succeeded)."""
+    layer = make_layer(shards=2)
+    h = layer.handler()
+    rids = [h.persist_record({"n": i}, source=0) for i in range(300)]
+    h.flush()
+    layer.fail(rids, error="first")
+    claimed = layer.claim_replays(source=0, limit=1000)
+    layer.fail([c.record_id for c in claimed[:100]], error="second")  # histories of two
+    again = layer.claim_replays(source=0, limit=1000)
+    assert [f.error for f in layer.persistence.history(again[0].record_id.source_id)] == [
+        "first", "second"]  # fmt: skip
+    assert len(layer.persistence.history(claimed[150].record_id.source_id)) == 1
+    assert "h" in _kinds(layer)
+    task = layer.handler()
+    for c in claimed[100:] + again:
+        task.ack(c.record_id)
+    task.flush()
+    st = layer.stats()
+    assert st.pending == 0 and st.completed == 300
+    assert _kinds(layer) & {"b", "f", "h"} == set()  # tokens and timeout sets expire
+
+
+def _kinds(layer: FTLayer) -> set[str]:
+    """The kinds of key the namespace holds (``b`` buckets, ``h`` histories, ...)."""
+    keys = layer.client.scan_iter(match=layer.keyspace.pattern)
+    return {k.decode().split("}:")[1].split(":")[0] for k in keys}

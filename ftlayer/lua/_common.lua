@@ -1,8 +1,8 @@
 -- Prelude shared by every ftlayer script (ftlayer/scripts.py prepends it).
 --
 -- One shard per call: every key lives under the hash tag {ns:k}, so a script touches one
--- slot and runs unchanged on Redis Cluster. KEYS: stats, hist, tmoidx, dlq; the buckets,
--- timeout sets and replay queues are derived from the same prefix.
+-- slot and runs unchanged on Redis Cluster. KEYS: stats, tmoidx, dlq; the buckets, their
+-- histories, timeout sets and replay queues are derived from the same prefix.
 --
 -- Ids travel and are stored as 8 raw big-endian bytes. Lua numbers are doubles, so 64-bit
 -- values are handled as two signed 32-bit halves with LuaBitOp (bit.bxor).
@@ -12,6 +12,10 @@
 -- persisted together (ftlayer/ids.py allocates ids that way):
 --   :b:<bucket hex>  string, the bucket's ack entries: slot s at byte s*26, all zero: none
 --   :f:<bucket hex>  string, the bucket's frames end to end (written by APPEND)
+--   :h:<bucket hex>  hash, the failure histories of the bucket's records that have one:
+--                    field SLOT_FIELD[slot + 1] (the slot as one byte), value the packed
+--                    history; deleted with the bucket, so a replayed record that completes
+--                    leaves nothing behind
 --   :t:<deadline>    set of bucket keys holding entries due at that deadline
 -- Ack entry, struct ENTRY '>i4i4I6I6I4H', 26 bytes:
 --   ack value hi, lo | deadline_ms (0: none, a queued replay) | inited_ms (0: init not
@@ -19,11 +23,11 @@
 --   by an XOR before its init) | source index (UNKNOWN_SOURCE: unknown)
 -- An entry that exists is never all zero (it has a value, a deadline, an init or a frame).
 -- Invariant 2: an entry completes only when its value is 0 AND inited_ms > 0.
--- The frames string of a bucket is deleted with the bucket's last entry.
+-- The frames string and the histories of a bucket are deleted with its last entry.
 
 -- Top-level locals here are of three kinds: UPPER_CASE constants, functions, and the state
 -- of one call, declared without a value and set by begin() at the end (see there).
-local STATS, HIST, TIDX, DLQ, PREFIX -- KEYS[1..4], PREFIX: STATS without ':stats'
+local STATS, TIDX, DLQ, PREFIX -- KEYS[1..3], PREFIX: STATS without ':stats'
 -- The library functions used per record, as locals: a global costs a table lookup at each
 -- use (two in a function library, whose globals sit behind a metatable: 12 ns a use on
 -- Redis 7.0, 6.5 by EVAL). Set by begin(): a library's top level cannot read globals.
@@ -162,7 +166,8 @@ local function bucket(hi, lo)
   if not b then
     local hex = string.format('%010x%04x', hi, lo)
     b = {hi = hi, lo = lo, key = PREFIX .. ':b:' .. hex, fkey = PREFIX .. ':f:' .. hex,
-         raw = nil, ch = {}, dirty = false, app = {}, applen = 0, flen = nil, frames = nil}
+         hkey = PREFIX .. ':h:' .. hex, raw = nil, ch = {}, dirty = false, app = {},
+         applen = 0, flen = nil, frames = nil, hist = nil, hadd = {}, hdel = {}}
     by_lo[lo] = b
   end
   return b
@@ -221,6 +226,31 @@ end
 
 local function add_timeout(b, deadline)
   table_at(tmo_add, deadline)[b.key] = true
+end
+
+-- The failure histories of bucket b's records (field -> packed history), read once per
+-- call (one HGETALL; most buckets have none: an empty reply).
+local function histories_of(b)
+  local h = b.hist
+  if not h then
+    h = {}
+    local flat = redis.call('HGETALL', b.hkey)
+    for j = 1, #flat, 2 do h[flat[j]] = flat[j + 1] end
+    b.hist = h
+  end
+  return h
+end
+
+-- Written at commit with the bucket's entries (HSET, HDEL), or gone with it (DEL).
+local function set_history(b, slot, packed)
+  local field, add = SLOT_FIELD[slot + 1], b.hadd
+  add[#add + 1] = field
+  add[#add + 1] = packed
+  if b.hist then b.hist[field] = packed end
+end
+
+local function del_history(b, slot)
+  b.hdel[#b.hdel + 1] = SLOT_FIELD[slot + 1]
 end
 
 -- A copy of stored frames pending from one bucket's frames string (src, bytes s..e-1,
@@ -313,8 +343,9 @@ local function commit()
       end
     end
     if emptied then
-      redis.call('DEL', b.key, b.fkey)
+      redis.call('DEL', b.key, b.fkey, b.hkey)
       b.ch, b.dirty, b.raw, b.flen, b.frames = {}, false, '', 0, ''
+      b.hist, b.hadd, b.hdel = {}, {}, {}
     elseif b.dirty then
       -- the new entries string: runs of unchanged entries as they were, changed ones
       -- packed; trailing empty slots cut; an empty bucket deleted with its frames
@@ -349,12 +380,21 @@ local function commit()
         end
       end
       if last < 0 then
-        redis.call('DEL', b.key, b.fkey)
+        redis.call('DEL', b.key, b.fkey, b.hkey)
         b.raw, b.flen, b.frames = '', 0, ''
+        b.hist, b.hadd, b.hdel = {}, {}, {}
       else
         b.raw = ssub(b.raw, 1, (last + 1) * ENTRY_BYTES)
         redis.call('SET', b.key, b.raw)
       end
+    end
+    if #b.hadd > 0 then
+      bulk('HSET', b.hkey, b.hadd)
+      b.hadd = {}
+    end
+    if #b.hdel > 0 then
+      bulk('HDEL', b.hkey, b.hdel)
+      b.hdel = {}
     end
   end end
   for deadline, keys in pairs(tmo_add) do
@@ -418,8 +458,9 @@ end
 
 local FAILED = {explicit = 'failed_explicit', timeout = 'failed_timeout'}
 
--- Writes of failures, buffered and issued in bulk by commit_failures().
-local hist_set, hist_del, dlq_set, queues
+-- Writes of failures, buffered and issued in bulk by commit_failures() (histories are
+-- written with their buckets, by commit()).
+local dlq_set, queues
 
 -- Store a record under ``id`` (its slot ``slot`` of bucket b) and queue it for replay
 -- (it already counts as pending). Its entry holds only the frame: it has no ack value and
@@ -447,9 +488,7 @@ local queue_names -- source -> its replay queue's key
 -- and its queue entry.
 local function queue_item(id, b, slot, off, source, hp, packed_hist, attempts)
   put(b, slot, 0, 0, 0, 0, off, source)
-  local n = #hist_set
-  hist_set[n + 1] = id
-  hist_set[n + 2] = packed_hist
+  set_history(b, slot, packed_hist)
   local items = queues[source]
   if not items then
     queue_names[source] = PREFIX .. ':replay:' .. source
@@ -502,11 +541,9 @@ end
 
 local function commit_failures()
   commit()
-  bulk('HSET', HIST, hist_set)
-  bulk('HDEL', HIST, hist_del)
   bulk('HSET', DLQ, dlq_set)
   for source, items in pairs(queues) do bulk('RPUSH', queue_names[source], items) end
-  hist_set, hist_del, dlq_set, queues = {}, {}, {}, {}
+  dlq_set, queues = {}, {}
 end
 
 -- FTLayer.fail for many records (invariants 5, 6, 8): retire each source id; either
@@ -521,11 +558,6 @@ end
 local function fail_many(srcs, bs, slots, offs, reason, err, budget)
   local done = {0, 0, 0}
   local rs, es, bud = type(reason) == 'table', type(err) == 'table', type(budget) == 'table'
-  local hists = {}
-  for i = 1, #srcs, CHUNK do
-    local got = redis.call('HMGET', HIST, unpack(srcs, i, math.min(i + CHUNK - 1, #srcs)))
-    for j = 1, #got do hists[i + j - 1] = got[j] end
-  end
   for i = 1, #srcs do
     local src, b, slot, off = srcs[i], bs[i], slots[i], offs[i]
     local r, e, bu = reason, err, budget
@@ -549,7 +581,7 @@ local function fail_many(srcs, bs, slots, offs, reason, err, budget)
       done[3] = done[3] + 1
     else
       count(FAILED[r] or ('failed_' .. r))
-      local packed = hists[i]
+      local packed = histories_of(b)[SLOT_FIELD[slot + 1]]
       local first = false -- the common case: a first failure within the budget
       if not packed then
         if flen then first = budget_of(b.frames, bu, off) >= 1
@@ -566,7 +598,7 @@ local function fail_many(srcs, bs, slots, offs, reason, err, budget)
         local hist = {}
         if packed then
           hist = cmsgpack.unpack(packed)
-          hist_del[#hist_del + 1] = src
+          del_history(b, slot)
         end
         local attempt = attempts_since_redrive(hist) + 1
         hist[#hist + 1] = {r, NOW, attempt, e}
@@ -636,7 +668,7 @@ end
 -- constant nor a function is set here).
 local function begin(keys)
   sunpack, spack, ssub, bxor = struct.unpack, struct.pack, string.sub, bit.bxor
-  STATS, HIST, TIDX, DLQ = keys[1], keys[2], keys[3], keys[4]
+  STATS, TIDX, DLQ = keys[1], keys[2], keys[3]
   PREFIX = string.sub(STATS, 1, -7)
   local clock = redis.call('TIME')
   NOW = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
@@ -645,6 +677,6 @@ local function begin(keys)
   bucket_cache, tmo_add = {}, {}
   copy = {dst = false, src = false, s = 0, e = 0}
   alloc = {b = nil, slot = BUCKET_SLOTS, n = 0, bytes = 0}
-  hist_set, hist_del, dlq_set, queues = {}, {}, {}, {}
+  dlq_set, queues = {}, {}
   first_failures, queue_names = {}, {}
 end
