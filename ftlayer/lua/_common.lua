@@ -119,9 +119,11 @@ local function budget_of(frame, override, off)
   return (sunpack('>I2', frame, (off or 0) + 15))
 end
 
--- Its hash code and partition, the 8 bytes a replay queue entry carries.
-local function hash_partition_of(frame, off)
-  return ssub(frame, (off or 0) + 5, (off or 0) + 12)
+-- Its hash code, original partition and source index: what its replay queue entry
+-- carries, and which queue.
+local function queue_fields_of(frame, off)
+  local hc, part, source = sunpack('>i4i4I2', frame, (off or 0) + 5)
+  return hc, part, source
 end
 
 local function frame_len(frames, off)
@@ -313,16 +315,24 @@ local function frame_at(b, off)
   return ssub(b.frames, off + 1, off + frame_len(b.frames, off))
 end
 
--- The length of the stored frame at ``off`` of bucket b when it lies whole in b's frames
--- as read from Redis (read now if not yet), else nil (appended by this call, or cut short).
-local function stored_len(b, off)
+-- The fields of the stored frame at ``off`` of bucket b, read in place when it lies whole
+-- in b's frames as read from Redis (read now if not yet): its length (header included),
+-- hash code, partition, source index and replay budget; nil when it does not (appended
+-- by this call, or cut short).
+local function stored_head(b, off)
   if not b.flen then b.flen = redis.call('STRLEN', b.fkey) end
   if off >= b.flen then return nil end
   if not b.frames then b.frames = redis.call('GET', b.fkey) or '' end
-  if off + STORED_HEAD > #b.frames then return nil end
-  local len = frame_len(b.frames, off)
-  if off + len > #b.frames then return nil end
-  return len
+  local frames = b.frames
+  if off + STORED_HEAD > #frames then return nil end
+  local n, hc, part, source, budget = sunpack('>I4i4i4I2I2', frames, off + 1)
+  if off + STORED_HEAD + n > #frames then return nil end
+  return STORED_HEAD + n, hc, part, source, budget
+end
+
+-- Its length alone (the claim's need).
+local function stored_len(b, off)
+  return (stored_head(b, off))
 end
 
 local function commit()
@@ -415,6 +425,7 @@ end
 -- of frames, whichever comes first. Bit 63 stays clear: it marks batch-local ids of the
 -- vectorized path (ftlayer/ids.py).
 local alloc -- {b = the fresh bucket, slot = its next slot, n = buckets drawn, bytes}
+-- Returns the bucket and slot of the new id (id_of makes its 8 bytes).
 local function new_source_id(lo, size)
   if alloc.slot >= BUCKET_SLOTS or (alloc.slot > 0 and alloc.bytes + size > BUCKET_MAX_BYTES) then
     local hi
@@ -429,7 +440,7 @@ local function new_source_id(lo, size)
   local slot = alloc.slot
   alloc.slot = slot + 1
   alloc.bytes = alloc.bytes + size
-  return id_of(alloc.b, slot), alloc.b, slot
+  return alloc.b, slot
 end
 
 -- == failure: replay or dead letter ======================================================
@@ -441,13 +452,10 @@ local function attempts_since_redrive(hist)
   return hist[#hist][3]
 end
 
--- A replay queue entry: new id | hash code | original partition | failed attempts u16
--- (18 bytes; claim hands the attempts to the stage contexts).
--- ``hp``: the 8 bytes of hash code and partition of its stored record.
-local function queue_entry(new, hp, attempts)
-  if attempts == 1 then return new .. hp .. '\0\1' end
-  return new .. hp .. spack('>I2', math.min(attempts, 65535))
-end
+-- A replay queue entry, 18 bytes: new id (as split_id reads it: bucket hi, slot, bucket
+-- lo) | hash code | original partition | failed attempts (claim hands them to the stage
+-- contexts). Made by one spack: no string of the id or of the fields on the way.
+local QUEUE_ENTRY = '>I5BI2i4i4I2'
 
 -- Note a dead letter in this shard's dead-letter log (a capped stream that the drivers'
 -- on_dead_letter callbacks read: ftlayer/deadletters.py).
@@ -484,9 +492,9 @@ end
 
 -- As queue_replay below, with the history packed and its attempts since the last redrive.
 local queue_names -- source -> its replay queue's key
--- The entry of a queued record (its frame at ``off`` of bucket b already), its history
--- and its queue entry.
-local function queue_item(id, b, slot, off, source, hp, packed_hist, attempts)
+-- The entry of a queued record (slot ``slot`` of bucket b, its frame at ``off`` of b's
+-- frames already), its history and its queue entry.
+local function queue_item(b, slot, off, hc, part, source, packed_hist, attempts)
   put(b, slot, 0, 0, 0, 0, off, source)
   set_history(b, slot, packed_hist)
   local items = queues[source]
@@ -495,39 +503,40 @@ local function queue_item(id, b, slot, off, source, hp, packed_hist, attempts)
     items = {}
     queues[source] = items
   end
-  items[#items + 1] = queue_entry(id, hp, attempts)
+  if attempts > 65535 then attempts = 65535 end
+  items[#items + 1] = spack(QUEUE_ENTRY, b.hi, slot, b.lo, hc, part, attempts)
 end
 
-local function queue_packed(id, b, slot, frame, packed_hist, attempts)
-  queue_item(id, b, slot, add_frame(b, frame), source_of(frame), hash_partition_of(frame),
-             packed_hist, attempts)
+local function queue_packed(b, slot, frame, packed_hist, attempts)
+  local hc, part, source = queue_fields_of(frame)
+  queue_item(b, slot, add_frame(b, frame), hc, part, source, packed_hist, attempts)
 end
 
-local function queue_replay(id, b, slot, frame, hist)
-  queue_packed(id, b, slot, frame, packed_history(hist), attempts_since_redrive(hist))
+-- Queue ``frame`` for replay as the record of slot ``slot`` of bucket b.
+local function queue_replay(b, slot, frame, hist)
+  queue_packed(b, slot, frame, packed_history(hist), attempts_since_redrive(hist))
 end
 
--- Queue a failed record for replay under a new source id, in a fresh bucket. Its stored
--- form is copied as it is: it holds no ids (the entry's place names the record).
-local function requeue(src, frame, hist, lo)
-  local new, b, slot = new_source_id(lo or sunpack('>I2', src, 7), #frame)
-  queue_replay(new, b, slot, frame, hist)
-  return new
+-- Queue a failed record for replay under a new source id, in a fresh bucket of the shard
+-- whose low id bits are ``lo``. Its stored form is copied as it is: it holds no ids (the
+-- entry's place names the record).
+local function requeue(frame, hist, lo)
+  local b, slot = new_source_id(lo, #frame)
+  queue_replay(b, slot, frame, hist)
 end
 
 -- requeue of a record at its first failure (no history yet): no table made for it.
 local function requeue_first(frame, reason, err, lo)
-  local new, b, slot = new_source_id(lo, #frame)
-  queue_packed(new, b, slot, frame, first_history(reason, err), 1)
+  local b, slot = new_source_id(lo, #frame)
+  queue_packed(b, slot, frame, first_history(reason, err), 1)
 end
 
--- The same for the stored frame at ``off`` (``len`` bytes) of bucket src's frames string,
--- copied without making a string of it.
-local function requeue_first_at(src, off, len, reason, err)
-  local new, b, slot = new_source_id(src.lo, len)
-  local frames = src.frames
-  queue_item(new, b, slot, copy_frame(b, src, off, len), source_of(frames, off),
-             hash_partition_of(frames, off), first_history(reason, err), 1)
+-- The same for the stored frame at ``off`` (``len`` bytes; its fields read already) of
+-- bucket src's frames string, copied without making a string of it.
+local function requeue_first_at(src, off, len, hc, part, source, reason, err)
+  local b, slot = new_source_id(src.lo, len)
+  queue_item(b, slot, copy_frame(b, src, off, len), hc, part, source,
+             first_history(reason, err), 1)
 end
 
 -- pending: it counted as pending until now (a vectorized batch's residue did not).
@@ -550,7 +559,8 @@ end
 -- re-persist the record under a new source id in the same shard and queue it for replay
 -- with its hash code and original partition, or, past its budget, move it to the
 -- dead-letter hash with its history. Never acks.
--- Parallel arrays, one index per record: srcs (8-byte ids), bs and slots (its bucket and
+-- Parallel arrays, one index per record: srcs (8-byte ids, or false: made from the bucket
+-- and slot if a dead letter needs it), bs and slots (its bucket and
 -- slot), offs (its frame's offset if the caller read its entry already, else false: then
 -- the entry is looked up; each such src must appear once); reason, err and budget either
 -- arrays or one value for all (budget -1: the record's own, from its frame).
@@ -564,7 +574,7 @@ local function fail_many(srcs, bs, slots, offs, reason, err, budget)
     if rs then r = reason[i] end
     if es then e = err[i] end
     if bud then bu = budget[i] end
-    local frame, flen = nil, nil
+    local frame, flen, hc, part, source, own = nil, nil, nil, nil, nil, nil
     if not off then
       local hi, _, _, _, o = get(b, slot)
       if hi then off = o end
@@ -572,7 +582,8 @@ local function fail_many(srcs, bs, slots, offs, reason, err, budget)
     if off then
       remove(b, slot)
       if off ~= NOFRAME then
-        flen = stored_len(b, off) -- whole in the stored frames: copied without a string
+        -- whole in the stored frames: read in place, copied without a string
+        flen, hc, part, source, own = stored_head(b, off)
         if not flen then frame = frame_at(b, off) end
       end
     end
@@ -580,15 +591,16 @@ local function fail_many(srcs, bs, slots, offs, reason, err, budget)
       count('orphans')
       done[3] = done[3] + 1
     else
-      count(FAILED[r] or ('failed_' .. r))
+      if rs then count(FAILED[r] or ('failed_' .. r)) end
       local packed = histories_of(b)[SLOT_FIELD[slot + 1]]
       local first = false -- the common case: a first failure within the budget
       if not packed then
-        if flen then first = budget_of(b.frames, bu, off) >= 1
-        else first = budget_of(frame, bu) >= 1 end
+        if not flen then first = budget_of(frame, bu) >= 1
+        elseif bu >= 0 then first = bu >= 1
+        else first = own >= 1 end
       end
       if first and flen then
-        requeue_first_at(b, off, flen, r, e)
+        requeue_first_at(b, off, flen, hc, part, source, r, e)
         done[1] = done[1] + 1
       elseif first then
         requeue_first(frame, r, e, b.lo)
@@ -603,16 +615,18 @@ local function fail_many(srcs, bs, slots, offs, reason, err, budget)
         local attempt = attempts_since_redrive(hist) + 1
         hist[#hist + 1] = {r, NOW, attempt, e}
         if attempt > budget_of(frame, bu) then
-          dead_letter(src, frame, hist, source_of(frame), true)
+          dead_letter(src or id_of(b, slot), frame, hist, source_of(frame), true)
           done[2] = done[2] + 1
         else
-          requeue(src, frame, hist, b.lo)
+          requeue(frame, hist, b.lo)
           done[1] = done[1] + 1
         end
       end
     end
   end
   if done[1] > 0 then count('replayed', done[1]) end
+  local failed = #srcs - done[3]
+  if not rs and failed > 0 then count(FAILED[reason] or ('failed_' .. reason), failed) end
   return done
 end
 

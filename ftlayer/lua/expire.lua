@@ -27,7 +27,7 @@ while processed < limit do
           b.expired[slot] = true
           if off ~= NOFRAME then
             timed_out = timed_out + 1
-            srcs[timed_out], bs[timed_out], slots[timed_out] = id_of(b, slot), b, slot
+            srcs[timed_out], bs[timed_out], slots[timed_out] = false, b, slot
             offs[timed_out] = off
           else
             remove(b, slot)

@@ -52,7 +52,7 @@ while pos <= #segs do
         done[4] = done[4] + 1
       else
         local hi, slot, lo = split_id(src)
-        queue_replay(src, bucket(hi, lo), slot, frame, hist)
+        queue_replay(bucket(hi, lo), slot, frame, hist)
         done[3] = done[3] + 1
         count(pending_name(source))
         count('replayed')
