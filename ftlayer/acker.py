@@ -132,18 +132,22 @@ class ShardBatch:
         """The batch as (persists, xors, fails, local_completed, records) script
         arguments, each under ``max_bytes`` (a record larger than that travels alone). A
         record never spans two calls, so each call stays atomic for the records it
-        carries; the local completions ride in the first."""
+        carries; the local completions ride in the first. The failures start in the call
+        of the last persists (a call applies its persists before its failures): a record
+        born and failed in this task is stored before its failure arrives, so it is
+        replayed at once, not found missing (an orphan) and replayed only at its timeout."""
         persists = self.persist_parts(max_bytes)
         packed = self.pack_xors()
         step = max(16, max_bytes // 16 * 16)
         xors = [packed[i : i + step] for i in range(0, len(packed), step)]
         fails = _group(_packed_fails(self.fails), max_bytes)
-        n = max(1, len(persists), len(xors), len(fails))
+        first_fail = max(0, len(persists) - 1)
+        n = max(1, len(persists), len(xors), first_fail + len(fails))
 
         def at(parts: list[Any], i: int, empty: Any = b"") -> Any:
-            return parts[i] if i < len(parts) else empty
+            return parts[i] if 0 <= i < len(parts) else empty
 
-        return [(at(persists, i, (b"", b""))[0], at(xors, i), at(fails, i),
+        return [(at(persists, i, (b"", b""))[0], at(xors, i), at(fails, i - first_fail),
                  self.local_completed if i == 0 else 0, at(persists, i, (b"", b""))[1])
                 for i in range(n)]  # fmt: skip
 

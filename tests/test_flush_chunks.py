@@ -80,3 +80,23 @@ def test_packed_blocks_and_single_records_share_calls_whole() -> None:
     assert b"".join(r for *_, r in calls) == b"s" * 50 + b"".join(items)
     for p, *_, r in calls:  # cut between records: each call's heads name exactly its records
         assert sum(PERSIST_HEAD.unpack_from(p, at)[2] for at in range(0, len(p), 20)) == len(r)
+
+
+def test_records_born_and_failed_in_a_task_of_many_calls_replay_at_once(
+    redis_server: EmbeddedRedis,
+) -> None:
+    """A flush in several calls: every failure travels in or after the call that stores
+    its record. Catches: a failure sent in an earlier call than its record's persist (it
+    found nothing, counted an orphan, and the record replayed only at its timeout)."""
+    cfg = FTConfig(namespace="chunkfail", shards=1, flush_chunk_bytes=4096, max_record_bytes=4000)
+    layer = FTLayer(redis_server.client(), cfg)
+    try:
+        h = layer.handler()
+        rids = [h.persist_record({"i": i, "pad": "x" * 500}, source=0) for i in range(40)]
+        h.fail_many(np.array([r.source_id for r in rids]), error="bad input")
+        result = h.flush()
+        assert result.calls >= 5, result
+        st = layer.stats()
+        assert (st.orphans, st.queued_replays, st.pending) == (0, 40, 40), st
+    finally:
+        layer.clear()
