@@ -154,6 +154,28 @@ def test_stats_json_on_an_explicit_url(redis_server) -> None:
         layer.clear()
 
 
+def test_script_mode_picks_functions_or_eval(redis_server, redis7_server) -> None:
+    """``--script-mode``: functions on Redis 7, refused on 6.2 with one line; eval on both."""
+    from ftlayer import FTConfig, FTLayer
+
+    for server in (redis_server, redis7_server):
+        FTLayer(server.client(), FTConfig(namespace="cli-sm"))
+    try:
+        cases = ((redis7_server, "functions", True), (redis_server, "eval", True),
+                 (redis7_server, "eval", True), (redis_server, "functions", False))  # fmt: skip
+        for server, mode, ok in cases:
+            out = _run([*FTLAYER, "stats", "--redis-url", server.url, "--namespace", "cli-sm",
+                        "--script-mode", mode])  # fmt: skip
+            if ok:
+                assert out.returncode == 0 and "persisted" in out.stdout, (mode, out.stderr)
+            else:
+                assert out.returncode == 2 and "cannot load functions" in out.stderr, out.stderr
+                assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    finally:
+        for server in (redis_server, redis7_server):
+            FTLayer(server.client(), FTConfig(namespace="cli-sm", script_mode="eval")).clear()
+
+
 def test_unreachable_redis_is_a_clear_error() -> None:
     out = _run([*FTLAYER, "stats", "--redis-url", "redis://u:hunter2@127.0.0.1:1/0"])
     assert out.returncode == 2
@@ -175,7 +197,8 @@ def test_global_options_go_anywhere_and_bad_values_are_one_line(redis_server) ->
         out = _run([*FTLAYER, *args, "--redis-url", url, "--namespace", "cli-globals"])
         assert out.returncode == 0 and "persisted" in out.stdout, out.stderr
     for bad in (["stats", "--log-level", "loud"], ["--log-format", "xml", "stats"],
-                ["stats", "--shards", "many"], ["dlq", "list", "--bogus"], ["dlq"]):  # fmt: skip
+                ["stats", "--shards", "many"], ["dlq", "list", "--bogus"], ["dlq"],
+                ["stats", "--script-mode", "fast"]):  # fmt: skip
         out = _run([*FTLAYER, *bad])
         assert out.returncode == 2, (bad, out)
         assert len(out.stderr.strip().splitlines()) == 1, (bad, out.stderr)
