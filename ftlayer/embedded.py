@@ -268,16 +268,23 @@ class EmbeddedRedis:
 class EmbeddedCluster:
     """A real Redis Cluster of ``masters`` embedded redis-servers (cluster mode, slots
     split evenly by ``redis-cli --cluster create``), for tests and trials. Its URL uses
-    the ``redis+cluster://`` scheme that ftlayer.connection understands."""
+    the ``redis+cluster://`` scheme that ftlayer.connection understands. ``binary``: the
+    redis-server every node runs (default: find_redis_server(); its redis-cli beside it)."""
 
     def __init__(
-        self, masters: int = 3, *, replicas: int = 0, startup_timeout_s: float = 30.0
+        self,
+        masters: int = 3,
+        *,
+        replicas: int = 0,
+        startup_timeout_s: float = 30.0,
+        binary: str | None = None,
     ) -> None:
         if masters < 3:
             raise EmbeddedRedisError("Redis Cluster needs at least 3 masters")
         self.masters = masters
         self.replicas = replicas
         self.startup_timeout_s = startup_timeout_s
+        self.binary = binary
         self.nodes: list[EmbeddedRedis] = []
 
     @property
@@ -286,7 +293,7 @@ class EmbeddedCluster:
         return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes) + "/0"
 
     def start(self) -> EmbeddedCluster:
-        binary = find_redis_server()
+        binary = self.binary or find_redis_server()
         cli = str(Path(binary).with_name("redis-cli"))
         try:
             for _ in range(self.masters * (1 + self.replicas)):

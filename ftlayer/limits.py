@@ -85,7 +85,4 @@ def lua_constants() -> str:
     lines.append(f"local LATENCY_BOUNDS_MS = {_lua_list(LATENCY_BOUNDS_MS)}")
     names = tuple(f"latency_le_{b}" for b in LATENCY_BOUNDS_MS)
     lines.append(f"local LATENCY_NAMES = {_lua_list(names)}")
-    # a slot's field in its bucket's histories hash: the slot as one byte (index slot + 1)
-    fields = ", ".join(f"'\\{s}'" for s in range(BUCKET_SLOTS))
-    lines.append(f"local SLOT_FIELD = {{{fields}}}")
     return "\n".join(lines) + "\n"

@@ -93,7 +93,7 @@ class _Function:
         except redis.ResponseError as e:
             if client is not None or not _missing_function(e):
                 raise
-        self.scripts.load_library()  # the server lost it: load it again, call once more
+        self.scripts.load_library(replace=True)  # the server lost it: load, call once more
         return target.fcall(self.name, len(keys), *keys, *args)
 
 
@@ -126,14 +126,16 @@ class Scripts:
             return False
         return True
 
-    def load_library(self) -> None:
+    def load_library(self, replace: bool = False) -> None:
         """``FUNCTION LOAD`` the library (on every master of a cluster); a library of the
-        same name, loaded already, is the same text."""
+        same name, loaded already, is the same text. ``replace`` after a call found it
+        missing: a cluster's load stops at the first master that has it, so one that lost
+        it would never get it back; REPLACE loads it on all (and costs a compile each)."""
         name, text = library_source()
         try:
-            self.client.function_load(text)
+            self.client.function_load(text, replace=replace)
         except redis.ResponseError as e:
-            if "already exists" not in str(e):
+            if replace or "already exists" not in str(e):
                 raise
 
     def execute(self, fill: Callable[[Any], None], client: Any = None) -> list[Any]:
@@ -150,7 +152,7 @@ class Scripts:
                 except redis.ResponseError as e:
                     if attempt or not self.functions or not _missing_function(e):
                         raise
-            self.load_library()
+            self.load_library(replace=True)
         raise AssertionError("unreachable")
 
     flush: Any

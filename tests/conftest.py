@@ -40,31 +40,48 @@ def redis_cluster() -> Iterator[EmbeddedCluster]:
     cluster.stop()
 
 
+def _redis7_binary() -> str:
+    try:
+        return find_redis_server(min_version=(7, 0))
+    except EmbeddedRedisError as e:
+        pytest.fail(f"{e} -- the function-library tests need Redis 7: apt-get install redis-server")
+
+
 @pytest.fixture(scope="session")
 def redis7_server() -> Iterator[EmbeddedRedis]:
     """A real Redis 7 (Debian's ``redis-server`` package, which .ci/run installs): where
     ftlayer runs its scripts as a function library (ftlayer/scripts.py)."""
-    try:
-        binary = find_redis_server(min_version=(7, 0))
-    except EmbeddedRedisError as e:
-        pytest.fail(f"{e} -- the function-library tests need Redis 7: apt-get install redis-server")
-    server = EmbeddedRedis(binary=binary).start()
+    server = EmbeddedRedis(binary=_redis7_binary()).start()
     yield server
     server.stop()
 
 
-@pytest.fixture(params=["single", "cluster", "functions"])
-def redis_client(
-    request: pytest.FixtureRequest, redis_server: EmbeddedRedis
-) -> Iterator[redis.Redis]:
+@pytest.fixture(scope="session")
+def redis7_cluster() -> Iterator[EmbeddedCluster]:
+    """A real 3-master Redis Cluster of Redis 7 nodes: the library loaded on every master,
+    FCALL routed by key, in pipelines too."""
+    cluster = EmbeddedCluster(binary=_redis7_binary()).start()
+    yield cluster
+    cluster.stop()
+
+
+# redis_client's backends: the fixture each one runs on, and whether the scripts run there
+# as Redis 7 functions (make_layer then sets script_mode="functions": never EVALSHA unseen)
+BACKENDS = {
+    "single": ("redis_server", False),
+    "cluster": ("redis_cluster", False),
+    "functions": ("redis7_server", True),
+    "cluster-functions": ("redis7_cluster", True),
+}
+
+
+@pytest.fixture(params=list(BACKENDS))
+def redis_client(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
     """Every core test that takes this runs on one server (the embedded Redis 6.2: EVALSHA),
-    on a 3-master cluster, and on a Redis 7 server, where the scripts run as functions."""
-    if request.param == "single":
-        client = redis_server.client()
-    elif request.param == "functions":
-        client = request.getfixturevalue("redis7_server").client()
-    else:
-        client = connect(request.getfixturevalue("redis_cluster").url)
+    on a 3-master cluster of them, on a Redis 7 server, where the scripts run as functions,
+    and on a 3-master cluster of Redis 7 servers (functions on every master)."""
+    backend = request.getfixturevalue(BACKENDS[request.param][0])
+    client = connect(backend.url) if isinstance(backend, EmbeddedCluster) else backend.client()
     yield client
     client.close()
 
@@ -72,8 +89,8 @@ def redis_client(
 @pytest.fixture
 def redis_url(request: pytest.FixtureRequest, redis_client: redis.Redis) -> str:
     """The URL of the server (or cluster) redis_client talks to, for a CLI or a sidecar."""
-    name = {"single": "redis_server", "functions": "redis7_server", "cluster": "redis_cluster"}
-    return str(request.getfixturevalue(name[request.node.callspec.params["redis_client"]]).url)
+    backend = BACKENDS[request.node.callspec.params["redis_client"]][0]
+    return str(request.getfixturevalue(backend).url)
 
 
 LayerFactory = Callable[..., FTLayer]
@@ -85,7 +102,7 @@ def make_layer(request: pytest.FixtureRequest, redis_client: redis.Redis) -> Ite
     7 server with ``script_mode="functions"``: a library that fails to load fails the test,
     never falls back to EVALSHA unseen)."""
     made: list[FTLayer] = []
-    on_functions = request.node.callspec.params.get("redis_client") == "functions"
+    on_functions = BACKENDS[request.node.callspec.params["redis_client"]][1]
 
     def make(**overrides: object) -> FTLayer:
         overrides.setdefault("namespace", f"t{uuid.uuid4().hex[:12]}")

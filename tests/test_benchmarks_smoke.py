@@ -34,6 +34,7 @@ def test_claim_smoke(tmp_path: Path) -> None:
     r = _bench(tmp_path, "benchmarks.claim", "--records", "3000", "--limit", "500")
     assert r["records"] == 3000 and r["claim_calls"] == 7 and r["claim_records_per_s"] > 0
     assert r["ceiling_lpop_records_per_s"] > 0 and r["goal_claim_records_per_s"] == 250_000
+    assert r["expiry_redis_usec_per_record"] > 0
 
 
 def test_rotation_smoke(tmp_path: Path) -> None:

