@@ -26,6 +26,15 @@ def _example(name: str, *args: str, timeout: float = 300) -> subprocess.Complete
                           text=True, timeout=timeout, cwd=ROOT)  # fmt: skip
 
 
+def _failure(out: subprocess.CompletedProcess[str]) -> str:
+    """What a failed example said: its stdout's end, the first lines of stderr naming an
+    error (a JVM stack trace repeats its last frames for pages), and stderr's end."""
+    errors = [ln for ln in out.stderr.splitlines() if "Error" in ln or "Exception" in ln]
+    return "\n".join([f"exit {out.returncode}; stdout: {out.stdout[-1500:]}",
+                      "first errors: " + "\n".join(errors[:15]),
+                      f"stderr end: {out.stderr[-1500:]}"])  # fmt: skip
+
+
 def _orders(folder: Path, first: int, n: int, files: int) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     per = n // files
@@ -45,7 +54,7 @@ def test_vectorized_example_loses_nothing(tmp_path: Path, redis_server: Embedded
     a record (the Parquet output plus the dead letters must hold every order once)."""
     out = _example("vectorized_map_batches.py", "--orders", "4000", "--redis-url",
                    redis_server.url, "--output", str(tmp_path / "out"))  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.returncode == 0, _failure(out)
     assert "lost=0" in out.stdout and "dead_letters=1" in out.stdout, out.stdout
     ids = pq.read_table(tmp_path / "out").column("id").to_pylist()
     assert sorted(ids) == [i for i in range(4000) if i != 13]
@@ -93,7 +102,7 @@ def test_rate_example_with_a_sidecar_loses_nothing(
                        "--drop-rate", "0.05", "--timeout-s", "2")  # fmt: skip
     finally:
         serve.stop()
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.returncode == 0, _failure(out)
     fields = dict(kv.split("=") for kv in out.stdout.split())
     assert int(fields["produced"]) > 1000 and fields["lost"] == "0", out.stdout
     assert int(fields["timed_out"]) > 0, "the sidecar timed out the unconfirmed writes"
