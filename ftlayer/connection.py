@@ -15,7 +15,7 @@ from redis.retry import Retry
 from ftlayer.backoff import jittered
 from ftlayer.errors import ConfigError, RedisUnavailableError
 
-__all__ = ["BufferPacker", "connect", "is_cluster", "redact_url", "with_retries"]
+__all__ = ["BufferPacker", "connect", "is_cluster", "masters", "redact_url", "with_retries"]
 
 
 def is_cluster(client: Any) -> bool:
@@ -23,6 +23,15 @@ def is_cluster(client: Any) -> bool:
     from redis.cluster import RedisCluster
 
     return isinstance(client, RedisCluster)
+
+
+def masters(client: Any) -> list[tuple[str, redis.Redis]]:
+    """``(address, client of that server)`` for every master: the one server of a plain
+    client, or each primary of a RedisCluster (its per-node redis.Redis connection)."""
+    if is_cluster(client):
+        return [(n.name, client.get_redis_connection(n)) for n in client.get_primaries()]
+    kw = client.connection_pool.connection_kwargs
+    return [(str(kw.get("path") or f"{kw.get('host', '?')}:{kw.get('port', '?')}"), client)]
 
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, TypeVar
 import redis
 
 from ftlayer.config import FTConfig, ScriptMode
-from ftlayer.connection import is_cluster, with_retries
+from ftlayer.connection import masters, with_retries
 from ftlayer.errors import ConfigError
 from ftlayer.keys import Keyspace
 from ftlayer.limits import lua_constants
@@ -88,14 +88,6 @@ class LoadedLibrary(NamedTuple):
     current: bool
 
 
-def _masters(client: Any) -> list[tuple[str, redis.Redis]]:
-    """(address, client of that server) for the one server, or every master of a cluster."""
-    if is_cluster(client):
-        return [(n.name, client.get_redis_connection(n)) for n in client.get_primaries()]
-    kw = client.connection_pool.connection_kwargs
-    return [(str(kw.get("path") or f"{kw.get('host')}:{kw.get('port')}"), client)]
-
-
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
@@ -105,7 +97,7 @@ def loaded_libraries(client: Any) -> tuple[list[LoadedLibrary], list[str]]:
     functions (Redis < 7: ftlayer runs EVALSHA there, nothing is loaded)."""
     current = library_source()[0]
     found, without = [], []
-    for node, server in _masters(client):
+    for node, server in masters(client):
         try:
             libs = server.function_list(library="ftlayer_*")
         except redis.ResponseError:
@@ -124,7 +116,7 @@ def prune_libraries(client: Any) -> list[LoadedLibrary]:
     its master). Safe while such a build still runs: its next call finds its function
     missing and loads its library again (Scripts.load_library)."""
     old = [lib for lib in loaded_libraries(client)[0] if not lib.current]
-    servers = dict(_masters(client))
+    servers = dict(masters(client))
     for lib in old:
         with contextlib.suppress(redis.ResponseError):  # deleted meanwhile by another prune
             servers[lib.node].function_delete(lib.name)

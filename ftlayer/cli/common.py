@@ -11,7 +11,7 @@ from typing import Any
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
 
-__all__ = ["add_common", "config_of", "env_name", "open_existing", "opt"]
+__all__ = ["add_common", "add_redis_url", "config_of", "env_name", "open_existing", "opt"]
 
 
 def env_name(flag: str) -> str:
@@ -30,9 +30,13 @@ def opt(
                    help=f"{text}{shown} [env: {env}]")  # fmt: skip
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
+def add_redis_url(p: argparse.ArgumentParser) -> None:
     opt(p, "--redis-url", str, None, "redis://[user:password@]host:port/db, rediss:// for "
          "TLS, redis+cluster://host:port for a Redis Cluster")  # fmt: skip
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    add_redis_url(p)
     opt(p, "--namespace", str, "ftlayer", "key prefix of the pipeline")
     opt(p, "--shards", int, None, "hash-tagged key groups (default: the namespace's, "
          "stored by its first open; 8 for a new one)")  # fmt: skip

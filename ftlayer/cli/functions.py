@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import Any
 
-from ftlayer.cli.common import opt
+from ftlayer.cli.common import add_redis_url
 from ftlayer.connection import redact_url
 from ftlayer.errors import ConfigError
 
@@ -25,8 +25,7 @@ def add_functions_command(sub: Any) -> None:
         "of a cluster), marking this build's. --prune deletes the others (left by upgrades); "
         "a process of another build still running loads its library again on its next call.",
     )
-    opt(p, "--redis-url", str, None, "redis://[user:password@]host:port/db, rediss:// for "
-        "TLS, redis+cluster://host:port for a Redis Cluster")  # fmt: skip
+    add_redis_url(p)
     p.add_argument("--prune", action="store_true", help="delete other builds' libraries")
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=_cmd_functions)
