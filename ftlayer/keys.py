@@ -84,6 +84,10 @@ class ShardKeys:
     def replay(self, source: int) -> str:
         return f"{self.prefix}:replay:{source}"
 
+    def claim(self, token: str) -> str:
+        """The queue entries a claim with ``token`` took (lua/claim.lua)."""
+        return f"{self.prefix}:claim:{token}"
+
     @property
     def dlqlog(self) -> str:
         """The dead-letter log: a capped stream of (src, source), one per dead letter."""
@@ -115,6 +119,11 @@ class Keyspace:
     def lease(self) -> str:
         """The sidecar lease (one key of its own: only lease scripts touch it)."""
         return f"ft:{{{self.namespace}}}:lease"
+
+    @property
+    def sources(self) -> str:
+        """Which pipeline owns each source index (ftlayer.sources): one hash of its own."""
+        return f"ft:{{{self.namespace}}}:sources"
 
     @property
     def settings(self) -> str:

@@ -61,6 +61,10 @@ FLUSH_TOKEN_TTL_MS = 600_000
 CLAIM_TOKEN_TTL_MS = 60_000
 """How long Redis keeps a claim's reply under its token: a retried claim (redis-py retries
 a call whose reply was lost) gets the same records instead of popping more."""
+STREAM_TOKEN_TTL_MS = 7 * 86_400_000
+"""How long Redis keeps what one offset of the replay stream claimed (ftlayer.spark.
+replay_stream): Spark commits it with its batch (then it is deleted); a query stopped for
+longer restarts without it and those records replay once more after their timeout."""
 SEGMENT_DONE_TTL_MS = 3_600_000
 """How long Redis remembers that a batch settled (a late attempt then stores nothing)."""
 

@@ -19,10 +19,12 @@ from typing import Any, NamedTuple, cast
 
 import msgpack
 import numpy as np
+import xxhash
 
 from ftlayer.acker import NOFRAME, AckEntry, pack_fails
-from ftlayer.ids import RecordId, new_ids, shard_of
+from ftlayer.ids import RecordId, mix64, new_ids, shard_of
 from ftlayer.keys import ShardKeys
+from ftlayer.limits import STREAM_TOKEN_TTL_MS
 from ftlayer.scripts import NamespacePart
 from serialization import Frame, FrameError
 from serialization.stored import STORED_HEADER_SIZE, decode_stored, decode_stored_many
@@ -68,6 +70,27 @@ def _claimed(
         else:
             bad.append((rid, cast(FrameError, frame)))
     return good, bad
+
+
+def _claimed_count(reply: list[Any], popped: bool = False) -> int:
+    """How many records a claim's reply holds (``popped``: how many entries the claim
+    popped, those whose records vanished since included, as far as the reply tells)."""
+    if not reply:
+        return 0
+    n = len(reply[0]) // _QUEUE_ENTRY.itemsize
+    if popped and int(reply[2]):
+        return max((int(i) for i in reply[3 + n : 3 + 2 * n]), default=0)
+    return n
+
+
+def stream_ids(token: str, shard: int, n: int) -> np.ndarray:
+    """The current ids the replay stream's claim ``token`` gives the records it takes on
+    ``shard``: a function of (token, shard, position), so every reader of the claim (a
+    task retried, a batch re-run) emits a record under the id its claim inited."""
+    seed = int.from_bytes(xxhash.xxh64_digest(f"{token}:{shard}".encode()), "big")
+    ids = mix64(np.arange(1, n + 1, dtype=np.uint64) + np.uint64(seed))
+    ids[ids == 0] = 1
+    return ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +221,51 @@ class RedisPersistenceLayer(NamespacePart):
             replies = [calls.submit(self._call, shard, args) for shard, args in asks]
             return [r for (shard, args), reply in zip(asks, replies, strict=True)
                     for r in self._claimed(shard, args, reply.result())]  # fmt: skip
+
+    def claim_stream(self, source: int, token: str, limit: int) -> dict[int, int]:
+        """The replay stream's claim (ftlayer.spark.replay_stream): up to ``limit`` queued
+        replays of ``source`` taken under ``token`` on each shard, inited with the current
+        ids ``stream_ids(token, shard, n)`` and a fresh timeout. Idempotent: a shard whose
+        ``token`` claimed already answers the same records again and pops nothing more (a
+        driver that crashed before Spark logged the offset claims the same records when it
+        asks again). Returns how many each shard holds under ``token`` (shards with none
+        left out)."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard in self.keyspace.shards:
+                pipe.llen(shard.replay(source))
+            queued = [int(n) for n in pipe.execute()]
+        out: dict[int, int] = {}
+        left = limit
+        for k, (shard, n) in enumerate(zip(self.keyspace.shards, queued, strict=True)):
+            want = min(left, n)
+            curs = stream_ids(token, k, want).astype(">u8").tobytes()
+            cfg = self.config
+            args = [source, want, curs, cfg.interval_ms, cfg.buckets, token,
+                    STREAM_TOKEN_TTL_MS, "stream"]  # fmt: skip
+            reply = self._call(shard, args)
+            got = _claimed_count(reply)
+            if got:
+                out[k] = got
+                left -= got
+        return out
+
+    def read_stream(self, source: int, token: str, shard: int) -> list[ClaimedRecord]:
+        """The records ``token`` claimed on ``shard`` that are still pending (those that
+        completed or failed since are gone), each with the current id it was inited with;
+        records that no longer decode are dead-lettered alone. Pops nothing."""
+        keys = self.keyspace[shard]
+        args = [source, 0, b"", self.config.interval_ms, self.config.buckets, token, 0, "read"]
+        reply = self._call(keys, args)
+        if not reply:
+            return []
+        args[2] = stream_ids(token, shard, _claimed_count(reply, popped=True)).astype(">u8")
+        args[2] = args[2].tobytes()
+        return self._claimed(keys, args, reply)
+
+    def release_stream(self, tokens: list[str]) -> None:
+        """Forget what ``tokens`` claimed (Spark committed their batches)."""
+        if tokens:
+            self.client.delete(*[s.claim(t) for s in self.keyspace.shards for t in tokens])
 
     def _call(self, shard: ShardKeys, args: list[Any]) -> list[Any]:
         return cast(list[Any], self.retried(partial(self.scripts.claim, keys=shard.script_keys,

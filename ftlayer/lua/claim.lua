@@ -1,5 +1,11 @@
 -- Take up to ARGV[2] replays of source ARGV[1] off this shard's queue for a source task.
--- ARGV: source, count, current ids (count x 8 bytes), interval_ms, buckets, token.
+-- ARGV: source, count, current ids (count x 8 bytes), interval_ms, buckets, token, and
+-- optionally the token's time to live in ms (default CLAIM_TOKEN_TTL_MS) and a mode:
+--   ""       a claim: a token seen before replies its records again, an unseen one pops;
+--   "stream" the same, but a claim that popped nothing keeps no token, so a later call with
+--            the same token pops what was queued since (the replay stream's offsets);
+--   "read"   only replies a seen token's records again; never pops (the replay stream's
+--            tasks read what the stream's offset claimed).
 -- The token names this claim: the queue entries it took are kept under it for
 -- CLAIM_TOKEN_TTL_MS (18 bytes a record, not the frames), and a call with a token already
 -- seen (a retry after a lost reply) returns the same records again instead of popping
@@ -21,6 +27,8 @@
 
 local token_key = PREFIX .. ':claim:' .. ARGV[6]
 local source, want, curs = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local ttl = tonumber(ARGV[7] or '') or CLAIM_TOKEN_TTL_MS
+local mode = ARGV[8] or ''
 local QITEM = 18
 
 -- Init (claim) or only read (a retry: init = false) the records of queue entries (``all``:
@@ -83,16 +91,18 @@ local function claim(items, all, deadline, init)
 end
 
 local seen = redis.call('GET', token_key)
-if seen then
+if seen and (seen ~= '' or mode ~= 'stream') then
   local items = {}
   for pos = 1, #seen, QITEM do items[#items + 1] = ssub(seen, pos, pos + QITEM - 1) end
   return (claim(items, seen, 0, false))
 end
 
+if mode == 'read' then return {} end
+
 local deadline = deadline_for(tonumber(ARGV[4]), tonumber(ARGV[5]))
-local items = redis.call('LPOP', PREFIX .. ':replay:' .. source, want)
+local items = want > 0 and redis.call('LPOP', PREFIX .. ':replay:' .. source, want)
 if not items then
-  redis.call('SET', token_key, '', 'PX', CLAIM_TOKEN_TTL_MS)
+  if mode ~= 'stream' then redis.call('SET', token_key, '', 'PX', ttl) end
   return {}
 end
 local all = table.concat(items)
@@ -101,5 +111,5 @@ commit()
 count('replays_vanished', vanished)
 count('replays_claimed', claimed)
 flush_counts()
-redis.call('SET', token_key, all, 'PX', CLAIM_TOKEN_TTL_MS)
+redis.call('SET', token_key, all, 'PX', ttl)
 return out

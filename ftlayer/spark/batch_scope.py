@@ -40,16 +40,18 @@ import redis
 from ftlayer.acker import ShardBatch
 from ftlayer.connection import is_cluster
 from ftlayer.errors import ConfigError
-from ftlayer.ids import RecordId, batch_source_ids, is_local, new_ids, shard_of, split_local
+from ftlayer.ids import batch_source_ids, is_local, new_ids, shard_of, split_local
 from ftlayer.limits import DEAD_NOW
-from ftlayer.payloads import arrow_codecs, decode_record
 from ftlayer.segments import frames_of_rows
 from ftlayer.spark.plan import MAX_MESSAGES, Segment
 from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy
+from ftlayer.spark.replay_rows import replay_table
 from ftlayer.spark.results import BatchResult, StageCounts
 from ftlayer.spark.vector_tasks import (
     ATT_COL,
+    CUR_COL,
     ID_FIELDS,
+    REPLAY_COLS,
     SRC_COL,
     SUMMARY_COL,
     VectorPlan,
@@ -61,7 +63,8 @@ if TYPE_CHECKING:
 
     from ftlayer.layer import FTLayer
 
-__all__ = ["VectorRun", "arrow_schema", "plan_batch", "spark_schema"]
+__all__ = ["VectorRun", "arrow_schema", "plan_batch", "spark_schema", "with_replay_columns",
+           "without_replay_columns"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +73,22 @@ def spark_schema(schema: pa.Schema) -> Any:
     from pyspark.sql.pandas.types import from_arrow_schema
 
     return from_arrow_schema(schema, prefer_timestamp_ntz=False)
+
+
+def with_replay_columns(df: DataFrame) -> DataFrame:
+    """``df`` (fresh rows) with the columns a replay carries, null."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    return df.select("*", F.lit(None).cast("long").alias(SRC_COL),
+                     F.lit(None).cast("int").alias(ATT_COL),
+                     F.lit(None).cast("long").alias(CUR_COL))  # fmt: skip
+
+
+def without_replay_columns(schema: Any) -> Any:
+    """A StructType without ftlayer's replay columns: the source's own schema."""
+    from pyspark.sql.types import StructType
+
+    return StructType([f for f in schema.fields if f.name not in REPLAY_COLS])
 
 
 _DDL: dict[str, Any] = {}
@@ -174,18 +193,17 @@ class VectorRun:
                   replay_limit: int) -> DataFrame:  # fmt: skip
         plan = self.plan
         names = plan.inputs[0].names
-        source_df = df if df.columns == names else df.select(*names)
+        streamed = SRC_COL in df.columns  # the replay stream's rows ride in df
+        if streamed:
+            source_df = df.select(*names, *(REPLAY_COLS if plan.config.enabled else ()))
+        else:
+            source_df = df if df.columns == names else df.select(*names)
         if self.layer is not None:
             self.calls += 1 if not is_cluster(self.layer.client) else len(self.layer.keyspace)
             self.layer.segments.drop_batch(plan.source, plan.batch_key)
-            replays = self._replays(df, replay_limit)
+            replays = None if streamed else self._replays(df, replay_limit)
             if replays is not None:
-                from pyspark.sql import functions as F  # noqa: N812
-
-                source_df = source_df.select(
-                    "*", F.lit(None).cast("long").alias(SRC_COL),
-                    F.lit(None).cast("int").alias(ATT_COL),
-                ).unionByName(replays)  # fmt: skip
+                source_df = with_replay_columns(source_df).unionByName(replays)
         if key and partitions:
             source_df = source_df.repartition(partitions, *key)
         out = source_df
@@ -213,37 +231,7 @@ class VectorRun:
                                for c in claimed})  # fmt: skip
         if not claimed:
             return None
-        schema = self.plan.inputs[0]
-        codecs = arrow_codecs(schema)
-        rows, srcs, curs, atts, bad = [], [], [], [], []
-        for c in claimed:
-            desc = c.frame.describe()
-            try:
-                record = decode_record(c.frame.payload, codecs, desc)
-                if not isinstance(record, dict):
-                    raise ValueError(f"a replay of a vectorized source must be a map: {desc}")
-            except Exception as e:
-                bad.append((c.record_id, f"undecodable replay payload: {e}"))
-                continue
-            rows.append(record)
-            srcs.append(c.record_id[0])
-            curs.append(c.record_id[1])
-            atts.append(c.attempts)
-        try:
-            table = pa.Table.from_pylist(rows, schema=schema)
-        except (pa.ArrowException, TypeError, ValueError):  # find the rows that do not fit
-            fit = []
-            for i, record in enumerate(rows):
-                try:
-                    pa.Table.from_pylist([record], schema=schema)
-                    fit.append(i)
-                except (pa.ArrowException, TypeError, ValueError) as e:
-                    rid = RecordId(srcs[i], curs[i])
-                    bad.append((rid, f"replay does not fit the input schema: {e}"))
-            rows = [rows[i] for i in fit]
-            srcs, curs = [srcs[i] for i in fit], [curs[i] for i in fit]
-            atts = [atts[i] for i in fit]
-            table = pa.Table.from_pylist(rows, schema=schema)
+        table, bad = replay_table(claimed, self.plan.inputs[0])
         for rid, text in bad:  # each failed with its own error (rare: one call each)
             self.result.undecodable += 1
             if len(self.result.errors) < MAX_MESSAGES:
@@ -251,16 +239,9 @@ class VectorRun:
             log.error("replay rejected batch_id=%s %s", self.result.batch_id, text)
             self.layer.fail([rid], error=text, max_replays=0)  # no replay decodes it
             self.calls += 1
-        if not rows:
+        if not table.num_rows:
             return None
-        self.injected = dict(zip(srcs, curs, strict=True))
-        if self.plan.record_key:  # a replay failing past a shuffle is reported by its key
-            for src, record in zip(srcs, rows, strict=True):
-                k = record.get(self.plan.record_key)
-                if isinstance(k, int) and k >= 0:
-                    self.replay_keys.setdefault(k, []).append(src)
-        table = table.append_column(SRC_COL, pa.array(np.array(srcs, np.uint64).view(np.int64)))
-        table = table.append_column(ATT_COL, pa.array(atts, pa.int32()))
+        self.injected = {c.record_id[0]: c.record_id[1] for c in claimed}  # kept alive
         log.info("replays claimed batch_id=%s source=%d claimed=%d undecodable=%d",
                  self.result.batch_id, self.plan.source, len(claimed), len(bad))  # fmt: skip
         return df.sparkSession.createDataFrame(table)
@@ -300,6 +281,7 @@ class VectorRun:
     def settle(self, finals: list[bytes]) -> BatchResult:
         summaries = [_Summary(msgpack.unpackb(f, raw=False)) for f in finals]
         ok = self._gather(summaries)
+        self._ran_replays(summaries)
         self._count(summaries)
         if self.layer is None:
             return self.result
@@ -349,6 +331,20 @@ class VectorRun:
             log.error("two attempts of one task counted in batch_id=%s", self.result.batch_id)
             ok = False
         return ok
+
+    def _ran_replays(self, summaries: list[_Summary]) -> None:
+        """The replays this batch ran, as the source tasks that counted report them
+        (claimed by this run, or read from the replay stream): settled below."""
+        self.injected, self.replay_keys = {}, {}
+        for s in summaries:
+            if s.stage or not s.raw.get("rep_src"):
+                continue
+            srcs = s.ids("rep_src").tolist()
+            self.injected.update(zip(srcs, s.ids("rep_cur").tolist(), strict=True))
+            if self.plan.record_key:
+                for k, src in zip(s.ids("rep_key").tolist(), srcs, strict=True):
+                    if k < 1 << 63:  # a null or negative key was dead-lettered at the source
+                        self.replay_keys.setdefault(k, []).append(src)
 
     def _count(self, summaries: list[_Summary]) -> None:
         r = self.result

@@ -45,7 +45,14 @@ from ftlayer.layer import FTLayer
 from ftlayer.limits import MAX_REPLAYS
 from ftlayer.payloads import decode_record, field_codecs
 from ftlayer.persistence import DeadLetter
-from ftlayer.spark.batch_scope import VectorRun, arrow_schema, plan_batch
+from ftlayer.sources import claim_source, source_identity
+from ftlayer.spark.batch_scope import (
+    VectorRun,
+    arrow_schema,
+    plan_batch,
+    with_replay_columns,
+    without_replay_columns,
+)
 from ftlayer.spark.dead_letter_feed import DeadLetterFeed
 from ftlayer.spark.pipeline import AckScope, OnError, Pipeline
 from ftlayer.spark.plan import MAX_MESSAGES
@@ -120,6 +127,7 @@ class FaultTolerance:
         self._rotator: Any = None
         self._owns_layer = layer is None
         self._draining = False
+        self._owned: set[tuple[int, str]] = set()  # (source, identity) checked in Redis
         self.task_config = config
         if config.enabled:
             self.layer = layer or FTLayer.open(config)
@@ -165,6 +173,7 @@ class FaultTolerance:
         errors: ErrorPolicy | None = None,
         on_dead_letter: Callable[[DeadLetter], None] | None = None,
         record_key: str | None = None,
+        name: str | None = None,
     ) -> Pipeline:
         """A new pipeline reading source ``source``; see :class:`Pipeline` (``errors``:
         ftlayer.spark.policy.ErrorPolicy for its stages; ``on_dead_letter``: called on
@@ -185,8 +194,37 @@ class FaultTolerance:
             raise ConfigError("on_dead_letter takes a function of one DeadLetter")
         if record_key is not None and (ack_scope != "batch" or not isinstance(record_key, str)):
             raise ConfigError("record_key names one column, on the default ack_scope='batch'")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ConfigError(f"name must be a non-empty string, not {name!r}")
         return Pipeline(self, source, key, partitions, on_error, immediate_replays, ack_scope,
-                        errors or DEFAULT_POLICY, on_dead_letter, record_key)  # fmt: skip
+                        errors or DEFAULT_POLICY, on_dead_letter, record_key,
+                        name)  # fmt: skip
+
+    # -- replays as a stream (ftlayer.spark.replay_stream) ----------------------------------
+    def with_replays(self, pipeline: Pipeline, stream: DataFrame) -> DataFrame:
+        """``stream`` unioned with the replay stream of ``pipeline``'s source (see
+        :meth:`Pipeline.with_replays`). With FT off, ``stream`` itself."""
+        from ftlayer.spark.replay_stream import replay_stream
+
+        if not stream.isStreaming:
+            raise ConfigError("with_replays takes a streaming DataFrame (spark.readStream...)")
+        if pipeline.ack_scope != "batch":
+            raise ConfigError("with_replays needs the default ack_scope='batch'")
+        if self.layer is None:
+            return stream
+        self._own(pipeline, stream.schema)
+        replays = replay_stream(stream.sparkSession, self.task_config, pipeline.source,
+                                stream.schema, self.replay_limit)  # fmt: skip
+        return with_replay_columns(stream).unionByName(replays)
+
+    def _own(self, pipeline: Pipeline, schema: Any) -> None:
+        """Refuse to run a source another pipeline owns (ftlayer.sources)."""
+        if self.layer is None:
+            return
+        identity = source_identity(pipeline.identity, schema)
+        if (pipeline.source, identity) not in self._owned:
+            claim_source(self.layer.client, self.config.namespace, pipeline.source, identity)
+            self._owned.add((pipeline.source, identity))
 
     # -- one batch ----------------------------------------------------------------------
     def run_batch(self, pipeline: Pipeline, df: DataFrame, batch_id: Any) -> BatchResult:
@@ -197,6 +235,7 @@ class FaultTolerance:
         if not pipeline.sunk:
             raise ConfigError("the pipeline has no sink: end it with .sink(fn)")
         _check_key(pipeline.key, df.schema)
+        self._own(pipeline, without_replay_columns(df.schema))
         if pipeline.ack_scope == "batch":
             return self._run_vectorized(pipeline, df, batch_id)
         started = time.monotonic()
@@ -238,18 +277,19 @@ class FaultTolerance:
         """One batch on the vectorized path (see ftlayer.spark.batch_scope)."""
         started = time.monotonic()
         spark = df.sparkSession
-        self._last = (pipeline, spark, df.schema)
+        schema = without_replay_columns(df.schema)  # the source's own columns
+        self._last = (pipeline, spark, schema)
         segments = pipeline.segments
         if pipeline.record_key is not None and not pipeline.vectorized:
             raise ConfigError("record_key takes batch stages (map_batches, map_pandas)")
         if not pipeline.vectorized:
-            segments = compile_rows(segments, df.schema, pipeline.on_error,
+            segments = compile_rows(segments, schema, pipeline.on_error,
                                     lambda ddl: arrow_schema(ddl, spark),
                                     pipeline.errors)  # fmt: skip
         result = BatchResult(batch_id)
         self._backpressure(pipeline.source, batch_id)
         plan = plan_batch(
-            segments, df.schema, spark, config=self.task_config,
+            segments, schema, spark, config=self.task_config,
             source=pipeline.source,
             batch_key=str(batch_id), on_error=pipeline.on_error,
             immediate_replays=pipeline.immediate_replays, errors=pipeline.errors,

@@ -24,10 +24,17 @@ OnError = Literal["fail_record", "fail_batch"]
 AckScope = Literal["batch", "task"]
 
 
+def _qualname(fn: Any) -> str:
+    fn = getattr(fn, "fn", fn)  # a RowFn's function
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
 class BatchRunner(Protocol):
     """What runs a pipeline's batches (``FaultTolerance``)."""
 
     def run_batch(self, pipeline: Pipeline, df: DataFrame, batch_id: Any) -> Any: ...
+
+    def with_replays(self, pipeline: Pipeline, stream: DataFrame) -> DataFrame: ...
 
 
 @dataclass(frozen=True)
@@ -87,8 +94,37 @@ class Pipeline:
     source with an error naming it; a stage whose output changes a row's key fails its
     task. Keys need not be unique: rows sharing a key share the fate of any of them
     failing after a shuffle (all replay: at least once, never lost)."""
+    name: str | None = None
+    """The pipeline's name, stored with its source the first time it runs: another
+    pipeline (another name, or another source schema) on the same namespace and source is
+    refused, so two jobs never take each other's replays (ftlayer.sources). None: named
+    after its stage and sink functions."""
     segments: tuple[Segment, ...] = (Segment(()),)
     sunk: bool = False
+
+    @property
+    def identity(self) -> str:
+        """Its name, or its stages' and sink's functions, e.g. ``map_batches:app.price >
+        partition_by(customer;4) > sink_batches:app.write``."""
+        if self.name is not None:
+            return self.name
+        parts = []
+        for seg in self.segments:
+            parts += [f"{kind}:{_qualname(op.fn)}" for kind, op in seg.ops]
+            if seg.shuffle_n:
+                parts.append(f"partition_by({';'.join(seg.shuffle_cols)};{seg.shuffle_n})")
+            if seg.sink is not None:
+                kind = "sink_batches" if seg.sink_per == "batch" else f"sink({seg.sink_per})"
+                parts.append(f"{kind}:{_qualname(seg.sink)}")
+        return " > ".join(parts)
+
+    def with_replays(self, stream: DataFrame) -> DataFrame:
+        """``stream`` (the source's streaming DataFrame) with this pipeline's replays: Spark
+        then runs a micro-batch whenever replays are queued, new input or not, and a
+        re-run batch reads the same replays (offsets in the checkpoint). Run it with this
+        pipeline: ``pipeline.with_replays(stream).writeStream.foreachBatch(pipeline)``
+        (ftlayer.spark.replay_stream)."""
+        return self.ft.with_replays(self, stream)
 
     @property
     def vectorized(self) -> bool:

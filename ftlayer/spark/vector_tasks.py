@@ -62,6 +62,12 @@ log = logging.getLogger(__name__)
 SRC_COL = "__ft_src"
 ATT_COL = "__ft_att"
 """Claimed replays enter the source stage with their failed attempts so far (int32)."""
+CUR_COL = "__ft_cur"
+"""... and with the current id their claim inited them with (int64): the source task
+reports (source id, current id) of every replay it ran, and the batch's settlement
+completes or fails exactly those (the replays of the attempt that counted)."""
+REPLAY_COLS = (SRC_COL, ATT_COL, CUR_COL)
+"""The columns a replay carries into the source stage (null in fresh rows)."""
 SUMMARY_COL = "__ft_summary"
 ID_FIELDS = [pa.field(SRC_COL, pa.int64())]
 _U8 = np.dtype(">u8")
@@ -136,6 +142,9 @@ class _Task:
     failed_err: list[str] = field(default_factory=list)
     failed_att: list[np.ndarray] = field(default_factory=list)
     unc_src: list[np.ndarray] = field(default_factory=list)
+    rep_src: list[np.ndarray] = field(default_factory=list)
+    rep_cur: list[np.ndarray] = field(default_factory=list)
+    rep_key: list[np.ndarray] = field(default_factory=list)
     upstream: list[int] = field(default_factory=list)
     counts: dict[str, list[int]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -162,7 +171,8 @@ class _Task:
                 "failed_att": np.concatenate(self.failed_att).astype(">u2").tobytes()
                 if self.failed_att else b"",
                 "immediate_replays": self.immediate_replays,
-                "unc_src": ids(self.unc_src),
+                "unc_src": ids(self.unc_src), "rep_src": ids(self.rep_src),
+                "rep_cur": ids(self.rep_cur), "rep_key": ids(self.rep_key),
                 "upstream": self.upstream, "counts": self.counts, "errors": self.errors,
             },
             use_bin_type=True,
@@ -360,6 +370,15 @@ def _run_with_replays(
     _residue(task, src[chain.failed], chain.texts, attempts)
 
 
+def _note_replays(plan: VectorPlan, task: _Task, batch: pa.RecordBatch, keep: np.ndarray) -> None:
+    """Report the replays this task ran: (source id, current id) each, and its record key
+    (with ``record_key``: a replay failing past a shuffle is reported by it)."""
+    task.rep_src.append(_u64(batch.column(SRC_COL))[keep])
+    task.rep_cur.append(_u64(batch.column(CUR_COL))[keep])
+    if plan.record_key:
+        task.rep_key.append(_u64(batch.column(plan.record_key).fill_null(-1))[keep])
+
+
 def _context(
     plan: VectorPlan, task: _Task, stage: int, src: np.ndarray, attempts: np.ndarray | None
 ) -> BatchContext:
@@ -445,6 +464,7 @@ def run_vector_task(
             if n_fresh < batch.num_rows:  # claimed replays: their budget is in Redis
                 keep = ~is_fresh
                 task.replayed += int(keep.sum())
+                _note_replays(plan, task, batch, keep)
                 before = None
                 if ATT_COL in batch.schema.names:
                     att = batch.column(ATT_COL).fill_null(0).to_numpy(zero_copy_only=False)

@@ -1,0 +1,69 @@
+"""Claimed replays as Arrow rows of their source's schema, with the columns a replay
+carries into the source stage (ftlayer.spark.vector_tasks.REPLAY_COLS).
+
+Used by both ways a replay enters a batch: the replay stream's tasks
+(ftlayer.spark.replay_stream) and a batch that claims its replays itself (``drain``, a
+pipeline run on a DataFrame that does not carry the replay stream).
+
+Invariant: every claimed record ends in the table or in ``bad`` with an error naming it
+(a payload that no longer decodes, or does not fit the schema): nothing is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from ftlayer.ids import RecordId
+from ftlayer.payloads import arrow_codecs, decode_record
+from ftlayer.persistence import ClaimedRecord
+from ftlayer.spark.vector_tasks import ATT_COL, CUR_COL, SRC_COL
+
+__all__ = ["replay_schema", "replay_table"]
+
+_ERRORS = (pa.ArrowException, TypeError, ValueError)
+
+
+def replay_schema(schema: pa.Schema) -> pa.Schema:
+    """The source's schema with the replay columns (source id, attempts, current id)."""
+    return pa.schema([*schema, pa.field(SRC_COL, pa.int64()), pa.field(ATT_COL, pa.int32()),
+                      pa.field(CUR_COL, pa.int64())])  # fmt: skip
+
+
+def replay_table(
+    claimed: Sequence[ClaimedRecord], schema: pa.Schema
+) -> tuple[pa.Table, list[tuple[RecordId, str]]]:
+    """The claimed records that decode into ``schema`` as one table of
+    ``replay_schema(schema)``, and (record id, error) of those that do not."""
+    codecs = arrow_codecs(schema)
+    rows, kept, bad = [], [], []
+    for c in claimed:
+        desc = c.frame.describe()
+        try:
+            record = decode_record(c.frame.payload, codecs, desc)
+            if not isinstance(record, dict):
+                raise ValueError(f"a replay of a vectorized source must be a map: {desc}")
+        except Exception as e:
+            bad.append((c.record_id, f"undecodable replay payload: {e}"))
+            continue
+        rows.append(record)
+        kept.append(c)
+    try:
+        table = pa.Table.from_pylist(rows, schema=schema)
+    except _ERRORS:  # find the rows that do not fit
+        fit = []
+        for i, record in enumerate(rows):
+            try:
+                pa.Table.from_pylist([record], schema=schema)
+                fit.append(i)
+            except _ERRORS as e:
+                bad.append((kept[i].record_id, f"replay does not fit the input schema: {e}"))
+        rows, kept = [rows[i] for i in fit], [kept[i] for i in fit]
+        table = pa.Table.from_pylist(rows, schema=schema)
+    src = np.array([c.record_id[0] for c in kept], np.uint64).view(np.int64)
+    cur = np.array([c.record_id[1] for c in kept], np.uint64).view(np.int64)
+    att = pa.array([c.attempts for c in kept], pa.int32())
+    table = table.append_column(SRC_COL, pa.array(src)).append_column(ATT_COL, att)
+    return table.append_column(CUR_COL, pa.array(cur)), bad

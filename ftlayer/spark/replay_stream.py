@@ -1,0 +1,188 @@
+"""Replays as a Spark streaming source: a quiet stream still replays.
+
+``pipeline.with_replays(stream)`` unions the user's stream with this source (Spark's
+Python data source API, format ``ftlayer-replays``), so Spark runs a micro-batch whenever
+replays of the pipeline's source are queued, whether or not new input arrived -- the way
+Storm's spout re-emits failed tuples on its own.
+
+Offsets are positions in the source's replay queue, kept in Spark's checkpoint:
+``{"run": <query run>, "seq": k, "shards": [...]}``. Asked for its latest offset, the
+reader *claims* up to ``maxReplaysPerTrigger`` queued replays under the token of offset
+``k + 1`` (lua/claim.lua, mode ``stream``): each claimed record gets the current id
+``stream_ids(token, shard, i)`` and a fresh timeout, and Redis keeps what the token took.
+A task of the batch reads them back by the token (mode ``read``: pops nothing), and
+Spark's commit of the batch releases the token.
+
+Invariants:
+
+* Nothing lost: a claimed record stays pending with a live timeout until the batch that
+  ran it settles it; a driver that dies first leaves it to time out and replay.
+* A re-run batch (same offsets, after a driver crash) reads the same token again: the
+  records it still holds come back under the ids their claim gave them; those its first
+  run settled (completed, failed, dead-lettered) are gone and do not run again, so no
+  record is taken twice into its replay budget. A latest offset asked again after a crash
+  before Spark logged it claims under the same token and gets the same records.
+* Tokens belong to one query run (``run``, fixed by the initial offset): two queries
+  never read each other's claims.
+* With ``trigger(availableNow=True)`` the reader keeps offering offsets while records of
+  its source are pending (it expires due timeouts itself while it waits, bounded by one
+  full timeout): the query ends when nothing of the source is pending.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from ftlayer.config import FTConfig
+from ftlayer.spark.batch_scope import arrow_schema, spark_schema
+from ftlayer.spark.replay_rows import replay_schema, replay_table
+from ftlayer.spark.vector_tasks import SRC_COL
+from ftlayer.spark.worker import worker_layer
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["FORMAT", "replay_stream"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = "ftlayer-replays"
+
+
+class ReplayPartition(InputPartition):  # type: ignore[misc]
+    def __init__(self, token: str, shard: int) -> None:
+        self.token, self.shard = token, shard
+
+
+class ReplayReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+    def __init__(self, options: dict[str, str]) -> None:
+        self.config = FTConfig(**json.loads(options["config"]))
+        self.source = int(options["source"])
+        self.limit = int(options.get("maxReplaysPerTrigger", "10000"))
+        self.user = StructType.fromJson(json.loads(options["schema"]))
+        self.available_now = False
+        self.expired_at = 0.0
+        self.released = 0
+
+    def _layer(self) -> Any:
+        return worker_layer(self.config)
+
+    def initialOffset(self) -> dict[str, Any]:  # noqa: N802 (Spark's names)
+        return {"run": uuid.uuid4().hex[:12], "seq": 0, "shards": []}
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+        self.available_now = True
+
+    def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:  # noqa: N802
+        layer = self._layer()
+        want = limit.max_rows if isinstance(limit, ReadMaxRows) else self.limit
+        seq = int(start["seq"]) + 1
+        token = f"rs:{start['run']}:{seq}"
+        cfg = self.config  # availableNow waits at most T*B/(B-1) + 2 rotations for one
+        deadline = time.monotonic() + cfg.timeout_s * cfg.buckets / (cfg.buckets - 1)
+        deadline += 2 * cfg.rotation_interval_s
+        while True:
+            self._expire(layer)
+            got = layer.persistence.claim_stream(self.source, token, max(1, want))
+            if got:
+                log.info("replay stream offset source=%d seq=%d replays=%d",
+                         self.source, seq, sum(got.values()))  # fmt: skip
+                return {"run": start["run"], "seq": seq, "shards": sorted(got)}
+            if not self.available_now or not self._pending(layer):
+                return start
+            if time.monotonic() > deadline:
+                log.warning("replay stream: records of source %d still pending after a "
+                            "full timeout with none queued; ending", self.source)  # fmt: skip
+                return start
+            time.sleep(min(0.2, self.config.rotation_interval_s / 4))
+
+    def getDefaultReadLimit(self) -> Any:  # noqa: N802
+        return ReadMaxRows(self.limit)
+
+    def _expire(self, layer: Any) -> None:
+        """Rotate the timeouts (at most twice per rotation interval), so a stream with
+        no sidecar still fails what timed out; a sidecar doing it too is harmless."""
+        now = time.monotonic()
+        if now - self.expired_at >= self.config.rotation_interval_s / 2:
+            self.expired_at = now
+            layer.expire_due()
+
+    def _pending(self, layer: Any) -> bool:
+        st = layer.stats()
+        mine = f"{self.source}:"
+        return bool(st.pending_by_source.get(self.source, 0)) or any(
+            m.startswith(mine) for _, m, _ in layer.segments.indexed())  # fmt: skip
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[Any]:
+        if int(end["seq"]) <= int(start["seq"]):
+            return []
+        token = f"rs:{end['run']}:{end['seq']}"
+        return [ReplayPartition(token, int(k)) for k in end["shards"]]
+
+    def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
+        layer = self._layer()
+        claimed = layer.persistence.read_stream(self.source, partition.token, partition.shard)
+        if not claimed:
+            return
+        user = arrow_schema(self.user, None)
+        table, bad = replay_table(claimed, user)
+        for rid, text in bad:  # a payload no replay decodes: dead-lettered, named
+            log.error("replay rejected source=%d %s", self.source, text)
+            layer.fail([rid], error=text, max_replays=0)
+        if table.num_rows:  # a full timeout from now: the batch has just begun
+            layer.reset_timeout([int(x) for x in table.column(SRC_COL).cast("uint64").to_pylist()])
+            yield from table.to_batches()
+
+    def commit(self, end: dict[str, Any]) -> None:
+        seq = int(end["seq"])
+        first = max(self.released + 1, seq - 1, 1)
+        tokens = [f"rs:{end['run']}:{k}" for k in range(first, seq + 1)]
+        self._layer().persistence.release_stream(tokens)
+        self.released = seq
+
+
+class ReplaySource(DataSource):  # type: ignore[misc]
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> Any:
+        user = StructType.fromJson(json.loads(self.options["schema"]))
+        return spark_schema(replay_schema(arrow_schema(user, None)))
+
+    def streamReader(self, schema: Any) -> Any:  # noqa: N802
+        return ReplayReader(dict(self.options))
+
+
+_registered: set[int] = set()
+
+
+def replay_stream(
+    spark: SparkSession, config: FTConfig, source: int, schema: Any, limit: int
+) -> DataFrame:
+    """The replays of ``source`` as a streaming DataFrame of ``schema`` (the source's own
+    StructType) plus the replay columns. Registers the data source with the session once."""
+    key = id(spark)
+    if key not in _registered:
+        spark.dataSource.register(ReplaySource)
+        _registered.add(key)
+    return (
+        spark.readStream.format(FORMAT)
+        .option("config", json.dumps(asdict(config)))
+        .option("source", str(source))
+        .option("schema", schema.json())
+        .option("maxReplaysPerTrigger", str(limit))
+        .load()
+    )
