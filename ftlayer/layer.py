@@ -339,7 +339,8 @@ class FTLayer:
     def clear(self) -> int:
         """Delete every key of this namespace (tests, or a deliberate reset). Returns how
         many keys were deleted."""
-        n = int(self.client.delete(self.keyspace.lease, self.keyspace.settings))
+        ks = self.keyspace
+        n = int(self.client.delete(ks.lease, ks.settings, ks.sources))
         for key in self.client.scan_iter(match=self.keyspace.pattern, count=1000):
             n += int(self.client.delete(key))
         return n

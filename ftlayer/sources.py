@@ -4,7 +4,7 @@ A source's replays are claimed by whatever runs a batch of that source index: tw
 one namespace with the same index (the defaults, ``namespace="ftlayer"`` and
 ``source=0``) would take each other's replays into their own stages and sink, and count
 them complete. So the first pipeline that runs a source stores its identity -- its name
-(or its stages' functions) and its source schema -- in ``ft:{<ns>}:sources`` (``HSETNX``:
+(or the Spark application's) and its source schema -- in ``ft:{<ns>}:sources`` (``HSETNX``:
 two first runs racing agree on one), and every later one compares: another pipeline is
 refused with one line naming both, before it claims anything.
 

@@ -18,6 +18,7 @@ from ftlayer import __version__
 from ftlayer.cli.common import add_common, config_of, env_name, open_existing, opt
 from ftlayer.cli.dlq import add_dlq_commands
 from ftlayer.cli.functions import add_functions_command
+from ftlayer.cli.sources import add_sources_command
 from ftlayer.cli.status import add_status_command
 from ftlayer.connection import redact_url
 from ftlayer.errors import FrameError, FTLayerError
@@ -94,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _build_commands(sub: Any) -> None:
 
+    add_sources_command(sub)
     stats = sub.add_parser("stats", help="print the FT counters of a namespace")
     add_common(stats)
     stats.add_argument("--json", action="store_true", help="one JSON object")

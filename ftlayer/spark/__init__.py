@@ -42,6 +42,7 @@ from ftlayer.spark.pipeline import OnError, Pipeline
 from ftlayer.spark.plan import UNCONFIRMED, Unconfirmed
 from ftlayer.spark.policy import BatchContext, ErrorPolicy, RecordContext
 from ftlayer.spark.progress import BatchProgress
+from ftlayer.spark.references import FileSource, ReplayableSource
 from ftlayer.spark.results import BatchResult, DrainResult, StageCounts
 
 __all__ = [
@@ -52,10 +53,12 @@ __all__ = [
     "DrainResult",
     "ErrorPolicy",
     "FaultTolerance",
+    "FileSource",
     "OnError",
     "Outcome",
     "Pipeline",
     "RecordContext",
+    "ReplayableSource",
     "StageContractError",
     "StageCounts",
     "Unconfirmed",

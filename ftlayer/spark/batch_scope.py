@@ -40,7 +40,7 @@ import redis
 from ftlayer.acker import ShardBatch
 from ftlayer.connection import is_cluster
 from ftlayer.errors import ConfigError
-from ftlayer.ids import batch_source_ids, is_local, new_ids, shard_of, split_local
+from ftlayer.ids import RecordId, batch_source_ids, is_local, new_ids, shard_of, split_local
 from ftlayer.limits import DEAD_NOW
 from ftlayer.segments import frames_of_rows
 from ftlayer.spark.plan import MAX_MESSAGES, Segment
@@ -51,6 +51,9 @@ from ftlayer.spark.vector_tasks import (
     ATT_COL,
     CUR_COL,
     ID_FIELDS,
+    LOC_COL,
+    POS_COL,
+    REF_COLS,
     REPLAY_COLS,
     SRC_COL,
     SUMMARY_COL,
@@ -85,10 +88,11 @@ def with_replay_columns(df: DataFrame) -> DataFrame:
 
 
 def without_replay_columns(schema: Any) -> Any:
-    """A StructType without ftlayer's replay columns: the source's own schema."""
+    """A StructType without ftlayer's replay and reference columns: the source's own."""
     from pyspark.sql.types import StructType
 
-    return StructType([f for f in schema.fields if f.name not in REPLAY_COLS])
+    ours = (*REPLAY_COLS, *REF_COLS)
+    return StructType([f for f in schema.fields if f.name not in ours])
 
 
 _DDL: dict[str, Any] = {}
@@ -190,20 +194,33 @@ class VectorRun:
 
     # -- building the DataFrame ------------------------------------------------------------
     def dataframe(self, df: DataFrame, key: tuple[str, ...], partitions: int | None,
-                  replay_limit: int) -> DataFrame:  # fmt: skip
+                  replay_limit: int, reads: Any = None) -> DataFrame:  # fmt: skip
+        """The batch's plan: fresh rows of ``df`` (with their references, if it carries
+        them) and its replays (riding in ``df`` from the replay stream, or claimed now),
+        those kept by reference read back from ``reads``."""
+        from pyspark.sql import functions as F  # noqa: N812
+
         plan = self.plan
         names = plan.inputs[0].names
+        ft = plan.config.enabled
         streamed = SRC_COL in df.columns  # the replay stream's rows ride in df
-        if streamed:
-            source_df = df.select(*names, *(REPLAY_COLS if plan.config.enabled else ()))
-        else:
-            source_df = df if df.columns == names else df.select(*names)
+        refs = REF_COLS if ft and LOC_COL in df.columns else ()
+        source_df = df if df.columns == names else df.select(*names, *refs)
         if self.layer is not None:
             self.calls += 1 if not is_cluster(self.layer.client) else len(self.layer.keyspace)
             self.layer.segments.drop_batch(plan.source, plan.batch_key)
-            replays = None if streamed else self._replays(df, replay_limit)
-            if replays is not None:
-                source_df = with_replay_columns(source_df).unionByName(replays)
+            if streamed and reads is None:
+                source_df = df.select(*names, *refs, *REPLAY_COLS)
+            else:
+                if streamed:  # replays may be references: read them back first
+                    table = df.filter(F.col(SRC_COL).isNotNull()).toArrow()
+                    source_df = df.filter(F.col(SRC_COL).isNull()).select(*names, *refs)
+                    replays = self._replay_rows(df.sparkSession, table, reads)
+                else:
+                    replays = self._replays(df, replay_limit, reads)
+                if replays is not None:
+                    source_df = with_replay_columns(source_df).unionByName(
+                        replays, allowMissingColumns=True)  # fmt: skip
         if key and partitions:
             source_df = source_df.repartition(partitions, *key)
         out = source_df
@@ -223,7 +240,7 @@ class VectorRun:
             fields += ID_FIELDS
         return spark_schema(pa.schema(fields))
 
-    def _replays(self, df: DataFrame, limit: int) -> DataFrame | None:
+    def _replays(self, df: DataFrame, limit: int, reads: Any) -> DataFrame | None:
         """Claim this source's replays and make them a DataFrame with their ids."""
         assert self.layer is not None
         claimed = self.layer.claim_replays(self.plan.source, limit)
@@ -231,20 +248,41 @@ class VectorRun:
                                for c in claimed})  # fmt: skip
         if not claimed:
             return None
-        table, bad = replay_table(claimed, self.plan.inputs[0])
-        for rid, text in bad:  # each failed with its own error (rare: one call each)
+        stored = self.plan.inputs[0]
+        if reads is not None:  # records hold their columns, or their reference
+            stored = pa.schema([*stored, pa.field(LOC_COL, pa.string()),
+                                pa.field(POS_COL, pa.int64())])  # fmt: skip
+        table, bad = replay_table(claimed, stored)
+        self._reject(bad)
+        self.injected = {c.record_id[0]: c.record_id[1] for c in claimed}  # kept alive
+        log.info("replays claimed batch_id=%s source=%d claimed=%d undecodable=%d",
+                 self.result.batch_id, self.plan.source, len(claimed), len(bad))  # fmt: skip
+        return self._replay_rows(df.sparkSession, table, reads)
+
+    def _replay_rows(self, spark: Any, table: pa.Table, reads: Any) -> DataFrame | None:
+        """Replays (``replay_table``'s shape) as a DataFrame of the source's columns and
+        the replay columns, those kept by reference read back from ``reads`` (those that
+        no longer resolve dead-lettered, named)."""
+        if reads is not None and table.num_rows:
+            from ftlayer.spark.references import resolve
+
+            table, bad = resolve(spark, reads, table, self.plan.inputs[0])
+            self._reject(bad)
+        if not table.num_rows:
+            return None
+        table = table.select([*self.plan.inputs[0].names, *REPLAY_COLS])
+        return spark.createDataFrame(table)
+
+    def _reject(self, bad: list[tuple[RecordId, str]]) -> None:
+        """Dead-letter replays that no replay can fix, each with its own error."""
+        assert self.layer is not None
+        for rid, text in bad:  # rare: one call each
             self.result.undecodable += 1
             if len(self.result.errors) < MAX_MESSAGES:
                 self.result.errors.append(text)
             log.error("replay rejected batch_id=%s %s", self.result.batch_id, text)
-            self.layer.fail([rid], error=text, max_replays=0)  # no replay decodes it
+            self.layer.fail([rid], error=text, max_replays=0)
             self.calls += 1
-        if not table.num_rows:
-            return None
-        self.injected = {c.record_id[0]: c.record_id[1] for c in claimed}  # kept alive
-        log.info("replays claimed batch_id=%s source=%d claimed=%d undecodable=%d",
-                 self.result.batch_id, self.plan.source, len(claimed), len(bad))  # fmt: skip
-        return df.sparkSession.createDataFrame(table)
 
     @contextmanager
     def keepalive(self) -> Iterator[None]:

@@ -174,6 +174,7 @@ class FaultTolerance:
         on_dead_letter: Callable[[DeadLetter], None] | None = None,
         record_key: str | None = None,
         name: str | None = None,
+        reads: Any = None,
     ) -> Pipeline:
         """A new pipeline reading source ``source``; see :class:`Pipeline` (``errors``:
         ftlayer.spark.policy.ErrorPolicy for its stages; ``on_dead_letter``: called on
@@ -196,32 +197,53 @@ class FaultTolerance:
             raise ConfigError("record_key names one column, on the default ack_scope='batch'")
         if name is not None and (not isinstance(name, str) or not name):
             raise ConfigError(f"name must be a non-empty string, not {name!r}")
+        if reads is not None:
+            from ftlayer.spark.references import ReplayableSource
+
+            if not isinstance(reads, ReplayableSource):
+                raise ConfigError("reads= takes a FileSource or another ReplayableSource "
+                                  f"(stream, reference, read_back), not {reads!r}")  # fmt: skip
+            if ack_scope != "batch":
+                raise ConfigError("reads= needs the default ack_scope='batch'")
         return Pipeline(self, source, key, partitions, on_error, immediate_replays, ack_scope,
-                        errors or DEFAULT_POLICY, on_dead_letter, record_key,
+                        errors or DEFAULT_POLICY, on_dead_letter, record_key, reads,
                         name)  # fmt: skip
 
     # -- replays as a stream (ftlayer.spark.replay_stream) ----------------------------------
-    def with_replays(self, pipeline: Pipeline, stream: DataFrame) -> DataFrame:
-        """``stream`` unioned with the replay stream of ``pipeline``'s source (see
-        :meth:`Pipeline.with_replays`). With FT off, ``stream`` itself."""
+    def with_replays(
+        self, pipeline: Pipeline, stream: DataFrame | None, spark: SparkSession
+    ) -> DataFrame:
+        """``stream`` (None: the stream of ``pipeline.reads``, its rows with their
+        references) unioned with the replay stream of ``pipeline``'s source (see
+        :meth:`Pipeline.with_replays`). With FT off, the stream itself."""
+        from ftlayer.spark.references import with_references
         from ftlayer.spark.replay_stream import replay_stream
 
+        if stream is None:
+            stream = pipeline.reads.stream(spark)
+            schema = stream.schema
+            if self.layer is not None:
+                stream = with_references(pipeline.reads, stream)
+        else:
+            schema = stream.schema
         if not stream.isStreaming:
             raise ConfigError("with_replays takes a streaming DataFrame (spark.readStream...)")
         if pipeline.ack_scope != "batch":
             raise ConfigError("with_replays needs the default ack_scope='batch'")
         if self.layer is None:
             return stream
-        self._own(pipeline, stream.schema)
-        replays = replay_stream(stream.sparkSession, self.task_config, pipeline.source,
-                                stream.schema, self.replay_limit)  # fmt: skip
+        self._own(pipeline, schema, spark)
+        by_ref = pipeline.reads is not None
+        replays = replay_stream(spark, self.task_config, pipeline.source, schema,
+                                self.replay_limit, by_reference=by_ref)  # fmt: skip
         return with_replay_columns(stream).unionByName(replays)
 
-    def _own(self, pipeline: Pipeline, schema: Any) -> None:
+    def _own(self, pipeline: Pipeline, schema: Any, spark: SparkSession) -> None:
         """Refuse to run a source another pipeline owns (ftlayer.sources)."""
         if self.layer is None:
             return
-        identity = source_identity(pipeline.identity, schema)
+        app = "" if pipeline.name is not None else spark.conf.get("spark.app.name", "")
+        identity = source_identity(pipeline.identity(app or ""), schema)
         if (pipeline.source, identity) not in self._owned:
             claim_source(self.layer.client, self.config.namespace, pipeline.source, identity)
             self._owned.add((pipeline.source, identity))
@@ -235,7 +257,7 @@ class FaultTolerance:
         if not pipeline.sunk:
             raise ConfigError("the pipeline has no sink: end it with .sink(fn)")
         _check_key(pipeline.key, df.schema)
-        self._own(pipeline, without_replay_columns(df.schema))
+        self._own(pipeline, without_replay_columns(df.schema), df.sparkSession)
         if pipeline.ack_scope == "batch":
             return self._run_vectorized(pipeline, df, batch_id)
         started = time.monotonic()
@@ -296,7 +318,8 @@ class FaultTolerance:
             record_key=pipeline.record_key,
         )  # fmt: skip
         run = VectorRun(plan, self.layer, result)
-        out = run.dataframe(df, pipeline.key, pipeline.partitions, self.replay_limit)
+        out = run.dataframe(df, pipeline.key, pipeline.partitions, self.replay_limit,
+                            pipeline.reads)  # fmt: skip
         with run.keepalive():  # a live driver keeps its batch from timing out
             finals = [row[0] for row in out.collect()]
         run.settle(finals)

@@ -24,17 +24,14 @@ OnError = Literal["fail_record", "fail_batch"]
 AckScope = Literal["batch", "task"]
 
 
-def _qualname(fn: Any) -> str:
-    fn = getattr(fn, "fn", fn)  # a RowFn's function
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
-
-
 class BatchRunner(Protocol):
     """What runs a pipeline's batches (``FaultTolerance``)."""
 
     def run_batch(self, pipeline: Pipeline, df: DataFrame, batch_id: Any) -> Any: ...
 
-    def with_replays(self, pipeline: Pipeline, stream: DataFrame) -> DataFrame: ...
+    def with_replays(
+        self, pipeline: Pipeline, stream: DataFrame | None, spark: Any
+    ) -> DataFrame: ...
 
 
 @dataclass(frozen=True)
@@ -94,29 +91,31 @@ class Pipeline:
     source with an error naming it; a stage whose output changes a row's key fails its
     task. Keys need not be unique: rows sharing a key share the fate of any of them
     failing after a shuffle (all replay: at least once, never lost)."""
+    reads: Any = None
+    """A source Spark can read again (ftlayer.spark.references.ReplayableSource, e.g. a
+    FileSource): its rows are kept by reference, not copied into Redis, and replays are
+    read back from it. Start its stream with :meth:`stream`."""
     name: str | None = None
     """The pipeline's name, stored with its source the first time it runs: another
     pipeline (another name, or another source schema) on the same namespace and source is
     refused, so two jobs never take each other's replays (ftlayer.sources). None: named
-    after its stage and sink functions."""
+    after the Spark application (``spark.app.name``)."""
     segments: tuple[Segment, ...] = (Segment(()),)
     sunk: bool = False
 
-    @property
-    def identity(self) -> str:
-        """Its name, or its stages' and sink's functions, e.g. ``map_batches:app.price >
-        partition_by(customer;4) > sink_batches:app.write``."""
-        if self.name is not None:
-            return self.name
-        parts = []
-        for seg in self.segments:
-            parts += [f"{kind}:{_qualname(op.fn)}" for kind, op in seg.ops]
-            if seg.shuffle_n:
-                parts.append(f"partition_by({';'.join(seg.shuffle_cols)};{seg.shuffle_n})")
-            if seg.sink is not None:
-                kind = "sink_batches" if seg.sink_per == "batch" else f"sink({seg.sink_per})"
-                parts.append(f"{kind}:{_qualname(seg.sink)}")
-        return " > ".join(parts)
+    def identity(self, app_name: str) -> str:
+        """Its name, or the Spark application's (``spark.app.name``): a redeployed job
+        keeps it whatever its stages became, two unrelated jobs differ."""
+        return self.name if self.name is not None else f"app:{app_name}"
+
+    def stream(self, spark: Any) -> DataFrame:
+        """The stream of the pipeline's ``reads=`` source, its rows kept by reference,
+        with the pipeline's replays: ``pipeline.stream(spark).writeStream.foreachBatch(
+        pipeline)``."""
+        if self.reads is None:
+            raise ConfigError("stream() needs ft.pipeline(reads=<a FileSource or another "
+                              "ReplayableSource>); for any other stream use with_replays()")
+        return self.ft.with_replays(self, None, spark)
 
     def with_replays(self, stream: DataFrame) -> DataFrame:
         """``stream`` (the source's streaming DataFrame) with this pipeline's replays: Spark
@@ -124,7 +123,7 @@ class Pipeline:
         re-run batch reads the same replays (offsets in the checkpoint). Run it with this
         pipeline: ``pipeline.with_replays(stream).writeStream.foreachBatch(pipeline)``
         (ftlayer.spark.replay_stream)."""
-        return self.ft.with_replays(self, stream)
+        return self.ft.with_replays(self, stream, stream.sparkSession)
 
     @property
     def vectorized(self) -> bool:

@@ -38,6 +38,8 @@ import uuid
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
@@ -45,13 +47,12 @@ from pyspark.sql.types import StructType
 from ftlayer.config import FTConfig
 from ftlayer.spark.batch_scope import arrow_schema, spark_schema
 from ftlayer.spark.replay_rows import replay_schema, replay_table
-from ftlayer.spark.vector_tasks import SRC_COL
+from ftlayer.spark.vector_tasks import LOC_COL, POS_COL, SRC_COL
 from ftlayer.spark.worker import worker_layer
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["FORMAT", "replay_stream"]
@@ -70,8 +71,9 @@ class ReplayReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type
     def __init__(self, options: dict[str, str]) -> None:
         self.config = FTConfig(**json.loads(options["config"]))
         self.source = int(options["source"])
-        self.limit = int(options.get("maxReplaysPerTrigger", "10000"))
+        self.limit = int(options.get("maxreplayspertrigger", "10000"))
         self.user = StructType.fromJson(json.loads(options["schema"]))
+        self.by_reference = options.get("byreference") == "1"
         self.available_now = False
         self.expired_at = 0.0
         self.released = 0
@@ -136,13 +138,13 @@ class ReplayReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type
         claimed = layer.persistence.read_stream(self.source, partition.token, partition.shard)
         if not claimed:
             return
-        user = arrow_schema(self.user, None)
-        table, bad = replay_table(claimed, user)
+        table, bad = replay_table(claimed, stored_schema(self.user, self.by_reference))
         for rid, text in bad:  # a payload no replay decodes: dead-lettered, named
             log.error("replay rejected source=%d %s", self.source, text)
             layer.fail([rid], error=text, max_replays=0)
         if table.num_rows:  # a full timeout from now: the batch has just begun
-            layer.reset_timeout([int(x) for x in table.column(SRC_COL).cast("uint64").to_pylist()])
+            src = table.column(SRC_COL).to_numpy().view(np.uint64)
+            layer.reset_timeout([int(x) for x in src])
             yield from table.to_batches()
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -159,21 +161,44 @@ class ReplaySource(DataSource):  # type: ignore[misc]
         return FORMAT
 
     def schema(self) -> Any:
-        user = StructType.fromJson(json.loads(self.options["schema"]))
-        return spark_schema(replay_schema(arrow_schema(user, None)))
+        opts = _options(self.options)
+        user = StructType.fromJson(json.loads(opts["schema"]))
+        return spark_schema(replay_schema(stored_schema(user, opts.get("byreference") == "1")))
 
     def streamReader(self, schema: Any) -> Any:  # noqa: N802
-        return ReplayReader(dict(self.options))
+        return ReplayReader(_options(self.options))
 
 
 _registered: set[int] = set()
 
 
+def _options(options: Any) -> dict[str, str]:
+    """The data source's options with lower-case keys (Spark hands them over
+    case-insensitively; a plain dict of them keeps whatever case it got)."""
+    return {k.lower(): v for k, v in options.items()}
+
+
+def stored_schema(user: Any, by_reference: bool) -> pa.Schema:
+    """What a source's records hold: its columns (a copy), or its columns and a reference
+    (a record kept by reference carries only the reference; a copy only the columns)."""
+    schema = arrow_schema(user, None)
+    if by_reference:
+        schema = pa.schema([*schema, pa.field(LOC_COL, pa.string()),
+                            pa.field(POS_COL, pa.int64())])  # fmt: skip
+    return schema
+
+
 def replay_stream(
-    spark: SparkSession, config: FTConfig, source: int, schema: Any, limit: int
+    spark: SparkSession,
+    config: FTConfig,
+    source: int,
+    schema: Any,
+    limit: int,
+    by_reference: bool = False,
 ) -> DataFrame:
     """The replays of ``source`` as a streaming DataFrame of ``schema`` (the source's own
-    StructType) plus the replay columns. Registers the data source with the session once."""
+    StructType; ``by_reference``: and the reference columns) plus the replay columns.
+    Registers the data source with the session once."""
     key = id(spark)
     if key not in _registered:
         spark.dataSource.register(ReplaySource)
@@ -184,5 +209,6 @@ def replay_stream(
         .option("source", str(source))
         .option("schema", schema.json())
         .option("maxReplaysPerTrigger", str(limit))
+        .option("byReference", "1" if by_reference else "0")
         .load()
     )

@@ -68,6 +68,12 @@ reports (source id, current id) of every replay it ran, and the batch's settleme
 completes or fails exactly those (the replays of the attempt that counted)."""
 REPLAY_COLS = (SRC_COL, ATT_COL, CUR_COL)
 """The columns a replay carries into the source stage (null in fresh rows)."""
+LOC_COL = "__ft_loc"
+POS_COL = "__ft_pos"
+REF_COLS = (LOC_COL, POS_COL)
+"""A source kept by reference (ftlayer.spark.references): each row's location (string)
+and position (int64). When the source stage's input has them, its segment holds them
+instead of the rows."""
 SUMMARY_COL = "__ft_summary"
 ID_FIELDS = [pa.field(SRC_COL, pa.int64())]
 _U8 = np.dtype(">u8")
@@ -446,6 +452,7 @@ def run_vector_task(
                 yield out
             continue
         has_ids = SRC_COL in batch.schema.names
+        by_ref = LOC_COL in batch.schema.names
         user = batch.select(names)
         if stage == 0:  # fresh rows (no id yet) and claimed replays (their persisted ids)
             if has_ids:
@@ -458,7 +465,12 @@ def run_vector_task(
                 part = user if n_fresh == batch.num_rows else user.filter(pa.array(is_fresh))
                 ids = batch_source_ids(partition, task.fresh, n_fresh)
                 task.fresh += n_fresh
-                fresh.append(part)  # the segment holds every fresh row, bad keys too
+                if by_ref:  # the segment holds every fresh row's reference, bad keys too
+                    refs = batch.select(REF_COLS)
+                    fresh.append(refs if n_fresh == batch.num_rows else
+                                 refs.filter(pa.array(is_fresh)))  # fmt: skip
+                else:  # the segment holds every fresh row, bad keys too
+                    fresh.append(part)
                 part, ids, _ = _valid_keys(plan, task, part, ids, None)
                 yield from _run_with_replays(plan, task, part, ids, plan.immediate_replays)
             if n_fresh < batch.num_rows:  # claimed replays: their budget is in Redis
@@ -541,6 +553,10 @@ def _segment_bytes(batches: list[pa.RecordBatch], codec: str) -> memoryview:
     pool costs more than it saves (measured: 8.8 vs 10.5 ms per 250,000 rows, one core)."""
     options = pa.ipc.IpcWriteOptions(compression=None if codec == "none" else codec,
                                      use_threads=False)  # fmt: skip
+    if batches[0].schema.names == list(REF_COLS):  # references: each location stored once
+        refs = pa.Table.from_batches(batches).combine_chunks()
+        loc = refs.column(0).dictionary_encode()
+        batches = pa.table([loc, refs.column(1)], names=list(REF_COLS)).to_batches()
 
     def write(sink: Any) -> None:
         with pa.ipc.new_stream(sink, batches[0].schema, options=options) as writer:

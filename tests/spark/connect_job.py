@@ -158,12 +158,16 @@ def main() -> None:
                 f.write("\n".join(json.dumps(r) for r in rows[k::4]) + "\n")
         stream = (spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).json(tmp)
                   .select(F.col("id")))  # fmt: skip
-        query = (stream.writeStream.foreachBatch(pipeline)
+        # the replay stream: queued replays ride micro-batches of their own, and
+        # availableNow ends the query only when nothing of source 0 is pending
+        query = (pipeline.with_replays(stream).writeStream.foreachBatch(pipeline)
                  .option("checkpointLocation", os.path.join(tmp, "_checkpoint"))
                  .trigger(availableNow=True).start())  # fmt: skip
         query.awaitTermination(300)
         out["stream_exception"] = str(query.exception()) if query.exception() else None
+    out["pending_after_stream"] = ft.layer.stats().pending  # type: ignore[union-attr]
     report = ft.drain(timeout_s=120, pipeline=pipeline)
+    out["drain_batches"] = report.batches
     st = ft.layer.stats()  # type: ignore[union-attr]
     sink = [int(x) for x in connect(url).lrange(f"{ns}:sink", 0, -1)]
     out.update(drained=report.drained, pending=st.pending, dead_letters=st.dead_letters,

@@ -2,7 +2,8 @@
 kills it with ``kill -9`` (its whole session: Python driver, JVM, Python workers) in the
 middle of a batch and then starts it again on the same checkpoint.
 
-    python crash_driver_job.py <redis_url> <namespace> <input dir> <checkpoint dir> <mode>
+    python crash_driver_job.py <redis_url> <namespace> <input dir> <checkpoint dir> <mode> \
+        <replays>
 
 The query reads JSON files of ``id, key`` rows one file per batch. Pipeline: stage 1 ->
 partition_by(key, 4) -> stage 2 -> sink. Stage 2 fails ids = 7 (mod 61) in every attempt
@@ -14,6 +15,12 @@ fail a second time, by timeout, and replay again). The sink pushes ids to
 Mode ``crash``: in batch 2 the sink writes its rows, sets ``<ns>:holding`` and sleeps:
 the test kills the session then. Mode ``finish``: run until every file is processed, then
 drain and print ``RESULT <json>`` (drain result and stats).
+
+Replays ``claim``: each batch claims queued replays itself and ``drain()`` runs the last
+ones after the query stopped. ``stream``: replays ride the replay stream
+(``pipeline.with_replays``), batch 2 re-run after the kill reads the replays its offset
+claimed, and mode ``finish`` waits with the query running until nothing is pending (no
+drain).
 """
 
 from __future__ import annotations
@@ -65,7 +72,7 @@ class Sink:
             time.sleep(600)  # killed here, mid-batch: its rows written, nothing settled
 
 
-def main(url: str, ns: str, input_dir: str, checkpoint: str, mode: str) -> None:
+def main(url: str, ns: str, input_dir: str, checkpoint: str, mode: str, replays: str) -> None:
     spark = (
         SparkSession.builder.master("local[2]")
         .appName("ftlayer-crash-driver")
@@ -93,11 +100,24 @@ def main(url: str, ns: str, input_dir: str, checkpoint: str, mode: str) -> None:
     stream = (
         spark.readStream.schema("id long, key long").option("maxFilesPerTrigger", 1).json(input_dir)
     )
+    if replays == "stream":
+        stream = pipeline.with_replays(stream)
     query = (
         stream.writeStream.foreachBatch(each_batch).option("checkpointLocation", checkpoint).start()
     )
     query.processAllAvailable()  # mode crash: killed inside this
-    drained = ft.drain(timeout_s=90, query=query)
+    if replays == "stream":  # the query runs the replays: wait, then stop
+        assert ft.layer is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            st = ft.layer.stats()
+            if st.pending + st.unsettled_segments == 0:
+                break
+            time.sleep(0.5)
+        query.stop()
+        drained = ft.drain(timeout_s=0)  # reports only: nothing to run
+    else:
+        drained = ft.drain(timeout_s=90, query=query)
     st = ft.layer.stats() if ft.layer else None
     print("RESULT " + json.dumps({
         "drained": drained.drained,
@@ -111,4 +131,4 @@ def main(url: str, ns: str, input_dir: str, checkpoint: str, mode: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    main(*sys.argv[1:7])

@@ -51,6 +51,9 @@ def test_every_failure_kind_under_spark_connect(
         assert (rows["fresh"], rows["immediate_replays"], rows["failed"]) == (300, 43, 0)
         assert "Spark Connect" in out["row_error"]
         assert out["stream_exception"] is None
+        # the replay stream ran every replay (the direct batch's too) before the
+        # availableNow query ended: drain() had nothing left to run
+        assert out["pending_after_stream"] == 0 and out["drain_batches"] == 0, out
         sink = Counter(out["sink"])
         # every record of the direct batch and of the four streamed micro-batches (which
         # ran in the server's Python process) arrived exactly once, replays included

@@ -1,0 +1,178 @@
+"""Sources kept by reference: a record Spark can read again is persisted as where it is,
+not as a copy of its bytes.
+
+A :class:`ReplayableSource` gives each row a *reference* -- a location (a string: a file,
+a Kafka topic-partition) and a position in it (an int64: a content hash, an offset) --
+computed by Spark expressions in the JVM, and reads rows back by reference. A source task
+then stores, per fresh row, only its reference (``__ft_loc`` dictionary-encoded and
+``__ft_pos``: about 12 bytes a row in the batch's segment) instead of the row; a record
+that fails is persisted and replayed as its reference, and the batch that runs the replay
+reads the row back (:func:`resolve`), batched per location, with exactly its original
+columns.
+
+:class:`FileSource` is built in for Spark's file sources (JSON, CSV, Parquet, ORC, text):
+location ``_metadata.file_path``, position ``xxhash64`` of the row's columns as Spark parsed
+them. The hash, not a row number, because Spark splits a file by byte ranges whose size
+depends on the whole scan (``maxPartitionBytes``, the total size, the cores): a row number
+within a split is not stable across reads, its content is. Rows of one file with the same
+content share a reference, and a replay gets one of them: the same bytes.
+
+Invariants:
+
+* A replay comes back with the columns its source row had, read by the same reader with
+  the same schema and options: never rebuilt from a copy of ours.
+* A reference that no longer resolves (the file deleted, or rewritten without that row)
+  dead-letters its record with an error naming the location; it is never dropped or
+  acked.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+import pyarrow as pa
+
+from ftlayer.errors import ConfigError
+from ftlayer.ids import RecordId
+from ftlayer.spark.vector_tasks import ATT_COL, CUR_COL, LOC_COL, POS_COL, SRC_COL
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+__all__ = ["FileSource", "ReplayableSource", "resolve", "with_references"]
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class ReplayableSource(Protocol):
+    """A source Spark can read again (the extension point; :class:`FileSource` is one).
+
+    ``stream(spark)``: the source as a streaming DataFrame (its own columns).
+    ``reference(df)``: (location, position) Columns of each row of ``df``, a DataFrame of
+    this source as ``stream`` or ``read_back`` made it: JVM expressions, a string and an
+    int64. ``read_back(spark, wanted)``: a batch DataFrame holding at least the rows of
+    the references ``wanted`` (location -> positions), with the stream's columns, such
+    that ``reference`` gives those rows the same values again; a location that no longer
+    exists is left out (None: none exists), and its records are dead-lettered naming
+    it."""
+
+    def stream(self, spark: SparkSession) -> DataFrame: ...
+
+    def reference(self, df: DataFrame) -> tuple[Column, Column]: ...
+
+    def read_back(
+        self, spark: SparkSession, wanted: Mapping[str, Sequence[int]]
+    ) -> DataFrame | None: ...
+
+
+@dataclass(frozen=True)
+class FileSource:
+    """Files read by one of Spark's file sources (``format``: json, csv, parquet, orc,
+    text), kept by reference: ``FileSource("json", "/data/events", "id long, payload
+    string", maxFilesPerTrigger=1)``. ``schema``: a DDL string or StructType (streaming
+    file sources need one); options go to the reader as they are, for the stream and
+    for reading replays back."""
+
+    format: str
+    path: str
+    schema: Any
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    def __init__(self, format: str, path: str, schema: Any, **options: Any) -> None:  # noqa: A002
+        if not schema:
+            raise ConfigError("a FileSource needs the files' schema (streaming file sources do)")
+        object.__setattr__(self, "format", format)
+        object.__setattr__(self, "path", str(path))
+        object.__setattr__(self, "schema", schema)
+        object.__setattr__(self, "options", {k: str(v) for k, v in options.items()})
+
+    def stream(self, spark: SparkSession) -> DataFrame:
+        reader = spark.readStream.format(self.format).schema(self.schema)
+        return reader.options(**self.options).load(self.path)
+
+    def reference(self, df: DataFrame) -> tuple[Column, Column]:
+        from pyspark.sql import functions as F  # noqa: N812
+
+        cols = [c for c in df.columns if c not in (LOC_COL, POS_COL)]
+        for f in df.schema.fields:
+            if f.name in cols and "map<" in f.dataType.simpleString():
+                raise ConfigError(f"column {f.name!r} is a map: Spark cannot hash it, so "
+                                  "its rows cannot be kept by reference")  # fmt: skip
+        return F.col("_metadata.file_path"), F.xxhash64(*[F.col(c) for c in cols])
+
+    def read_back(
+        self, spark: SparkSession, wanted: Mapping[str, Sequence[int]]
+    ) -> DataFrame | None:
+        files = sorted(wanted)
+        options = {k: v for k, v in self.options.items() if k not in _STREAM_ONLY}
+
+        def read(paths: list[str]) -> DataFrame:
+            return spark.read.format(self.format).schema(self.schema).options(**options).load(paths)
+
+        try:
+            df = read(files)
+            df.schema  # noqa: B018 (Spark Connect analyses the plan here: missing paths fail)
+            return df
+        except Exception as e:
+            if "PATH_NOT_FOUND" not in str(e) and "does not exist" not in str(e):
+                raise
+        present = []
+        for f in files:  # find the files that are gone (rare: one plan each)
+            try:
+                read([f]).schema  # noqa: B018
+                present.append(f)
+            except Exception as e:
+                if "PATH_NOT_FOUND" not in str(e) and "does not exist" not in str(e):
+                    raise
+                log.error("replay source file is gone: %s", f)
+        return read(present) if present else None
+
+
+_STREAM_ONLY = {"maxFilesPerTrigger", "maxBytesPerTrigger", "latestFirst", "fileNameOnly",
+                "maxFileAge", "cleanSource", "sourceArchiveDir"}  # fmt: skip
+
+
+def with_references(source: ReplayableSource, df: DataFrame) -> DataFrame:
+    """``df`` (rows of ``source``) with their references as ``__ft_loc`` / ``__ft_pos``."""
+    loc, pos = source.reference(df)
+    return df.select("*", loc.alias(LOC_COL), pos.alias(POS_COL))
+
+
+def resolve(
+    spark: SparkSession, source: ReplayableSource, replays: pa.Table, user: pa.Schema
+) -> tuple[pa.Table, list[tuple[RecordId, str]]]:
+    """Replays (a table of ``replay_table``'s shape) whose rows are references, read back
+    from ``source``: the same table with their columns filled in, and (record id, error)
+    of each whose reference no longer resolves. Rows that are copies pass unchanged."""
+    is_ref = replays.column(LOC_COL).is_valid()
+    if not pa.compute.any(is_ref).as_py():
+        return replays, []
+    refs = replays.filter(is_ref)
+    copies = replays.filter(pa.compute.invert(is_ref))
+    wanted: dict[str, list[int]] = {}
+    for loc, pos in zip(refs.column(LOC_COL).to_pylist(), refs.column(POS_COL).to_pylist(),
+                        strict=True):  # fmt: skip
+        wanted.setdefault(loc, []).append(pos)
+    back = source.read_back(spark, wanted)
+    found = replays.slice(0, 0)
+    if back is not None:
+        rows = with_references(source, back).dropDuplicates([LOC_COL, POS_COL])
+        keys = spark.createDataFrame(refs.select([LOC_COL, POS_COL, SRC_COL, ATT_COL, CUR_COL]))
+        got_rows = keys.join(rows, [LOC_COL, POS_COL], "inner").toArrow()
+        if got_rows.num_rows:
+            order = [*user.names, LOC_COL, POS_COL, SRC_COL, ATT_COL, CUR_COL]
+            found = got_rows.select(order).cast(replays.schema)
+    got = set(found.column(SRC_COL).to_pylist())
+    bad = []
+    for loc, src, cur in zip(refs.column(LOC_COL).to_pylist(), refs.column(SRC_COL).to_pylist(),
+                             refs.column(CUR_COL).to_pylist(), strict=True):  # fmt: skip
+        if src not in got:
+            rid = RecordId(int(np.int64(src).view(np.uint64)), int(np.int64(cur).view(np.uint64)))
+            bad.append((rid, f"replay source row not found: {loc} no longer exists or no "
+                             "longer holds the row (deleted or rewritten)"))  # fmt: skip
+    return pa.concat_tables([copies, found]), bad
