@@ -49,12 +49,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -62,8 +65,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from benchmarks._common import machine, median, redis_for_benchmark, save, save_chart
+from benchmarks._wide import (
+    RedisMemory,
+    arrow_parse,
+    net_input_bytes,
+    parse_stage,
+    read_events,
+    replay_latency,
+    stream_ft,
+    stream_plain,
+    write_events,
+)
 from ftlayer import FTConfig
-from ftlayer.spark import FaultTolerance, Outcome
+from ftlayer.spark import FaultTolerance, FileSource, Outcome
+from ftlayer.spark.references import with_references
 
 PARTITIONS = 4
 FAIL_RATE = 0.05
@@ -71,6 +86,9 @@ S1 = "id long, key long, total double"
 S2 = "id long, key long, vat double"
 S1_IDCOL = "id long, key long, total double, __src long"
 GOALS = {"ft_on": 0.9, "ft_on_failing": 0.8, "ft_off": 0.97}
+GOALS_WIDE = {"ft_on": 0.9, "ft_on_failing": 0.8, "stream_failing_late": 0.8,
+              "redis_bytes_per_record": 16, "redis_peak_fraction_of_source": 0.1}  # fmt: skip
+SCHEMA_WIDE = "id long, key long, payload string"
 FT_VARIANTS = ["ft_off", "ft_on", "ft_on_failing", "ft_on_failing_late"]
 KEYED = ["ft_on_keyed", "ft_on_keyed_failing"]
 PAIRED = [*FT_VARIANTS, *KEYED, "arrow_idcol"]  # each run beside an arrow run of its own
@@ -194,10 +212,14 @@ def run_rdd(df: Any, n: int) -> None:
     assert sum(out) == n
 
 
-def _vector_pipeline(ft: FaultTolerance, rate: float, late: bool, key: str | None = None) -> Any:
-    first: Callable[[pa.RecordBatch], Any] = Failing(stage1, rate) if rate and not late else stage1
+def _vector_pipeline(ft: FaultTolerance, rate: float, late: bool, key: str | None = None,
+                     files: Any = None, wide: bool = False) -> Any:  # fmt: skip
+    """``files``: the source kept by reference (a FileSource); ``wide``: stage 1 parses
+    the wide events' payload (benchmarks._wide)."""
+    base = parse_stage if wide else stage1
+    first: Callable[[pa.RecordBatch], Any] = Failing(base, rate) if rate and not late else base
     second: Callable[[pa.RecordBatch], Any] = Failing(stage2, rate) if rate and late else stage2
-    return (ft.pipeline(source=0, record_key=key).map_batches(first, S1)
+    return (ft.pipeline(source=0, record_key=key, reads=files).map_batches(first, S1)
               .partition_by(["key"], PARTITIONS).map_batches(second, S2)
               .sink_batches(_sink))  # fmt: skip
 
@@ -224,30 +246,47 @@ class FTRunner:
     ``drain`` (the replays of the run, drained). Not timed: the checks after it (nothing
     pending, every record of the run completed or dead-lettered) and ``close``."""
 
-    def __init__(self, redis_url: str) -> None:
-        self.redis_url = redis_url
+    def __init__(self, redis_url: str, client: Any = None, files: Any = None) -> None:
+        self.redis_url, self.client, self.files = redis_url, client, files
         self.calls: list[tuple[int, int]] = []  # (redis calls of the batch, records)
+        self.sent: dict[str, list[float]] = {}  # bytes Redis received per record, by variant
+        self.peaks: dict[str, list[int]] = {}  # Redis memory peak above the run's start
         self._made: dict[tuple[Any, ...], tuple[FaultTolerance, Any]] = {}
         self._batch = 0
 
     def __call__(self, df: Any, n: int, status: str, rate: float = 0.0, row: str = "",
-                 late: bool = False, key: str | None = None) -> Callable[[], Any]:  # fmt: skip
-        """``row``: "" (vectorized stages), or the ``ack_scope`` of a row-API run. Returns
-        the run (to be timed); raises if its outcome is wrong."""
-        made_key = (status, rate, row, late, key)
+                 late: bool = False, key: str | None = None, copy: bool = False,
+                 measure: str = "") -> Callable[[], Any]:  # fmt: skip
+        """``row``: "" (vectorized stages), or the ``ack_scope`` of a row-API run;
+        ``copy``: with wide events from files, keep copies, not references; ``measure``:
+        record Redis' received bytes and memory peak under this name. Returns the run (to
+        be timed); raises if its outcome is wrong."""
+        files = None if copy or self.files is None else self.files
+        made_key = (status, rate, row, late, key, copy)
         if made_key not in self._made:
             cfg = FTConfig(namespace=f"po-{uuid.uuid4().hex[:6]}", status=status,  # type: ignore[arg-type]
                            redis_url=self.redis_url, max_replays=10, timeout_s=60)  # fmt: skip
             ft = FaultTolerance(cfg, replay_limit=1_000_000)
-            pipe = _row_pipeline(ft, row) if row else _vector_pipeline(ft, rate, late, key)
+            wide = self.files is not None
+            pipe = (_row_pipeline(ft, row) if row else
+                    _vector_pipeline(ft, rate, late, key, files, wide))  # fmt: skip
             self._made[made_key] = ft, pipe
+        if files is not None and status == "on":
+            df = with_references(files, df)
         ft, pipeline = self._made[made_key]
         layer = ft.layer
         self._batch += 1
         before = layer.stats() if layer is not None else None
 
         def run() -> Callable[[], None]:
-            result = ft.run_batch(pipeline, df, self._batch)
+            if measure and self.client is not None:
+                sent = net_input_bytes(self.client)
+                with RedisMemory(self.client) as mem:
+                    result = ft.run_batch(pipeline, df, self._batch)
+                self.sent.setdefault(measure, []).append((net_input_bytes(self.client) - sent) / n)
+                self.peaks.setdefault(measure, []).append(mem.peak)
+            else:
+                result = ft.run_batch(pipeline, df, self._batch)
             # FT off has no task summaries upstream of the sink: count what was written
             assert (result.written if status == "off" else result.fresh) == n, result
             if status == "on" and not rate and not row and not key:
@@ -400,6 +439,146 @@ def run(records: int, repeat: int, url: str | None, scale: list[int], row: bool,
     }
 
 
+WIDE_PAIRED = ["ft_off", "ft_on", "ft_on_copy", "ft_on_failing", "ft_on_failing_late"]
+
+
+def run_arrow_wide(df: Any, n: int) -> int:
+    """The yardstick on wide events: parse, keyed shuffle, stage 2 and the sink."""
+    out = (df.mapInArrow(arrow_parse, S1).repartition(PARTITIONS, "key")
+             .mapInArrow(_arrow_stage2_sink, "n long, total double").collect())  # fmt: skip
+    got = sum(r[0] for r in out)
+    assert n < 0 or got == n, (got, n)
+    return got
+
+
+def run_dataframe_wide(df: Any, n: int) -> None:
+    from pyspark.sql import functions as F  # noqa: N812
+
+    amount = F.get_json_object("payload", "$.amount").cast("long")
+    out = (df.select("id", "key", (amount * 1.2).alias("total"))
+             .repartition(PARTITIONS, "key")
+             .select(F.round(F.col("total") * 0.2, 2).alias("vat"))
+             .agg(F.count("*"), F.sum("vat")).collect())  # fmt: skip
+    assert out[0][0] == n
+
+
+def run_wide(records: int, repeat: int, url: str | None, width: int, warmup: int,
+             stream_batches: int, stream_rounds: int, latency: bool) -> dict:  # fmt: skip
+    """``--payload-bytes W``: wide events read from JSON files each run, kept by
+    reference (``ft_on``) or copied (``ft_on_copy``), paired beside ``mapInArrow`` runs
+    like ``run``; then the streaming runs and the replay latency (benchmarks._wide)."""
+    spark = _session()
+    tmp = Path(tempfile.mkdtemp(prefix="ftbench-wide-"))
+    try:
+        with redis_for_benchmark(url) as client:
+            kw = client.connection_pool.connection_kwargs
+            redis_url = url or f"redis://{kw['host']}:{kw['port']}/0"
+            source_bytes = write_events(tmp / "in", records, width, 8)
+            files = FileSource("json", str(tmp / "in"), SCHEMA_WIDE)
+            ft = FTRunner(redis_url, client, files)
+            variants: dict[str, Callable[[Any, int], Callable[[], Any]]] = {
+                "dataframe": partial(partial, run_dataframe_wide),
+                "arrow": partial(partial, run_arrow_wide),
+                "ft_off": lambda df, n: ft(df, n, "off"),
+                "ft_on": lambda df, n: ft(df, n, "on", measure="ft_on"),
+                "ft_on_copy": lambda df, n: ft(df, n, "on", copy=True, measure="ft_on_copy"),
+                "ft_on_failing": lambda df, n: ft(df, n, "on", FAIL_RATE),
+                "ft_on_failing_late": lambda df, n: ft(df, n, "on", FAIL_RATE, late=True),
+            }  # fmt: skip
+            df = read_events(spark, tmp / "in")
+            times: dict[str, list[float]] = {k: [] for k in variants}
+            pairs: dict[str, list[float]] = {k: [] for k in WIDE_PAIRED}
+            for rnd in range(warmup + repeat):
+                rep = rnd - warmup + 1
+                for i, name in enumerate(WIDE_PAIRED):
+                    pair = ("arrow", name) if (rnd + i) % 2 == 0 else (name, "arrow")
+                    dt = {k: _time(lambda k=k: variants[k](df, records)) for k in pair}
+                    if rep > 0:
+                        times["arrow"].append(dt["arrow"])
+                        times[name].append(dt[name])
+                        pairs[name].append(dt["arrow"] / dt[name])
+                dt1 = _time(lambda: variants["dataframe"](df, records))
+                if rep > 0:
+                    times["dataframe"].append(dt1)
+            sent = {k: round(median(v), 2) for k, v in ft.sent.items()}
+            peaks = {k: max(v) for k, v in ft.peaks.items()}
+            ft.close()
+            stream: dict[str, Any] = {}
+            if stream_batches:
+                stream = _stream_rounds(spark, redis_url, tmp, records, width, stream_batches,
+                                        stream_rounds)  # fmt: skip
+            lat = None
+            if latency:
+                lat = replay_latency(spark, redis_url, 2000, width,
+                                     (parse_stage, stage2, consume), (S1, S2))  # fmt: skip
+    finally:
+        spark.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    rate = {k: records / median(v) for k, v in times.items() if v}
+    paired = {k: median(v) for k, v in pairs.items()}
+    return {
+        "records": records,
+        "payload_bytes": width,
+        "source": "JSON files, read each run",
+        "source_bytes": source_bytes,
+        "repeat": repeat,
+        "warmup": warmup,
+        "records_per_s": {k: round(v) for k, v in rate.items()},
+        **{f"ratio_{k}_vs_arrow": round(paired[k], 3) for k in WIDE_PAIRED},
+        "ratio_dataframe_vs_arrow": round(rate["dataframe"] / rate["arrow"], 3),
+        "ratio_quartiles": {k: [round(q, 3) for q in _quartiles(v)] for k, v in pairs.items()},
+        "redis_bytes_per_record": sent,
+        "redis_peak_bytes": peaks,
+        "redis_peak_fraction_of_source": {k: round(v / source_bytes, 4)
+                                          for k, v in peaks.items()},  # fmt: skip
+        **stream,
+        "replay_latency_s": lat,
+        "goals": GOALS_WIDE,
+        "runs_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
+        "command": "python -m benchmarks.pipeline_overhead " + " ".join(sys.argv[1:]),
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def _stream_rounds(spark: Any, url: str, tmp: Path, records: int, width: int, batches: int,
+                   rounds: int) -> dict[str, Any]:  # fmt: skip
+    """Paired rounds of a real streaming query over ``batches`` files (one per micro-batch):
+    plain ``mapInArrow`` with no failures beside ftlayer with 5 % of the attempts failing
+    after the shuffle, replays riding later batches through the replay stream."""
+    root = tmp / "stream"
+    write_events(root, records, width, batches)
+    trigger = "100 milliseconds"
+
+    def plain(df: Any) -> int:
+        return run_arrow_wide(df, -1)
+
+    ratios, plain_s, ft_s = [], [], []
+    for rnd in range(rounds):
+        order = ("plain", "ft") if rnd % 2 == 0 else ("ft", "plain")
+        dt = {}
+        for which in order:
+            if which == "plain":
+                dt[which] = stream_plain(spark, root, records, trigger, plain)
+            else:
+                dt[which] = stream_ft(spark, url, root, records, trigger, FAIL_RATE,
+                                      (parse_stage, stage2, _sink), (S1, S2))  # fmt: skip
+        plain_s.append(dt["plain"])
+        ft_s.append(dt["ft"])
+        ratios.append(dt["plain"] / dt["ft"])
+    return {
+        "stream_batches": batches,
+        "stream_rounds": rounds,
+        "stream_trigger": trigger,
+        "stream_records_per_s": {"arrow": round(records / median(plain_s)),
+                                 "ft_on_failing_late": round(records / median(ft_s))},
+        "ratio_stream_failing_late_vs_arrow": round(median(ratios), 3),
+        "ratio_stream_quartiles": [round(q, 3) for q in _quartiles(ratios)],
+        "stream_runs_s": {"arrow": [round(x, 3) for x in plain_s],
+                          "ft_on_failing_late": [round(x, 3) for x in ft_s]},
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--records", type=int, default=1_000_000)
@@ -408,8 +587,22 @@ def main() -> None:
     ap.add_argument("--redis-url", default=None)
     ap.add_argument("--scale", default="", help="comma-separated N, e.g. 100000,1000000,5000000")
     ap.add_argument("--no-row", action="store_true", help="skip the (slow) row API run")
+    ap.add_argument("--payload-bytes", type=int, default=0,
+                    help="W > 0: wide events of a W-byte JSON payload, read from files each "
+                         "run and kept by reference (benchmarks._wide)")
+    ap.add_argument("--stream-batches", type=int, default=0,
+                    help="with --payload-bytes: K micro-batches of a real streaming query")
+    ap.add_argument("--stream-rounds", type=int, default=3)
+    ap.add_argument("--latency", action="store_true",
+                    help="with --payload-bytes: replay latency on a quiet stream")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.payload_bytes:
+        wide = run_wide(args.records, args.repeat, args.redis_url, args.payload_bytes,
+                        args.warmup, args.stream_batches, args.stream_rounds, args.latency)
+        save(f"pipeline_overhead_wide_{args.payload_bytes}", wide)
+        print(json.dumps(wide) if args.json else _wide_text(wide))
+        return
     scale = [int(x) for x in args.scale.split(",") if x]
     result = run(args.records, args.repeat, args.redis_url, scale, not args.no_row,
                  args.warmup)  # fmt: skip
@@ -456,6 +649,34 @@ def main() -> None:
           f"{result['redis_calls_per_record']:.2e}")  # fmt: skip
     for n, r in result["scaling_records_per_s"].items():
         print(f"  scale {int(n):>10,}: arrow {r['arrow']:>10,}  ft_on {r['ft_on']:>10,}")
+
+
+def _wide_text(r: dict[str, Any]) -> str:
+    lines = [f"wide events ({r['payload_bytes']}-byte payload, {r['records']:,} records from "
+             f"JSON files, {r['source_bytes'] / 1e6:.0f} MB), median of {r['repeat']} rounds"]
+    for k, v in r["records_per_s"].items():
+        lines.append(f"  {k:<20} {v:>12,} records/s")
+    for k in WIDE_PAIRED:
+        q1, q3 = r["ratio_quartiles"][k]
+        goal = GOALS_WIDE.get(k)
+        met = goal is not None and r[f"ratio_{k}_vs_arrow"] >= goal
+        verdict = "" if goal is None else f"goal >= {goal}: {'met' if met else 'NOT met'}"
+        lines.append(f"  {k} / arrow = {r[f'ratio_{k}_vs_arrow']:.3f} "
+                     f"(quartiles {q1:.3f}-{q3:.3f})  {verdict}")
+    lines.append(f"  Redis bytes received per record (success path): {r['redis_bytes_per_record']}"
+                 " (goal for ft_on <= 16)")
+    lines.append(f"  Redis memory peak: {r['redis_peak_bytes']} bytes = "
+                 f"{r['redis_peak_fraction_of_source']} of the source bytes (goal <= 0.10)")
+    if "ratio_stream_failing_late_vs_arrow" in r:
+        q1, q3 = r["ratio_stream_quartiles"]
+        lines.append(f"  streaming, {r['stream_batches']} micro-batches, 5 % failing after the "
+                     f"shuffle: {r['ratio_stream_failing_late_vs_arrow']:.3f} of plain mapInArrow "
+                     f"(quartiles {q1:.3f}-{q3:.3f}; goal >= 0.8) {r['stream_records_per_s']}")
+    if r.get("replay_latency_s"):
+        lat = r["replay_latency_s"]
+        lines.append(f"  replay latency on a quiet stream: p50 {lat['p50']} s, p99 {lat['p99']} s"
+                     f" (bound T*B/(B-1) + 2 triggers = {lat['bound_s']} s)")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
 """``ftlayer demo``: the main job -- a real Structured Streaming query with failures.
 
 It starts an embedded Redis (unless given a URL) and an ``ftlayer serve`` sidecar process,
-writes generated orders as JSON files, and streams them (one file per micro-batch) on
+writes generated orders as JSON files, and streams them (one file per micro-batch, kept by
+reference: a ``FileSource``, with ftlayer's replay stream) on
 ``local[2]`` through an FT-wrapped ``foreachBatch`` pipeline of vectorized stages: a map
 stage, a keyed shuffle (``partition_by``: Spark's own), a placement check, and a sink that
 appends to a Redis list. Injected: explicit failures (``Outcome(failed=...)``), drops (the
 sink never confirms: the records time out and are replayed by the sidecar) and crashes (a
-task dies in its first attempt and Spark retries it). Then it drains and reports; ``lost``
+task dies in its first attempt and Spark retries it). The ``availableNow`` query runs until
+nothing is pending, replays included; then it reports; ``lost``
 is counted from the sink's contents -- source records whose effect never arrived and that
 are not dead-lettered.
 """
@@ -330,31 +332,34 @@ def _run(spark: Any, ft: Any, url: str, prefix: str, work: Path, records: int, b
          fail_rate: float, drop_rate: float, crash_rate: float, drain_timeout_s: float,
          progress: Callable[[DemoProgress], None] | None, started: float,
          ) -> DemoReport:  # fmt: skip
-    from pyspark.sql.types import LongType, StructField, StructType
+    from ftlayer.spark import FileSource
 
+    # the order files are kept by reference (no copy in Redis); replays ride the stream
+    orders = FileSource("json", str(work / "input"), "id long, key long, amount long",
+                        maxFilesPerTrigger=1)  # fmt: skip
     pipeline = (
-        ft.pipeline(source=0)
+        ft.pipeline(source=0, reads=orders)
         .map_batches(_Injector(url, prefix, fail_rate, crash_rate), ORDER)
         .partition_by(["key"], PARTITIONS)
         .map_batches(_PlacementCheck(url, prefix), ORDER)
         .sink_batches(_Sink(url, prefix, drop_rate))
     )
-    schema = StructType([StructField(c, LongType()) for c in ("id", "key", "amount")])
-    stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1)
     watch = _Watcher(ft, batches, progress, started) if progress else contextlib.nullcontext()
     with watch:
         query = (
-            stream.json(str(work / "input"))
+            pipeline.stream(spark)
             .writeStream.foreachBatch(pipeline)
             .option("checkpointLocation", str(work / "checkpoint"))
             .trigger(availableNow=True)
             .start()
         )
-        query.awaitTermination()
+        query.awaitTermination()  # availableNow: until nothing is pending, replays included
         if query.exception():
             raise RuntimeError(f"the streaming query failed: {query.exception()}")
         if isinstance(watch, _Watcher):
             watch.enter("draining")
+        # the query ran every replay; a drain only reports (and runs what a query cut
+        # short by a stuck record left: it claims replays itself)
         drained = ft.drain(timeout_s=drain_timeout_s, pipeline=pipeline)
 
     layer = ft.layer
@@ -365,8 +370,10 @@ def _run(spark: Any, ft: Any, url: str, prefix: str, work: Path, records: int, b
         crashed = int(client.scard(f"{prefix}:crashed"))
     finally:
         client.close()
-    # a dead letter whose frame no longer decodes names no id: its record counts as lost
-    dead = {d.frame.decode()["id"] for d in layer.persistence.dead_letters() if d.frame}
+    # dead letters read back from the files (a reference that no longer resolves names no
+    # id: its record counts as lost)
+    rows = pipeline.dead_letters(spark)
+    dead = {i for i in rows.column("id").to_pylist() if i is not None}
     st = layer.stats()
     return DemoReport(
         source_records=records,

@@ -258,8 +258,8 @@ class RedisPersistenceLayer(NamespacePart):
         reply = self._call(keys, args)
         if not reply:
             return []
-        args[2] = stream_ids(token, shard, _claimed_count(reply, popped=True)).astype(">u8")
-        args[2] = args[2].tobytes()
+        curs = stream_ids(token, shard, _claimed_count(reply, popped=True))
+        args[2] = curs.astype(">u8").tobytes()
         return self._claimed(keys, args, reply)
 
     def release_stream(self, tokens: list[str]) -> None:

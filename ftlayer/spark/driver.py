@@ -41,10 +41,11 @@ from typing import TYPE_CHECKING, Any
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
+from ftlayer.ids import RecordId
 from ftlayer.layer import FTLayer
 from ftlayer.limits import MAX_REPLAYS
 from ftlayer.payloads import decode_record, field_codecs
-from ftlayer.persistence import DeadLetter
+from ftlayer.persistence import ClaimedRecord, DeadLetter
 from ftlayer.sources import claim_source, source_identity
 from ftlayer.spark.batch_scope import (
     VectorRun,
@@ -67,6 +68,7 @@ from ftlayer.spark.row_tasks import (
     run_shuffled_task,
     run_source_task,
 )
+from ftlayer.spark.vector_tasks import ATT_COL, CUR_COL, SRC_COL
 from partitioners import HashPartitioner
 
 if TYPE_CHECKING:
@@ -237,6 +239,38 @@ class FaultTolerance:
         replays = replay_stream(spark, self.task_config, pipeline.source, schema,
                                 self.replay_limit, by_reference=by_ref)  # fmt: skip
         return with_replay_columns(stream).unionByName(replays)
+
+    def dead_letter_rows(self, pipeline: Pipeline, spark: SparkSession) -> Any:
+        """The dead letters of ``pipeline``'s source as a pyarrow Table of the source's
+        columns (those kept by reference read back from ``pipeline.reads``; a reference
+        that no longer resolves leaves its columns null) with ``__ft_src`` (the dead
+        letter's id, as ``ftlayer dlq show`` takes it), ``attempts`` and ``error`` (the
+        last one). For operators and reports, on the driver: dead letters are few."""
+        import pyarrow as pa
+
+        from ftlayer.spark.references import resolve
+        from ftlayer.spark.replay_rows import replay_table
+        from ftlayer.spark.replay_stream import stored_schema
+
+        if self.layer is None:
+            return None
+        schema = (pipeline.reads.stream(spark) if pipeline.reads is not None else None)
+        user = schema.schema if schema is not None else self._spark_schema()[1]
+        letters = [d for d in self.layer.persistence.dead_letters()
+                   if d.frame is not None and d.frame.source == pipeline.source]  # fmt: skip
+        claimed = [ClaimedRecord(RecordId(d.source_id, 0), d.frame, -1, d.attempts)
+                   for d in letters if d.frame is not None]  # fmt: skip
+        table, _ = replay_table(claimed, stored_schema(user, pipeline.reads is not None))
+        if pipeline.reads is not None and table.num_rows:
+            found, _ = resolve(spark, pipeline.reads, table, arrow_schema(user, spark))
+            table = pa.concat_tables([found, table.filter(pa.compute.invert(pa.compute.is_in(
+                table.column(SRC_COL), value_set=found.column(SRC_COL))))])  # fmt: skip
+        why = {d.source_id: (d.history[-1].error if d.history else "") for d in letters}
+        src = table.column(SRC_COL).to_numpy().view("uint64")
+        names = [n for n in table.schema.names if n not in (ATT_COL, CUR_COL)]
+        return table.select(names).append_column(
+            "attempts", table.column(ATT_COL)).append_column(
+            "error", pa.array([why.get(int(s), "") for s in src], pa.string()))  # fmt: skip
 
     def _own(self, pipeline: Pipeline, schema: Any, spark: SparkSession) -> None:
         """Refuse to run a source another pipeline owns (ftlayer.sources)."""

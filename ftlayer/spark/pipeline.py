@@ -33,6 +33,8 @@ class BatchRunner(Protocol):
         self, pipeline: Pipeline, stream: DataFrame | None, spark: Any
     ) -> DataFrame: ...
 
+    def dead_letter_rows(self, pipeline: Pipeline, spark: Any) -> Any: ...
+
 
 @dataclass(frozen=True)
 class Pipeline:
@@ -116,6 +118,11 @@ class Pipeline:
             raise ConfigError("stream() needs ft.pipeline(reads=<a FileSource or another "
                               "ReplayableSource>); for any other stream use with_replays()")
         return self.ft.with_replays(self, None, spark)
+
+    def dead_letters(self, spark: Any) -> Any:
+        """The dead letters of this pipeline's source, with the source's columns (read
+        back where kept by reference), their attempts and last error: a pyarrow Table."""
+        return self.ft.dead_letter_rows(self, spark)
 
     def with_replays(self, stream: DataFrame) -> DataFrame:
         """``stream`` (the source's streaming DataFrame) with this pipeline's replays: Spark

@@ -62,12 +62,12 @@ log = logging.getLogger(__name__)
 FORMAT = "ftlayer-replays"
 
 
-class ReplayPartition(InputPartition):  # type: ignore[misc]
+class ReplayPartition(InputPartition):
     def __init__(self, token: str, shard: int) -> None:
         self.token, self.shard = token, shard
 
 
-class ReplayReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class ReplayReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]) -> None:
         self.config = FTConfig(**json.loads(options["config"]))
         self.source = int(options["source"])
@@ -155,7 +155,7 @@ class ReplayReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type
         self.released = seq
 
 
-class ReplaySource(DataSource):  # type: ignore[misc]
+class ReplaySource(DataSource):
     @classmethod
     def name(cls) -> str:
         return FORMAT

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from ftlayer import ConfigError, FailRecord, FTConfig
 from ftlayer.connection import connect
-from ftlayer.spark import FaultTolerance, Outcome
+from ftlayer.spark import FaultTolerance, FileSource, Outcome
 
 N_DIRECT, N_STREAM, N_ROWS = 3000, 2000, 300
 
@@ -113,7 +113,6 @@ class RowSink:
 
 def main() -> None:
     from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F  # noqa: N812
 
     url, ns = sys.argv[1], sys.argv[2]
     record_key = "id" if sys.argv[3:] == ["keyed"] else None  # no __ft_src column
@@ -123,8 +122,12 @@ def main() -> None:
              .config("spark.sql.shuffle.partitions", "4").getOrCreate())  # fmt: skip
     out: dict[str, Any] = {"connect": type(spark).__module__}
     ft = FaultTolerance(FTConfig(namespace=ns, redis_url=url, timeout_s=2, max_replays=3))
+    tmp = tempfile.mkdtemp()
+    # the streamed files are kept by reference (the direct batch's rows, copied, share the
+    # source: their replays are copies, the stream's are read back from the files)
+    files = FileSource("json", tmp, "id long", maxFilesPerTrigger=1)
     # immediate_replays=0: failures take the replay queue (claimed replays under Connect)
-    pipeline = (ft.pipeline(source=0, immediate_replays=0, record_key=record_key)
+    pipeline = (ft.pipeline(source=0, immediate_replays=0, record_key=record_key, reads=files)
                 .map_batches(FailOnce(url, f"{ns}:seen"), "id long, key long")
                 .partition_by(["key"], 4)
                 .map_batches(RaiseOnce(url, f"{ns}:raised"), "id long, key long")
@@ -151,20 +154,17 @@ def main() -> None:
         ft.run_batch(task, spark.range(3).select("id"), 0)
     except ConfigError as e:
         out["row_error"] = str(e)
-    with tempfile.TemporaryDirectory() as tmp:
-        rows = [{"id": i} for i in range(N_DIRECT, N_DIRECT + N_STREAM)]
-        for k in range(4):  # four files: four micro-batches
-            with open(os.path.join(tmp, f"part-{k}.json"), "w") as f:
-                f.write("\n".join(json.dumps(r) for r in rows[k::4]) + "\n")
-        stream = (spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).json(tmp)
-                  .select(F.col("id")))  # fmt: skip
-        # the replay stream: queued replays ride micro-batches of their own, and
-        # availableNow ends the query only when nothing of source 0 is pending
-        query = (pipeline.with_replays(stream).writeStream.foreachBatch(pipeline)
-                 .option("checkpointLocation", os.path.join(tmp, "_checkpoint"))
-                 .trigger(availableNow=True).start())  # fmt: skip
-        query.awaitTermination(300)
-        out["stream_exception"] = str(query.exception()) if query.exception() else None
+    rows = [{"id": i} for i in range(N_DIRECT, N_DIRECT + N_STREAM)]
+    for k in range(4):  # four files: four micro-batches
+        with open(os.path.join(tmp, f"part-{k}.json"), "w") as f:
+            f.write("\n".join(json.dumps(r) for r in rows[k::4]) + "\n")
+    # the files' stream with the replay stream: queued replays ride micro-batches of their
+    # own, and availableNow ends the query only when nothing of source 0 is pending
+    query = (pipeline.stream(spark).writeStream.foreachBatch(pipeline)
+             .option("checkpointLocation", tempfile.mkdtemp())
+             .trigger(availableNow=True).start())  # fmt: skip
+    query.awaitTermination(300)
+    out["stream_exception"] = str(query.exception()) if query.exception() else None
     out["pending_after_stream"] = ft.layer.stats().pending  # type: ignore[union-attr]
     report = ft.drain(timeout_s=120, pipeline=pipeline)
     out["drain_batches"] = report.batches
