@@ -259,6 +259,7 @@ def replay_latency(spark: Any, url: str, n: int, width: int, stages: tuple[Any, 
             stamps.mark("done", ids[done])
             return Outcome(None, unconfirmed=fresh)
 
+    (root / "in").mkdir()
     files = FileSource("json", str(root / "in"), SCHEMA)
     pipeline = (ft.pipeline(source=0, reads=files, name="latency")
                 .map_batches(first, schemas[0]).partition_by(["key"], 4)

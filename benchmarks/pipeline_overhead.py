@@ -587,9 +587,9 @@ def main() -> None:
     ap.add_argument("--redis-url", default=None)
     ap.add_argument("--scale", default="", help="comma-separated N, e.g. 100000,1000000,5000000")
     ap.add_argument("--no-row", action="store_true", help="skip the (slow) row API run")
-    ap.add_argument("--payload-bytes", type=int, default=0,
-                    help="W > 0: wide events of a W-byte JSON payload, read from files each "
-                         "run and kept by reference (benchmarks._wide)")
+    ap.add_argument("--payload-bytes", type=int, default=None,
+                    help="events with a W-byte JSON payload (0: the smallest, ~25 bytes), "
+                         "read from files each run and kept by reference (benchmarks._wide)")
     ap.add_argument("--stream-batches", type=int, default=0,
                     help="with --payload-bytes: K micro-batches of a real streaming query")
     ap.add_argument("--stream-rounds", type=int, default=3)
@@ -597,7 +597,7 @@ def main() -> None:
                     help="with --payload-bytes: replay latency on a quiet stream")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    if args.payload_bytes:
+    if args.payload_bytes is not None:
         wide = run_wide(args.records, args.repeat, args.redis_url, args.payload_bytes,
                         args.warmup, args.stream_batches, args.stream_rounds, args.latency)
         save(f"pipeline_overhead_wide_{args.payload_bytes}", wide)

@@ -63,6 +63,31 @@ def test_pipeline_overhead_smoke(tmp_path: Path) -> None:
     assert (tmp_path / "pipeline_overhead.png").exists()
 
 
+def test_pipeline_overhead_wide_smoke(tmp_path: Path) -> None:
+    """Wide events from files kept by reference, the streaming rounds and the replay
+    latency on a quiet stream (benchmarks._wide), tiny."""
+    env = {**os.environ, "FTLAYER_BENCH_RESULTS": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "benchmarks.pipeline_overhead", "--records",
+                          "3000", "--repeat", "1", "--warmup", "0", "--payload-bytes", "200",
+                          "--stream-batches", "2", "--stream-rounds", "1", "--latency",
+                          "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert json.loads((tmp_path / "pipeline_overhead_wide_200.json").read_text()) == r
+    assert set(r["records_per_s"]) == {"dataframe", "arrow", "ft_off", "ft_on", "ft_on_copy",
+                                       "ft_on_failing", "ft_on_failing_late"}  # fmt: skip
+    assert all(v > 0 for v in r["records_per_s"].values())
+    for k in ("ft_on", "ft_on_copy", "ft_on_failing", "ft_on_failing_late", "ft_off"):
+        assert r[f"ratio_{k}_vs_arrow"] > 0, k
+    sent = r["redis_bytes_per_record"]
+    assert 0 < sent["ft_on"] < sent["ft_on_copy"], sent  # references, not rows
+    assert r["source_bytes"] > 3000 * 200 and r["redis_peak_bytes"]["ft_on"] >= 0
+    assert r["ratio_stream_failing_late_vs_arrow"] > 0 and r["stream_batches"] == 2
+    lat = r["replay_latency_s"]
+    assert lat["replayed"] == 2000 // 20 + 2000 // 50 and 0 < lat["p50"] <= lat["p99"]
+
+
 def test_ack_throughput_smoke(tmp_path: Path) -> None:
     r = _bench(tmp_path, "benchmarks.ack_throughput", "--records", "600", "--batch", "200",
                "--sweep", "100,200", "--repeat", "1")  # fmt: skip

@@ -211,6 +211,8 @@ class VectorRun:
             self.layer.segments.drop_batch(plan.source, plan.batch_key)
             if streamed and reads is None:
                 source_df = df.select(*names, *refs, *REPLAY_COLS)
+                ids = df.filter(F.col(SRC_COL).isNotNull()).select(SRC_COL, CUR_COL).toArrow()
+                self._keep_alive(ids)
             else:
                 if streamed:  # replays may be references: read them back first
                     table = df.filter(F.col(SRC_COL).isNotNull()).toArrow()
@@ -254,7 +256,6 @@ class VectorRun:
                                 pa.field(POS_COL, pa.int64())])  # fmt: skip
         table, bad = replay_table(claimed, stored)
         self._reject(bad)
-        self.injected = {c.record_id[0]: c.record_id[1] for c in claimed}  # kept alive
         log.info("replays claimed batch_id=%s source=%d claimed=%d undecodable=%d",
                  self.result.batch_id, self.plan.source, len(claimed), len(bad))  # fmt: skip
         return self._replay_rows(df.sparkSession, table, reads)
@@ -270,8 +271,15 @@ class VectorRun:
             self._reject(bad)
         if not table.num_rows:
             return None
+        self._keep_alive(table)
         table = table.select([*self.plan.inputs[0].names, *REPLAY_COLS])
         return spark.createDataFrame(table)
+
+    def _keep_alive(self, replays: pa.Table) -> None:
+        """The replays this run will run (their ids): kept alive while its job runs."""
+        src = replays.column(SRC_COL).to_numpy().view(np.uint64).tolist()
+        cur = replays.column(CUR_COL).to_numpy().view(np.uint64).tolist()
+        self.injected = dict(zip(src, cur, strict=True))
 
     def _reject(self, bad: list[tuple[RecordId, str]]) -> None:
         """Dead-letter replays that no replay can fix, each with its own error."""
@@ -286,8 +294,8 @@ class VectorRun:
 
     @contextmanager
     def keepalive(self) -> Iterator[None]:
-        """While the block runs (the batch's Spark job), a thread pushes the deadlines of
-        this run's segments and claimed replays a full timeout ahead every half rotation
+        """While the block runs (the batch's plan and Spark job), a thread pushes the
+        deadlines of this run's segments and replays a full timeout ahead every half rotation
         interval, so a batch longer than ``timeout_s`` is not timed out under a live
         driver. A driver that dies stops, and they time out. Errors are logged, never
         raised: a missed beat only risks a replay, never a loss."""
@@ -296,12 +304,13 @@ class VectorRun:
             yield
             return
         stop = threading.Event()
-        plan, replays = self.plan, list(self.injected)
+        plan = self.plan
 
         def beat() -> None:
             while not stop.wait(layer.config.rotation_interval_s / 2):
                 try:
                     layer.segments.touch_batch(plan.source, plan.batch_key)
+                    replays = list(self.injected)  # known once the plan is built
                     if replays:
                         layer.reset_timeout(replays)
                 except redis.RedisError as e:

@@ -352,9 +352,9 @@ class FaultTolerance:
             record_key=pipeline.record_key,
         )  # fmt: skip
         run = VectorRun(plan, self.layer, result)
-        out = run.dataframe(df, pipeline.key, pipeline.partitions, self.replay_limit,
-                            pipeline.reads)  # fmt: skip
         with run.keepalive():  # a live driver keeps its batch from timing out
+            out = run.dataframe(df, pipeline.key, pipeline.partitions, self.replay_limit,
+                                pipeline.reads)  # fmt: skip
             finals = [row[0] for row in out.collect()]
         run.settle(finals)
         return self._done(result, started)

@@ -201,3 +201,44 @@ def test_a_second_pipeline_on_the_same_source_is_refused(
         assert set(sink_ids(probe)) == set(range(100))
     finally:
         ft_b.close()
+
+
+def test_streamed_replays_of_a_batch_longer_than_the_timeout_are_kept_alive(
+    spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path
+) -> None:
+    """A micro-batch that runs streamed replays for longer than their timeout (a rotation
+    every 0.5 s meanwhile): the driver keeps them alive, so none times out and none
+    reaches the sink twice. Catches: streamed replays left out of the batch's heartbeat."""
+    ft = make_ft(timeout_s=1.0, rotate=True, max_replays=3)
+    n = 300
+    write_json(tmp_path / "in" / "a.json", range(n))
+
+    def stage2(b: pa.RecordBatch) -> Outcome:
+        ids = b.column("id").to_numpy()
+        return Outcome(b, failed=first_seen(probe, "s2", ids, ids % 5 == 3), errors="once")
+
+    def slow_sink(b: pa.RecordBatch) -> None:
+        ids = b.column("id").to_numpy()
+        if (ids % 5 == 3).any():  # a batch of replays: longer than their timeout
+            time.sleep(2.5)
+        probe.r.rpush(f"{probe.prefix}:sink", *ids.tolist())
+
+    pipeline = (
+        ft.pipeline(source=0)
+        .map_batches(lambda b: b, "id long, key long")
+        .partition_by(["key"], 2)
+        .map_batches(stage2, "id long, key long")
+        .sink_batches(slow_sink)
+    )
+    stream = spark.readStream.schema("id long, key long").json(str(tmp_path / "in"))
+    query = (
+        pipeline.with_replays(stream).writeStream.foreachBatch(pipeline)
+        .trigger(availableNow=True).option("checkpointLocation", str(tmp_path / "ck")).start()
+    )  # fmt: skip
+    assert query.awaitTermination(90), "the availableNow query did not end"
+    assert ft.layer is not None
+    st = ft.layer.stats()
+    got = sink_ids(probe)
+    assert st.failed_timeout == 0, st
+    assert set(got) == set(range(n)) and max(got.values()) == 1
+    assert st.pending == 0
