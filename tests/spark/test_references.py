@@ -59,7 +59,8 @@ def wait_for(check: Any, timeout_s: float, what: str) -> None:
         time.sleep(0.25)
 
 
-def build(ft: FaultTolerance, probe: Probe, source: FileSource, fail_mod: int, unc_mod: int):
+def build(ft: FaultTolerance, probe: Probe, source: FileSource, fail_mod: int, unc_mod: int,
+          record_key: str | None = None):
     """stage -> keyed shuffle -> stage failing ``id % fail_mod == 3`` once -> sink that
     records (id, payload) and leaves ``id % unc_mod == 7`` unconfirmed once."""
 
@@ -77,7 +78,7 @@ def build(ft: FaultTolerance, probe: Probe, source: FileSource, fail_mod: int, u
         return Outcome(None, unconfirmed=unc)
 
     return (
-        ft.pipeline(source=0, reads=source)
+        ft.pipeline(source=0, reads=source, record_key=record_key)
         .map_batches(lambda b: b, SCHEMA)
         .partition_by(["key"], 4)
         .map_batches(stage2, SCHEMA)
@@ -89,21 +90,23 @@ def sink_rows(probe: Probe) -> list[tuple[int, str]]:
     return [tuple(json.loads(x)) for x in probe.r.lrange(f"{probe.prefix}:sink", 0, -1)]
 
 
+@pytest.mark.parametrize("record_key", [None, "id"])
 def test_replays_are_read_back_from_the_files_with_their_columns(
-    spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path
+    spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path, record_key: str | None
 ) -> None:
     """Two files, a keyed shuffle, failures past the shuffle and unconfirmed sink rows:
     every record reaches the sink with the payload its file holds (a replay read back,
     not rebuilt), nothing pending at the end, no drain. While the failed records wait,
     Redis holds their references, not their rows. Catches: replays that lose or mix up
     their columns, a reference pointing at another row, records copied into Redis, a
-    by-reference replay never resolved (pending forever)."""
+    by-reference replay never resolved (pending forever); (``record_key``) failures past
+    the shuffle, reported by key, mapped to no reference."""
     ft = make_ft(timeout_s=2.0, max_replays=3)
     n = 1200
     write_json(tmp_path / "in" / "a.json", range(0, n // 2))
     write_json(tmp_path / "in" / "b.json", range(n // 2, n))
     files = FileSource("json", str(tmp_path / "in"), SCHEMA)
-    pipeline = build(ft, probe, files, fail_mod=10, unc_mod=40)
+    pipeline = build(ft, probe, files, fail_mod=10, unc_mod=40, record_key=record_key)
     assert ft.layer is not None
     held: list[dict[str, Any]] = []
 
@@ -130,8 +133,8 @@ def test_replays_are_read_back_from_the_files_with_their_columns(
     st = ft.layer.stats()
     assert st.pending == 0 and st.dead_letters == 0 and st.failed_explicit == n // 10
     assert held, "no queued replay was seen"
-    for h in held:  # a reference: the file and a position, no payload
-        assert set(h) == {"__ft_loc", "__ft_pos"}, h
+    for h in held:  # a reference: the file and a position (and the key), no payload
+        assert set(h) == {"__ft_loc", "__ft_pos", *([record_key] if record_key else [])}, h
         assert h["__ft_loc"].endswith((".json",)) and isinstance(h["__ft_pos"], int)
 
 
