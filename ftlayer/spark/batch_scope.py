@@ -216,6 +216,7 @@ class VectorRun:
             else:
                 if streamed:  # replays may be references: read them back first
                     table = df.filter(F.col(SRC_COL).isNotNull()).toArrow()
+                    self._keep_alive(table)  # reading back may take a while
                     source_df = df.filter(F.col(SRC_COL).isNull()).select(*names, *refs)
                     replays = self._replay_rows(df.sparkSession, table, reads)
                 else:
@@ -255,6 +256,7 @@ class VectorRun:
             stored = pa.schema([*stored, pa.field(LOC_COL, pa.string()),
                                 pa.field(POS_COL, pa.int64())])  # fmt: skip
         table, bad = replay_table(claimed, stored)
+        self._keep_alive(table)  # reading back may take a while
         self._reject(bad)
         log.info("replays claimed batch_id=%s source=%d claimed=%d undecodable=%d",
                  self.result.batch_id, self.plan.source, len(claimed), len(bad))  # fmt: skip
@@ -271,7 +273,6 @@ class VectorRun:
             self._reject(bad)
         if not table.num_rows:
             return None
-        self._keep_alive(table)
         table = table.select([*self.plan.inputs[0].names, *REPLAY_COLS])
         return spark.createDataFrame(table)
 

@@ -20,7 +20,8 @@ Replays ``claim``: each batch claims queued replays itself and ``drain()`` runs 
 ones after the query stopped. ``stream``: replays ride the replay stream
 (``pipeline.with_replays``), batch 2 re-run after the kill reads the replays its offset
 claimed, and mode ``finish`` waits with the query running until nothing is pending (no
-drain).
+drain). ``reference``: the same, with the files kept by reference (``FileSource``): the
+replays are read back from the files.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from pyspark.sql import SparkSession
 
 from ftlayer import FTConfig
 from ftlayer.connection import connect
-from ftlayer.spark import FaultTolerance, Outcome
+from ftlayer.spark import FaultTolerance, FileSource, Outcome
 
 HOLD_BATCH = 2
 
@@ -83,8 +84,9 @@ def main(url: str, ns: str, input_dir: str, checkpoint: str, mode: str, replays:
     ft = FaultTolerance(
         FTConfig(namespace=ns, redis_url=url, timeout_s=3.0, max_replays=2), rotate=True
     )
+    files = FileSource("json", input_dir, "id long, key long", maxFilesPerTrigger=1)
     pipeline = (
-        ft.pipeline(source=0)
+        ft.pipeline(source=0, reads=files if replays == "reference" else None)
         .map_batches(lambda b: b, "id long, key long")
         .partition_by(["key"], 4)
         .map_batches(Stage2(url, ns), "id long, key long")
@@ -102,11 +104,13 @@ def main(url: str, ns: str, input_dir: str, checkpoint: str, mode: str, replays:
     )
     if replays == "stream":
         stream = pipeline.with_replays(stream)
+    elif replays == "reference":  # the files kept by reference, with the replay stream
+        stream = pipeline.stream(spark)
     query = (
         stream.writeStream.foreachBatch(each_batch).option("checkpointLocation", checkpoint).start()
     )
     query.processAllAvailable()  # mode crash: killed inside this
-    if replays == "stream":  # the query runs the replays: wait, then stop
+    if replays != "claim":  # the query runs the replays: wait, then stop
         assert ft.layer is not None
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -125,6 +129,8 @@ def main(url: str, ns: str, input_dir: str, checkpoint: str, mode: str, replays:
         "drain_batches": drained.batches,
         "dead_lettered": st.dead_letters if st else -1,
         "unsettled_segments": st.unsettled_segments if st else -1,
+        # dead letters' ids read back (by reference: the files hold them)
+        "dead_ids": pipeline.dead_letters(spark).column("id").to_pylist(),
     }), flush=True)  # fmt: skip
     ft.close()
     spark.stop()
