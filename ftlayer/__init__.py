@@ -22,6 +22,9 @@ Where each concept of the design lives (``serialization/`` frames records,
   ``lua/_common.lua`` (``fail_records``)
 * Batch-scope acking of the vectorized path (segments, summaries, settlement):
   ``segments.py``, ``lua/segment_*.lua``, ``spark/batch_scope.py``, ``spark/vector_tasks.py``
+* Replays as a Spark streaming source (offsets in the checkpoint, claims by token):
+  ``spark/replay_stream.py``; sources kept by reference (file and row hash, read back):
+  ``spark/references.py``; which pipeline owns a source: ``sources.py``
 * What a run of scripts did: ``tally.py``; retries and their backoff: ``backoff.py``,
   ``connection.py``, ``scripts.py``; a Redis Cluster client that waits out failovers:
   ``cluster.py``

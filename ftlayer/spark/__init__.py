@@ -26,8 +26,10 @@ Invariants:
 * Only msgpack (and Arrow IPC segments) reach Redis; executors rebuild their Redis client
   from the config (ftlayer.spark.worker); no live client is pickled.
 
-Modules: ``driver`` (FaultTolerance), ``pipeline`` (the builder), ``plan`` (what tasks
-run), ``outcome`` (per-row outcomes, bisection), ``vector_tasks`` / ``batch_scope`` (the
+Modules: ``driver`` (FaultTolerance), ``pipeline`` (the builder), ``replay_stream``
+(replays as a Spark streaming source), ``references`` (sources kept by reference:
+FileSource, ReplayableSource), ``replay_rows`` (claimed replays as Arrow rows), ``plan``
+(what tasks run), ``outcome`` (per-row outcomes, bisection), ``vector_tasks`` / ``batch_scope`` (the
 vectorized path: executors / driver), ``row_stages`` (row stages compiled to batch stages),
 ``row_tasks`` (``ack_scope="task"``: row stages over ``df.rdd``), ``policy``
 (ErrorPolicy: retries, backoff, dead-letter types; stage contexts), ``dead_letter_feed``

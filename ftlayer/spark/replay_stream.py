@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import redis
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
@@ -88,6 +89,21 @@ class ReplayReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.available_now = True
 
     def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:  # noqa: N802
+        """The next offset: what the claim under its token took (``start``: none). A
+        Redis that cannot be reached (a failover) claims nothing this trigger: the query
+        goes on, and the next trigger asks again under the same token (a claim applied
+        whose reply was lost is answered again, not repeated); with availableNow, where
+        no offset ends the query, it is waited out first."""
+        try:
+            if self.available_now:  # returning start would end the query: wait it out
+                return _through_failover(lambda: self._latest(start, limit), "replay stream")
+            return self._latest(start, limit)
+        except (redis.RedisError, ConnectionError) as e:
+            log.warning("replay stream: Redis unreachable, no replays this trigger "
+                        "source=%d error=%s", self.source, e)  # fmt: skip
+            return start
+
+    def _latest(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:
         layer = self._layer()
         want = limit.max_rows if isinstance(limit, ReadMaxRows) else self.limit
         seq = int(start["seq"]) + 1
@@ -135,7 +151,9 @@ class ReplayReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
         layer = self._layer()
-        claimed = layer.persistence.read_stream(self.source, partition.token, partition.shard)
+        claimed = _through_failover(
+            lambda: layer.persistence.read_stream(self.source, partition.token, partition.shard),
+            "replay stream read")  # fmt: skip
         if not claimed:
             return
         table, bad = replay_table(claimed, stored_schema(self.user, self.by_reference))
@@ -151,8 +169,11 @@ class ReplayReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         seq = int(end["seq"])
         first = max(self.released + 1, seq - 1, 1)
         tokens = [f"rs:{end['run']}:{k}" for k in range(first, seq + 1)]
-        self._layer().persistence.release_stream(tokens)
-        self.released = seq
+        try:
+            self._layer().persistence.release_stream(tokens)
+            self.released = seq
+        except (redis.RedisError, ConnectionError) as e:  # kept until their TTL: harmless
+            log.warning("replay stream: claims not released tokens=%s error=%s", tokens, e)
 
 
 class ReplaySource(DataSource):
@@ -170,6 +191,25 @@ class ReplaySource(DataSource):
 
 
 _registered: set[int] = set()
+
+
+FAILOVER_S = 60.0
+"""How long a replay stream's task waits out an unreachable Redis (a cluster failover
+takes 15-20 s) before it fails (and Spark retries it)."""
+
+
+def _through_failover(call: Any, what: str) -> Any:
+    """``call()``, retried with backoff while Redis is unreachable, up to FAILOVER_S."""
+    deadline, pause = time.monotonic() + FAILOVER_S, 0.2
+    while True:
+        try:
+            return call()
+        except (redis.ConnectionError, redis.TimeoutError, ConnectionError) as e:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("%s: Redis unreachable, retrying in %.1fs error=%s", what, pause, e)
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
 
 
 def _options(options: Any) -> dict[str, str]:
