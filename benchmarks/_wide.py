@@ -195,15 +195,16 @@ def stream_plain(spark: Any, root: Path, n: int, trigger: str,
 
 
 def stream_ft(spark: Any, url: str, root: Path, n: int, trigger: str, fail_rate: float,
-              stages: tuple[Any, Any, Any], schemas: tuple[str, str]) -> float:  # fmt: skip
-    """Seconds for the same query through ftlayer (the files kept by reference, the replay
-    stream, ``fail_rate`` of the attempts failing after the shuffle) until every event
-    completed and nothing is pending."""
+              stages: tuple[Any, Any, Any], schemas: tuple[str, str],
+              by_reference: bool = True) -> float:  # fmt: skip
+    """Seconds for the same query through ftlayer (the files kept by reference, or copied
+    with ``by_reference=False``; the replay stream; ``fail_rate`` of the attempts failing
+    after the shuffle) until every event completed and nothing is pending."""
     first, second, sink = stages
     ft = FaultTolerance(FTConfig(namespace=f"ps-{uuid.uuid4().hex[:6]}", redis_url=url,
                                  max_replays=10, timeout_s=60), replay_limit=1_000_000)  # fmt: skip
     files = FileSource("json", str(root), SCHEMA, maxFilesPerTrigger=1)
-    pipeline = (ft.pipeline(source=0, reads=files, name="bench")
+    pipeline = (ft.pipeline(source=0, reads=files if by_reference else None, name="bench")
                 .map_batches(first, schemas[0]).partition_by(["key"], 4)
                 .map_batches(FailLate(second, fail_rate), schemas[1])
                 .sink_batches(sink))  # fmt: skip
@@ -216,7 +217,9 @@ def stream_ft(spark: Any, url: str, root: Path, n: int, trigger: str, fail_rate:
         return st.completed + st.dead_lettered >= n and st.pending == 0
 
     t0 = time.perf_counter()
-    q = (pipeline.stream(spark).writeStream.foreachBatch(pipeline)
+    stream = (pipeline.stream(spark) if by_reference else
+              pipeline.with_replays(files.stream(spark)))  # fmt: skip
+    q = (stream.writeStream.foreachBatch(pipeline)
          .trigger(processingTime=trigger).option("checkpointLocation", ck).start())  # fmt: skip
     try:
         _wait(finished, 1800, "the ftlayer query")
