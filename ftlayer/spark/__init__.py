@@ -44,7 +44,7 @@ from ftlayer.spark.pipeline import OnError, Pipeline
 from ftlayer.spark.plan import UNCONFIRMED, Unconfirmed
 from ftlayer.spark.policy import BatchContext, ErrorPolicy, RecordContext
 from ftlayer.spark.progress import BatchProgress
-from ftlayer.spark.references import FileSource, ReplayableSource
+from ftlayer.spark.references import FileSource, RateMicroBatchSource, ReplayableSource
 from ftlayer.spark.results import BatchResult, DrainResult, StageCounts
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "OnError",
     "Outcome",
     "Pipeline",
+    "RateMicroBatchSource",
     "RecordContext",
     "ReplayableSource",
     "StageContractError",

@@ -43,7 +43,8 @@ from ftlayer.spark.vector_tasks import ATT_COL, CUR_COL, LOC_COL, POS_COL, SRC_C
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["FileSource", "ReplayableSource", "resolve", "with_references"]
+__all__ = ["FileSource", "RateMicroBatchSource", "ReplayableSource", "resolve",
+           "with_references"]
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,48 @@ class FileSource:
                     raise
                 log.error("replay source file is gone: %s", f)
         return read(present) if present else None
+
+
+@dataclass(frozen=True)
+class RateMicroBatchSource:
+    """Spark's ``rate-micro-batch`` source kept by reference: a row's value is its
+    position, and its timestamp a function of the value and the options (batch ``b``
+    holds values ``b*rows_per_batch`` onwards, stamped ``start_timestamp +
+    b*advance_millis_per_batch``), so a replay is rebuilt exactly, in the JVM, without a
+    read. (The time-based ``rate`` source stamps rows by the wall clock of their batch:
+    its 16-byte rows are kept as copies, which cost what a reference would.)"""
+
+    rows_per_batch: int
+    num_partitions: int | None = None
+    start_timestamp: int = 0
+    advance_millis_per_batch: int = 1000
+
+    def stream(self, spark: SparkSession) -> DataFrame:
+        reader = (spark.readStream.format("rate-micro-batch")
+                  .option("rowsPerBatch", self.rows_per_batch)
+                  .option("startTimestamp", self.start_timestamp)
+                  .option("advanceMillisPerBatch", self.advance_millis_per_batch))  # fmt: skip
+        if self.num_partitions:
+            reader = reader.option("numPartitions", self.num_partitions)
+        return reader.load()
+
+    def reference(self, df: DataFrame) -> tuple[Column, Column]:
+        from pyspark.sql import functions as F  # noqa: N812
+
+        return F.lit("rate-micro-batch"), F.col("value")
+
+    def read_back(
+        self, spark: SparkSession, wanted: Mapping[str, Sequence[int]]
+    ) -> DataFrame | None:
+        from pyspark.sql import functions as F  # noqa: N812
+
+        values = sorted({int(v) for vs in wanted.values() for v in vs})
+        if not values:
+            return None
+        batch = F.floor(F.col("value") / F.lit(self.rows_per_batch)).cast("long")
+        millis = F.lit(self.start_timestamp) + batch * F.lit(self.advance_millis_per_batch)
+        df = spark.createDataFrame(pa.table({"value": pa.array(values, pa.int64())}))
+        return df.select(F.timestamp_millis(millis).alias("timestamp"), "value")
 
 
 _STREAM_ONLY = {"maxFilesPerTrigger", "maxBytesPerTrigger", "latestFirst", "fileNameOnly",
