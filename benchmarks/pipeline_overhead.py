@@ -463,7 +463,8 @@ def run_dataframe_wide(df: Any, n: int) -> None:
 
 
 def run_wide(records: int, repeat: int, url: str | None, width: int, warmup: int,
-             stream_batches: int, stream_rounds: int, latency: bool) -> dict:  # fmt: skip
+             stream_batches: int, stream_rounds: int, latency: bool,
+             stream_only: bool = False) -> dict:  # fmt: skip
     """``--payload-bytes W``: wide events read from JSON files each run, kept by
     reference (``ft_on``) or copied (``ft_on_copy``), paired beside ``mapInArrow`` runs
     like ``run``; then the streaming runs and the replay latency (benchmarks._wide)."""
@@ -488,7 +489,7 @@ def run_wide(records: int, repeat: int, url: str | None, width: int, warmup: int
             df = read_events(spark, tmp / "in")
             times: dict[str, list[float]] = {k: [] for k in variants}
             pairs: dict[str, list[float]] = {k: [] for k in WIDE_PAIRED}
-            for rnd in range(warmup + repeat):
+            for rnd in range(0 if stream_only else warmup + repeat):
                 rep = rnd - warmup + 1
                 for i, name in enumerate(WIDE_PAIRED):
                     pair = ("arrow", name) if (rnd + i) % 2 == 0 else (name, "arrow")
@@ -514,6 +515,11 @@ def run_wide(records: int, repeat: int, url: str | None, width: int, warmup: int
     finally:
         spark.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+    if stream_only:
+        return {"records": records, "payload_bytes": width, **stream,
+                "replay_latency_s": lat, "goals": GOALS_WIDE,
+                "command": "python -m benchmarks.pipeline_overhead " + " ".join(sys.argv[1:]),
+                "machine": machine(), "date": time.strftime("%Y-%m-%d")}  # fmt: skip
     rate = {k: records / median(v) for k, v in times.items() if v}
     paired = {k: median(v) for k, v in pairs.items()}
     return {
@@ -600,12 +606,16 @@ def main() -> None:
     ap.add_argument("--stream-rounds", type=int, default=3)
     ap.add_argument("--latency", action="store_true",
                     help="with --payload-bytes: replay latency on a quiet stream")
+    ap.add_argument("--stream-only", action="store_true",
+                    help="with --payload-bytes: only the streaming rounds (and --latency)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.payload_bytes is not None:
         wide = run_wide(args.records, args.repeat, args.redis_url, args.payload_bytes,
-                        args.warmup, args.stream_batches, args.stream_rounds, args.latency)
-        save(f"pipeline_overhead_wide_{args.payload_bytes}", wide)
+                        args.warmup, args.stream_batches, args.stream_rounds, args.latency,
+                        args.stream_only)  # fmt: skip
+        name = "stream" if args.stream_only else "wide"
+        save(f"pipeline_overhead_{name}_{args.payload_bytes}", wide)
         print(json.dumps(wide) if args.json else _wide_text(wide))
         return
     scale = [int(x) for x in args.scale.split(",") if x]
@@ -657,21 +667,26 @@ def main() -> None:
 
 
 def _wide_text(r: dict[str, Any]) -> str:
-    lines = [f"wide events ({r['payload_bytes']}-byte payload, {r['records']:,} records from "
-             f"JSON files, {r['source_bytes'] / 1e6:.0f} MB), median of {r['repeat']} rounds"]
+    lines = [f"events with a {r['payload_bytes']}-byte payload, {r['records']:,} from JSON "
+             "files"]
+    if "records_per_s" not in r:  # --stream-only
+        r = {**r, "records_per_s": {}, "ratio_quartiles": {}}
+    else:
+        lines[0] += f" ({r['source_bytes'] / 1e6:.0f} MB), median of {r['repeat']} rounds"
     for k, v in r["records_per_s"].items():
         lines.append(f"  {k:<20} {v:>12,} records/s")
-    for k in WIDE_PAIRED:
+    for k in WIDE_PAIRED if r["records_per_s"] else []:
         q1, q3 = r["ratio_quartiles"][k]
         goal = GOALS_WIDE.get(k)
         met = goal is not None and r[f"ratio_{k}_vs_arrow"] >= goal
         verdict = "" if goal is None else f"goal >= {goal}: {'met' if met else 'NOT met'}"
         lines.append(f"  {k} / arrow = {r[f'ratio_{k}_vs_arrow']:.3f} "
                      f"(quartiles {q1:.3f}-{q3:.3f})  {verdict}")
-    lines.append(f"  Redis bytes received per record (success path): {r['redis_bytes_per_record']}"
-                 " (goal for ft_on <= 16)")
-    lines.append(f"  Redis memory peak: {r['redis_peak_bytes']} bytes = "
-                 f"{r['redis_peak_fraction_of_source']} of the source bytes (goal <= 0.10)")
+    if r["records_per_s"]:
+        lines.append(f"  Redis bytes received per record (success path): "
+                     f"{r['redis_bytes_per_record']} (goal for ft_on <= 16)")
+        lines.append(f"  Redis memory peak: {r['redis_peak_bytes']} bytes = "
+                     f"{r['redis_peak_fraction_of_source']} of the source bytes (goal <= 0.10)")
     if "ratio_stream_failing_late_vs_arrow" in r:
         for k, name in (("ft_on_failing_late", "by reference"),
                         ("ft_on_failing_late_copy", "copied")):  # fmt: skip

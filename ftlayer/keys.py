@@ -120,6 +120,16 @@ class Keyspace:
         """The sidecar lease (one key of its own: only lease scripts touch it)."""
         return f"ft:{{{self.namespace}}}:lease"
 
+    def stream_claims(self, source: int) -> str:
+        """The replay stream's claim tokens of ``source`` not yet committed by Spark (a
+        set): the batch running them keeps their records alive."""
+        return f"ft:{{{self.namespace}}}:rs:{source}"
+
+    @property
+    def stream_claims_pattern(self) -> str:
+        """A SCAN pattern matching every source's ``stream_claims``."""
+        return f"ft:{{{self.namespace}}}:rs:*"
+
     @property
     def sources(self) -> str:
         """Which pipeline owns each source index (ftlayer.sources): one hash of its own."""

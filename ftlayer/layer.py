@@ -341,6 +341,7 @@ class FTLayer:
         many keys were deleted."""
         ks = self.keyspace
         n = int(self.client.delete(ks.lease, ks.settings, ks.sources))
-        for key in self.client.scan_iter(match=self.keyspace.pattern, count=1000):
-            n += int(self.client.delete(key))
+        for pattern in (ks.pattern, ks.stream_claims_pattern):
+            for key in self.client.scan_iter(match=pattern, count=1000):
+                n += int(self.client.delete(key))
         return n

@@ -233,11 +233,15 @@ class RedisPersistenceLayer(NamespacePart):
         with self.client.pipeline(transaction=False) as pipe:
             for shard in self.keyspace.shards:
                 pipe.llen(shard.replay(source))
-            queued = [int(n) for n in pipe.execute()]
+                pipe.exists(shard.claim(token))
+            got_back = pipe.execute()
+        queued, seen = got_back[0::2], got_back[1::2]
         out: dict[int, int] = {}
         left = limit
         for k, (shard, n) in enumerate(zip(self.keyspace.shards, queued, strict=True)):
-            want = min(left, n)
+            want = min(left, int(n))
+            if not want and not seen[k]:  # nothing to claim, nothing claimed: no call
+                continue
             curs = stream_ids(token, k, want).astype(">u8").tobytes()
             cfg = self.config
             args = [source, want, curs, cfg.interval_ms, cfg.buckets, token,
@@ -262,10 +266,28 @@ class RedisPersistenceLayer(NamespacePart):
         args[2] = curs.astype(">u8").tobytes()
         return self._claimed(keys, args, reply)
 
-    def release_stream(self, tokens: list[str]) -> None:
+    def open_stream(self, source: int, token: str) -> None:
+        """Note ``token`` as claimed and not yet committed (``stream_claimed``)."""
+        self.client.sadd(self.keyspace.stream_claims(source), token)
+
+    def stream_claimed(self, source: int) -> list[int]:
+        """The source ids every open claim of ``source``'s replay stream took (a batch
+        running them keeps them alive with them; some may have settled since)."""
+        tokens = [t.decode() for t in self.client.smembers(self.keyspace.stream_claims(source))]
+        if not tokens:
+            return []
+        with self.client.pipeline(transaction=False) as pipe:
+            for t in tokens:
+                for shard in self.keyspace.shards:
+                    pipe.get(shard.claim(t))
+            entries = b"".join(e for e in pipe.execute() if e)
+        return np.frombuffer(entries, _QUEUE_ENTRY)["source_id"].tolist()
+
+    def release_stream(self, source: int, tokens: list[str]) -> None:
         """Forget what ``tokens`` claimed (Spark committed their batches)."""
         if tokens:
             self.client.delete(*[s.claim(t) for s in self.keyspace.shards for t in tokens])
+            self.client.srem(self.keyspace.stream_claims(source), *tokens)
 
     def _call(self, shard: ShardKeys, args: list[Any]) -> list[Any]:
         return cast(list[Any], self.retried(partial(self.scripts.claim, keys=shard.script_keys,

@@ -51,6 +51,11 @@ def test_a_token_claims_once_and_is_read_back_under_its_ids(make_layer) -> None:
     assert st.completed == 10 and st.queued_replays == 17  # 15 + the two failed again
     other = layer.persistence.claim_stream(3, "rs:a:2", 100)  # the next offset
     assert sum(other.values()) == 17
-    layer.persistence.release_stream(["rs:a:1", "rs:a:2"])
+    layer.persistence.open_stream(3, "rs:a:1")
+    layer.persistence.open_stream(3, "rs:a:2")
+    open_ids = set(layer.persistence.stream_claimed(3))
+    assert {r.record_id[0] for r in flat[12:]} <= open_ids  # what a batch keeps alive
+    layer.persistence.release_stream(3, ["rs:a:1", "rs:a:2"])
+    assert layer.persistence.stream_claimed(3) == []
     assert all(layer.persistence.read_stream(3, "rs:a:1", k) == [] for k in range(4))
     assert layer.stats().pending == 40 - 10  # released claims stay pending: they time out

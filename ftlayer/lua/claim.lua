@@ -3,7 +3,8 @@
 -- optionally the token's time to live in ms (default CLAIM_TOKEN_TTL_MS) and a mode:
 --   ""       a claim: a token seen before replies its records again, an unseen one pops;
 --   "stream" the same, but a claim that popped nothing keeps no token, so a later call with
---            the same token pops what was queued since (the replay stream's offsets);
+--            the same token pops what was queued since (the replay stream's offsets), and
+--            the reply leaves the stored records out (its tasks read them by "read");
 --   "read"   only replies a seen token's records again; never pops (the replay stream's
 --            tasks read what the stream's offset claimed).
 -- The token names this claim: the queue entries it took are kept under it for
@@ -39,7 +40,7 @@ local function claim(items, all, deadline, init)
   local got, frames, lens, idx, vanished = {}, {}, {}, {}, 0
   local run_b, run_s, run_e, timed = nil, 0, 0, nil
   local function end_run()
-    if run_b then frames[#frames + 1] = ssub(run_b.frames, run_s + 1, run_e) end
+    if run_b and mode ~= 'stream' then frames[#frames + 1] = ssub(run_b.frames, run_s + 1, run_e) end
     run_b = nil
   end
   for i = 1, #items do

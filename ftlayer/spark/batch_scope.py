@@ -190,6 +190,7 @@ class VectorRun:
     injected: dict[int, int] = field(default_factory=dict)  # replay src -> its current id
     replay_keys: dict[int, list[int]] = field(default_factory=dict)  # record key -> srcs
     tables: dict[str, pa.Table | None] = field(default_factory=dict)  # segments read
+    streamed: bool = False  # replays ride in from the replay stream, not read here
     calls: int = 0
 
     # -- building the DataFrame ------------------------------------------------------------
@@ -209,10 +210,9 @@ class VectorRun:
         if self.layer is not None:
             self.calls += 1 if not is_cluster(self.layer.client) else len(self.layer.keyspace)
             self.layer.segments.drop_batch(plan.source, plan.batch_key)
-            if streamed and reads is None:
+            if streamed and reads is None:  # kept alive by their claims' tokens
                 source_df = df.select(*names, *refs, *REPLAY_COLS)
-                ids = df.filter(F.col(SRC_COL).isNotNull()).select(SRC_COL, CUR_COL).toArrow()
-                self._keep_alive(ids)
+                self.streamed = True
             else:
                 if streamed:  # replays may be references: read them back first
                     table = df.filter(F.col(SRC_COL).isNotNull()).toArrow()
@@ -312,6 +312,8 @@ class VectorRun:
                 try:
                     layer.segments.touch_batch(plan.source, plan.batch_key)
                     replays = list(self.injected)  # known once the plan is built
+                    if self.streamed:  # the replay stream's open claims of this source
+                        replays += layer.persistence.stream_claimed(plan.source)
                     if replays:
                         layer.reset_timeout(replays)
                 except redis.RedisError as e:

@@ -115,6 +115,7 @@ class ReplayReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._expire(layer)
             got = layer.persistence.claim_stream(self.source, token, max(1, want))
             if got:
+                layer.persistence.open_stream(self.source, token)
                 log.info("replay stream offset source=%d seq=%d replays=%d",
                          self.source, seq, sum(got.values()))  # fmt: skip
                 return {"run": start["run"], "seq": seq, "shards": sorted(got)}
@@ -170,7 +171,7 @@ class ReplayReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         first = max(self.released + 1, seq - 1, 1)
         tokens = [f"rs:{end['run']}:{k}" for k in range(first, seq + 1)]
         try:
-            self._layer().persistence.release_stream(tokens)
+            self._layer().persistence.release_stream(self.source, tokens)
             self.released = seq
         except (redis.RedisError, ConnectionError) as e:  # kept until their TTL: harmless
             log.warning("replay stream: claims not released tokens=%s error=%s", tokens, e)
