@@ -283,6 +283,10 @@ class RedisPersistenceLayer(NamespacePart):
             entries = b"".join(e for e in pipe.execute() if e)
         return np.frombuffer(entries, _QUEUE_ENTRY)["source_id"].tolist()
 
+    def forget_stream(self, source: int) -> None:
+        """Stop keeping the open claims of ``source`` alive (a new query run begins)."""
+        self.client.delete(self.keyspace.stream_claims(source))
+
     def release_stream(self, source: int, tokens: list[str]) -> None:
         """Forget what ``tokens`` claimed (Spark committed their batches)."""
         if tokens:

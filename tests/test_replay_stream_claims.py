@@ -57,5 +57,8 @@ def test_a_token_claims_once_and_is_read_back_under_its_ids(make_layer) -> None:
     assert {r.record_id[0] for r in flat[12:]} <= open_ids  # what a batch keeps alive
     layer.persistence.release_stream(3, ["rs:a:1", "rs:a:2"])
     assert layer.persistence.stream_claimed(3) == []
+    layer.persistence.open_stream(3, "rs:old:9")  # a run whose checkpoint is gone
+    layer.persistence.forget_stream(3)  # a new run: the old claims are kept alive no more
+    assert layer.persistence.stream_claimed(3) == []
     assert all(layer.persistence.read_stream(3, "rs:a:1", k) == [] for k in range(4))
     assert layer.stats().pending == 40 - 10  # released claims stay pending: they time out

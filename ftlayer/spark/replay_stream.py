@@ -83,6 +83,12 @@ class ReplayReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return worker_layer(self.config)
 
     def initialOffset(self) -> dict[str, Any]:  # noqa: N802 (Spark's names)
+        """A new query run. Claims left open by an earlier run (a query whose checkpoint
+        is gone) stop being kept alive: their records time out and replay."""
+        try:
+            self._layer().persistence.forget_stream(self.source)
+        except (redis.RedisError, ConnectionError) as e:
+            log.warning("replay stream: earlier claims not forgotten error=%s", e)
         return {"run": uuid.uuid4().hex[:12], "seq": 0, "shards": []}
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
@@ -167,13 +173,15 @@ class ReplayReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             yield from table.to_batches()
 
     def commit(self, end: dict[str, Any]) -> None:
+        """Release the claims of the batches Spark committed (a release that fails is
+        tried again at the next commit: an open claim's records are kept alive)."""
         seq = int(end["seq"])
-        first = max(self.released + 1, seq - 1, 1)
+        first = self.released + 1 if self.released else max(seq - 1, 1)
         tokens = [f"rs:{end['run']}:{k}" for k in range(first, seq + 1)]
         try:
             self._layer().persistence.release_stream(self.source, tokens)
             self.released = seq
-        except (redis.RedisError, ConnectionError) as e:  # kept until their TTL: harmless
+        except (redis.RedisError, ConnectionError) as e:
             log.warning("replay stream: claims not released tokens=%s error=%s", tokens, e)
 
 
