@@ -273,7 +273,8 @@ class RedisPersistenceLayer(NamespacePart):
     def stream_claimed(self, source: int) -> list[int]:
         """The source ids every open claim of ``source``'s replay stream took (a batch
         running them keeps them alive with them; some may have settled since)."""
-        tokens = [t.decode() for t in self.client.smembers(self.keyspace.stream_claims(source))]
+        members = cast(set[bytes], self.client.smembers(self.keyspace.stream_claims(source)))
+        tokens = [t.decode() for t in members]
         if not tokens:
             return []
         with self.client.pipeline(transaction=False) as pipe:
