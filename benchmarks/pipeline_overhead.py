@@ -64,7 +64,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from benchmarks._common import machine, median, redis_for_benchmark, save, save_chart
+from benchmarks._common import RESULTS, machine, median, redis_for_benchmark, save, save_chart
 from benchmarks._wide import (
     RedisMemory,
     arrow_parse,
@@ -616,11 +616,18 @@ def main() -> None:
                         args.stream_only)  # fmt: skip
         name = "stream" if args.stream_only else "wide"
         save(f"pipeline_overhead_{name}_{args.payload_bytes}", wide)
+        if not args.stream_only:
+            merge_wide(wide)
         print(json.dumps(wide) if args.json else _wide_text(wide))
         return
     scale = [int(x) for x in args.scale.split(",") if x]
     result = run(args.records, args.repeat, args.redis_url, scale, not args.no_row,
                  args.warmup)  # fmt: skip
+    path = RESULTS / "pipeline_overhead.json"  # the wide runs' figures stay (merge_wide)
+    if path.exists():
+        kept = json.loads(path.read_text())
+        result.update({k: kept[k] for k in ("wide_events", "ratio_stream_failing_late_vs_arrow",
+                                            "redis_bytes_per_record") if k in kept})  # fmt: skip
     save("pipeline_overhead", result)
     rates = result["records_per_s"]
 
@@ -664,6 +671,28 @@ def main() -> None:
           f"{result['redis_calls_per_record']:.2e}")  # fmt: skip
     for n, r in result["scaling_records_per_s"].items():
         print(f"  scale {int(n):>10,}: arrow {r['arrow']:>10,}  ft_on {r['ft_on']:>10,}")
+
+
+WIDE_GOAL_KEYS = ("ratio_ft_on_vs_arrow", "ratio_ft_on_failing_vs_arrow",
+                  "ratio_stream_failing_late_vs_arrow", "redis_bytes_per_record",
+                  "redis_peak_fraction_of_source", "replay_latency_s")  # fmt: skip
+
+
+def merge_wide(wide: dict[str, Any]) -> None:
+    """Put a wide run's goal figures into pipeline_overhead.json (beside the narrow run's,
+    which it keeps): under ``wide_events[W]``, and, for the issue's 1 KB events, the
+    streaming ratio and the success path's Redis bytes per record (kept by reference) at
+    the top, where every pipeline goal is read."""
+    path = RESULTS / "pipeline_overhead.json"
+    main = json.loads(path.read_text()) if path.exists() else {}
+    width = wide["payload_bytes"]
+    main.setdefault("wide_events", {})[str(width)] = {
+        "source": f"pipeline_overhead_wide_{width}.json", "date": wide["date"],
+        **{k: wide.get(k) for k in WIDE_GOAL_KEYS}}  # fmt: skip
+    if width == 1024:
+        main["ratio_stream_failing_late_vs_arrow"] = wide.get("ratio_stream_failing_late_vs_arrow")
+        main["redis_bytes_per_record"] = wide["redis_bytes_per_record"]["ft_on"]
+    path.write_text(json.dumps(main, indent=2, sort_keys=True) + "\n")
 
 
 def _wide_text(r: dict[str, Any]) -> str:

@@ -45,14 +45,13 @@ from ftlayer.limits import DEAD_NOW
 from ftlayer.segments import frames_of_rows
 from ftlayer.spark.plan import MAX_MESSAGES, Segment
 from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy
-from ftlayer.spark.replay_rows import replay_table
+from ftlayer.spark.replay_rows import replay_table, stored_schema
 from ftlayer.spark.results import BatchResult, StageCounts
 from ftlayer.spark.vector_tasks import (
     ATT_COL,
     CUR_COL,
     ID_FIELDS,
     LOC_COL,
-    POS_COL,
     REF_COLS,
     REPLAY_COLS,
     SRC_COL,
@@ -251,10 +250,7 @@ class VectorRun:
                                for c in claimed})  # fmt: skip
         if not claimed:
             return None
-        stored = self.plan.inputs[0]
-        if reads is not None:  # records hold their columns, or their reference
-            stored = pa.schema([*stored, pa.field(LOC_COL, pa.string()),
-                                pa.field(POS_COL, pa.int64())])  # fmt: skip
+        stored = stored_schema(self.plan.inputs[0], reads is not None)  # copies or references
         table, bad = replay_table(claimed, stored)
         self._keep_alive(table)  # reading back may take a while
         self._reject(bad)

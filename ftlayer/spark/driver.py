@@ -249,18 +249,18 @@ class FaultTolerance:
         import pyarrow as pa
 
         from ftlayer.spark.references import resolve
-        from ftlayer.spark.replay_rows import replay_table
-        from ftlayer.spark.replay_stream import stored_schema
+        from ftlayer.spark.replay_rows import replay_table, stored_schema
 
         if self.layer is None:
             return None
-        schema = (pipeline.reads.stream(spark) if pipeline.reads is not None else None)
-        user = schema.schema if schema is not None else self._spark_schema()[1]
+        reads = pipeline.reads
+        user = reads.stream(spark).schema if reads is not None else self._spark_schema()[1]
         letters = [d for d in self.layer.persistence.dead_letters()
                    if d.frame is not None and d.frame.source == pipeline.source]  # fmt: skip
         claimed = [ClaimedRecord(RecordId(d.source_id, 0), d.frame, -1, d.attempts)
                    for d in letters if d.frame is not None]  # fmt: skip
-        table, _ = replay_table(claimed, stored_schema(user, pipeline.reads is not None))
+        stored = stored_schema(arrow_schema(user, spark), reads is not None)
+        table, _ = replay_table(claimed, stored)
         if pipeline.reads is not None and table.num_rows:
             found, _ = resolve(spark, pipeline.reads, table, arrow_schema(user, spark))
             table = pa.concat_tables([found, table.filter(pa.compute.invert(pa.compute.is_in(

@@ -19,11 +19,20 @@ import pyarrow as pa
 from ftlayer.ids import RecordId
 from ftlayer.payloads import arrow_codecs, decode_record
 from ftlayer.persistence import ClaimedRecord
-from ftlayer.spark.vector_tasks import ATT_COL, CUR_COL, SRC_COL
+from ftlayer.spark.vector_tasks import ATT_COL, CUR_COL, LOC_COL, POS_COL, SRC_COL
 
-__all__ = ["replay_schema", "replay_table"]
+__all__ = ["replay_schema", "replay_table", "stored_schema"]
 
 _ERRORS = (pa.ArrowException, TypeError, ValueError)
+
+
+def stored_schema(schema: pa.Schema, by_reference: bool) -> pa.Schema:
+    """What a source's records hold: its columns (a copy), and with ``by_reference`` also
+    a reference (a record kept by reference carries only the reference; a copy only the
+    columns)."""
+    if not by_reference:
+        return schema
+    return pa.schema([*schema, pa.field(LOC_COL, pa.string()), pa.field(POS_COL, pa.int64())])
 
 
 def replay_schema(schema: pa.Schema) -> pa.Schema:

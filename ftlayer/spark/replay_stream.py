@@ -47,8 +47,8 @@ from pyspark.sql.types import StructType
 
 from ftlayer.config import FTConfig
 from ftlayer.spark.batch_scope import arrow_schema, spark_schema
-from ftlayer.spark.replay_rows import replay_schema, replay_table
-from ftlayer.spark.vector_tasks import LOC_COL, POS_COL, SRC_COL
+from ftlayer.spark.replay_rows import replay_schema, replay_table, stored_schema
+from ftlayer.spark.vector_tasks import SRC_COL
 from ftlayer.spark.worker import worker_layer
 
 if TYPE_CHECKING:
@@ -163,7 +163,8 @@ class ReplayReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             "replay stream read")  # fmt: skip
         if not claimed:
             return
-        table, bad = replay_table(claimed, stored_schema(self.user, self.by_reference))
+        stored = stored_schema(arrow_schema(self.user, None), self.by_reference)
+        table, bad = replay_table(claimed, stored)
         for rid, text in bad:  # a payload no replay decodes: dead-lettered, named
             log.error("replay rejected source=%d %s", self.source, text)
             layer.fail([rid], error=text, max_replays=0)
@@ -193,7 +194,8 @@ class ReplaySource(DataSource):
     def schema(self) -> Any:
         opts = _options(self.options)
         user = StructType.fromJson(json.loads(opts["schema"]))
-        return spark_schema(replay_schema(stored_schema(user, opts.get("byreference") == "1")))
+        stored = stored_schema(arrow_schema(user, None), opts.get("byreference") == "1")
+        return spark_schema(replay_schema(stored))
 
     def streamReader(self, schema: Any) -> Any:  # noqa: N802
         return ReplayReader(_options(self.options))
@@ -225,16 +227,6 @@ def _options(options: Any) -> dict[str, str]:
     """The data source's options with lower-case keys (Spark hands them over
     case-insensitively; a plain dict of them keeps whatever case it got)."""
     return {k.lower(): v for k, v in options.items()}
-
-
-def stored_schema(user: Any, by_reference: bool) -> pa.Schema:
-    """What a source's records hold: its columns (a copy), or its columns and a reference
-    (a record kept by reference carries only the reference; a copy only the columns)."""
-    schema = arrow_schema(user, None)
-    if by_reference:
-        schema = pa.schema([*schema, pa.field(LOC_COL, pa.string()),
-                            pa.field(POS_COL, pa.int64())])  # fmt: skip
-    return schema
 
 
 def replay_stream(

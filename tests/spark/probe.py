@@ -84,3 +84,17 @@ def spark_placement(spark: Any, keys: int, spark_type: str, n: int) -> dict[int,
     df = spark.range(keys).select(F.col("id").cast(spark_type).alias("key"))
     rows = df.repartition(n, "key").select("key", F.spark_partition_id().alias("p")).collect()
     return {int(r["key"]): int(r["p"]) for r in rows}
+
+
+def first_seen(probe: Probe, tag: str, ids: Any, where: Any) -> Any:
+    """Indices of the rows where ``where`` holds whose id ``tag`` sees for the first time
+    (one round trip; numpy arrays in and out)."""
+    import numpy as np
+
+    cand = np.flatnonzero(where)
+    if not len(cand):
+        return cand
+    with probe.r.pipeline(transaction=False) as p:
+        for i in ids[cand].tolist():
+            p.sadd(f"{probe.prefix}:{tag}", i)
+        return cand[np.array(p.execute(), dtype=bool)]

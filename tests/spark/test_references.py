@@ -14,10 +14,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pytest
-from probe import Probe
+from probe import Probe, first_seen
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
@@ -27,16 +26,6 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.spark
 
 SCHEMA = "id long, key long, payload string"
-
-
-def first_seen(probe: Probe, tag: str, ids: np.ndarray, where: np.ndarray) -> np.ndarray:
-    cand = np.flatnonzero(where)
-    if not len(cand):
-        return cand
-    with probe.r.pipeline(transaction=False) as p:
-        for i in ids[cand].tolist():
-            p.sadd(f"{probe.prefix}:{tag}", i)
-        return cand[np.array(p.execute(), dtype=bool)]
 
 
 def payload(i: int) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from probe import Probe
+from probe import Probe, first_seen
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
@@ -25,17 +25,6 @@ from ftlayer.spark import FaultTolerance, Outcome
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.spark
-
-
-def first_seen(probe: Probe, tag: str, ids: np.ndarray, where: np.ndarray) -> np.ndarray:
-    """Rows where ``where`` holds whose id ``tag`` sees for the first time."""
-    cand = np.flatnonzero(where)
-    if not len(cand):
-        return cand
-    with probe.r.pipeline(transaction=False) as p:
-        for i in ids[cand].tolist():
-            p.sadd(f"{probe.prefix}:{tag}", i)
-        return cand[np.array(p.execute(), dtype=bool)]
 
 
 def stamp(probe: Probe, what: str, ids: np.ndarray) -> None:
