@@ -266,6 +266,17 @@ class RedisPersistenceLayer(NamespacePart):
         args[2] = curs.astype(">u8").tobytes()
         return self._claimed(keys, args, reply)
 
+    def read_open_streams(self, source: int) -> list[ClaimedRecord]:
+        """``read_stream`` of every open claim of ``source`` on every shard: the replays
+        of the micro-batch being run (Spark commits, and so releases, a batch's claims
+        before it runs the next batch: the open claims are the running batch's, or a
+        re-run batch's after a driver crash; one whose release failed holds nothing
+        pending)."""
+        members = cast(set[bytes], self.client.smembers(self.keyspace.stream_claims(source)))
+        return [c for t in sorted(m.decode() for m in members)
+                for k in range(len(self.keyspace.shards))
+                for c in self.read_stream(source, t, k)]  # fmt: skip
+
     def open_stream(self, source: int, token: str) -> None:
         """Note ``token`` as claimed and not yet committed (``stream_claimed``)."""
         self.client.sadd(self.keyspace.stream_claims(source), token)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import msgpack
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import redis
 
 from ftlayer.acker import ShardBatch
@@ -45,6 +46,7 @@ from ftlayer.limits import DEAD_NOW
 from ftlayer.segments import frames_of_rows
 from ftlayer.spark.plan import MAX_MESSAGES, Segment
 from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy
+from ftlayer.spark.references import resolve
 from ftlayer.spark.replay_rows import replay_table, stored_schema
 from ftlayer.spark.results import BatchResult, StageCounts
 from ftlayer.spark.vector_tasks import (
@@ -209,17 +211,20 @@ class VectorRun:
         if self.layer is not None:
             self.calls += 1 if not is_cluster(self.layer.client) else len(self.layer.keyspace)
             self.layer.segments.drop_batch(plan.source, plan.batch_key)
-            if streamed and reads is None:  # kept alive by their claims' tokens
-                source_df = df.select(*names, *refs, *REPLAY_COLS)
+            if streamed:  # kept alive by their claims' tokens
                 self.streamed = True
-            else:
-                if streamed:  # replays may be references: read them back first
-                    table = df.filter(F.col(SRC_COL).isNotNull()).toArrow()
-                    self._keep_alive(table)  # reading back may take a while
+                if reads is None:
+                    source_df = df.select(*names, *refs, *REPLAY_COLS)
+                else:  # by reference: the replays of the batch's open claims, read back
+                    # in the plan. Not from df: every action on a micro-batch's DataFrame
+                    # computes it again, its files scanned; one, the batch's job, is all.
                     source_df = df.filter(F.col(SRC_COL).isNull()).select(*names, *refs)
-                    replays = self._replay_rows(df.sparkSession, table, reads)
-                else:
-                    replays = self._replays(df, replay_limit, reads)
+                    replays = self._stream_replays(df.sparkSession, reads)
+                    if replays is not None:
+                        source_df = with_replay_columns(source_df).unionByName(
+                            replays, allowMissingColumns=True)  # fmt: skip
+            else:
+                replays = self._replays(df, replay_limit, reads)
                 if replays is not None:
                     source_df = with_replay_columns(source_df).unionByName(
                         replays, allowMissingColumns=True)  # fmt: skip
@@ -258,19 +263,29 @@ class VectorRun:
                  self.result.batch_id, self.plan.source, len(claimed), len(bad))  # fmt: skip
         return self._replay_rows(df.sparkSession, table, reads)
 
-    def _replay_rows(self, spark: Any, table: pa.Table, reads: Any) -> DataFrame | None:
-        """Replays (``replay_table``'s shape) as a DataFrame of the source's columns and
-        the replay columns, those kept by reference read back from ``reads`` (those that
-        no longer resolve dead-lettered, named)."""
-        if reads is not None and table.num_rows:
-            from ftlayer.spark.references import resolve
+    def _stream_replays(self, spark: Any, reads: Any) -> DataFrame | None:
+        """The replays the replay stream claimed for this batch (its open claims), as
+        ``_replays`` makes claimed replays."""
+        assert self.layer is not None
+        claimed = self.layer.persistence.read_open_streams(self.plan.source)
+        self.calls += 1 + len(self.layer.keyspace.shards)
+        table, bad = replay_table(claimed, stored_schema(self.plan.inputs[0], True))
+        self._keep_alive(table)
+        self._reject(bad)
+        return self._replay_rows(spark, table, reads)
 
-            table, bad = resolve(spark, reads, table, self.plan.inputs[0])
-            self._reject(bad)
+    def _replay_rows(self, spark: Any, table: pa.Table, reads: Any) -> DataFrame | None:
+        """Claimed replays (``replay_table``'s shape) as a DataFrame of the source's
+        columns and the replay columns, those kept by reference read back from ``reads``
+        in the plan (references that no longer resolve are dead-lettered by the source
+        task, named)."""
         if not table.num_rows:
             return None
-        table = table.select([*self.plan.inputs[0].names, *REPLAY_COLS])
-        return spark.createDataFrame(table)
+        df = spark.createDataFrame(table)
+        if reads is None:
+            return df.select(*self.plan.inputs[0].names, *REPLAY_COLS)
+        locations = pc.unique(table.column(LOC_COL).drop_null()).to_pylist()
+        return resolve(spark, reads, df, self.plan.inputs[0].names, locations)
 
     def _keep_alive(self, replays: pa.Table) -> None:
         """The replays this run will run (their ids): kept alive while its job runs."""

@@ -68,7 +68,14 @@ from ftlayer.spark.row_tasks import (
     run_shuffled_task,
     run_source_task,
 )
-from ftlayer.spark.vector_tasks import ATT_COL, CUR_COL, SRC_COL
+from ftlayer.spark.vector_tasks import (
+    ATT_COL,
+    CUR_COL,
+    LOC_COL,
+    POS_COL,
+    REPLAY_COLS,
+    SRC_COL,
+)
 from partitioners import HashPartitioner
 
 if TYPE_CHECKING:
@@ -247,6 +254,7 @@ class FaultTolerance:
         letter's id, as ``ftlayer dlq show`` takes it), ``attempts`` and ``error`` (the
         last one). For operators and reports, on the driver: dead letters are few."""
         import pyarrow as pa
+        import pyarrow.compute as pc
 
         from ftlayer.spark.references import resolve
         from ftlayer.spark.replay_rows import replay_table, stored_schema
@@ -261,10 +269,14 @@ class FaultTolerance:
                    for d in letters if d.frame is not None]  # fmt: skip
         stored = stored_schema(arrow_schema(user, spark), reads is not None)
         table, _ = replay_table(claimed, stored)
-        if pipeline.reads is not None and table.num_rows:
-            found, _ = resolve(spark, pipeline.reads, table, arrow_schema(user, spark))
-            table = pa.concat_tables([found, table.filter(pa.compute.invert(pa.compute.is_in(
-                table.column(SRC_COL), value_set=found.column(SRC_COL))))])  # fmt: skip
+        if reads is not None and table.num_rows:  # a reference that no longer resolves
+            # keeps null columns
+            names = table.schema.names[: len(user.fields)]
+            locations = pc.unique(table.column(LOC_COL).drop_null()).to_pylist()
+            back = resolve(spark, reads, spark.createDataFrame(table), names, locations)
+            refs = table.select([SRC_COL, LOC_COL, POS_COL])
+            table = back.toArrow().join(refs, SRC_COL).select(
+                [*names, LOC_COL, POS_COL, *REPLAY_COLS])  # fmt: skip
         why = {d.source_id: (d.history[-1].error if d.history else "") for d in letters}
         src = table.column(SRC_COL).to_numpy().view("uint64")
         names = [n for n in table.schema.names if n not in (ATT_COL, CUR_COL)]

@@ -7,8 +7,8 @@ computed by Spark expressions in the JVM, and reads rows back by reference. A so
 then stores, per fresh row, only its reference (``__ft_loc`` dictionary-encoded and
 ``__ft_pos``: about 12 bytes a row in the batch's segment) instead of the row; a record
 that fails is persisted and replayed as its reference, and the batch that runs the replay
-reads the row back (:func:`resolve`), batched per location, with exactly its original
-columns.
+reads the row back (:func:`resolve`: a join inside the batch's plan, one read per
+location), with exactly its original columns.
 
 :class:`FileSource` is built in for Spark's file sources (JSON, CSV, Parquet, ORC, text):
 location ``_metadata.file_path``, position ``xxhash64`` of the row's columns as Spark parsed
@@ -33,12 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import numpy as np
-import pyarrow as pa
-
 from ftlayer.errors import ConfigError
-from ftlayer.ids import RecordId
-from ftlayer.spark.vector_tasks import ATT_COL, CUR_COL, LOC_COL, POS_COL, SRC_COL
+from ftlayer.spark.vector_tasks import LOC_COL, MISSING_COL, POS_COL, REPLAY_COLS
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -56,18 +52,19 @@ class ReplayableSource(Protocol):
     ``stream(spark)``: the source as a streaming DataFrame (its own columns).
     ``reference(df)``: (location, position) Columns of each row of ``df``, a DataFrame of
     this source as ``stream`` or ``read_back`` made it: JVM expressions, a string and an
-    int64. ``read_back(spark, wanted)``: a batch DataFrame holding at least the rows of
-    the references ``wanted`` (location -> positions), with the stream's columns, such
-    that ``reference`` gives those rows the same values again; a location that no longer
-    exists is left out (None: none exists), and its records are dead-lettered naming
-    it."""
+    int64. ``read_back(spark, locations, wanted)``: a batch DataFrame holding at least
+    the rows of the references ``wanted`` (a DataFrame of ``__ft_loc`` and ``__ft_pos``,
+    at ``locations``), with the stream's columns, such that ``reference`` gives those
+    rows the same values again; a location that no longer exists is left out (None:
+    none exists), and its records are dead-lettered naming it. Built from Spark
+    expressions: :func:`resolve` joins it with the replays inside the batch's plan."""
 
     def stream(self, spark: SparkSession) -> DataFrame: ...
 
     def reference(self, df: DataFrame) -> tuple[Column, Column]: ...
 
     def read_back(
-        self, spark: SparkSession, wanted: Mapping[str, Sequence[int]]
+        self, spark: SparkSession, locations: Sequence[str], wanted: DataFrame
     ) -> DataFrame | None: ...
 
 
@@ -107,9 +104,9 @@ class FileSource:
         return F.col("_metadata.file_path"), F.xxhash64(*[F.col(c) for c in cols])
 
     def read_back(
-        self, spark: SparkSession, wanted: Mapping[str, Sequence[int]]
+        self, spark: SparkSession, locations: Sequence[str], wanted: DataFrame
     ) -> DataFrame | None:
-        files = sorted(wanted)
+        files = sorted(locations)
         options = {k: v for k, v in self.options.items() if k not in _STREAM_ONLY}
 
         def read(paths: list[str]) -> DataFrame:
@@ -163,17 +160,14 @@ class RateMicroBatchSource:
         return F.lit("rate-micro-batch"), F.col("value")
 
     def read_back(
-        self, spark: SparkSession, wanted: Mapping[str, Sequence[int]]
+        self, spark: SparkSession, locations: Sequence[str], wanted: DataFrame
     ) -> DataFrame | None:
         from pyspark.sql import functions as F  # noqa: N812
 
-        values = sorted({int(v) for vs in wanted.values() for v in vs})
-        if not values:
-            return None
         batch = F.floor(F.col("value") / F.lit(self.rows_per_batch)).cast("long")
         millis = F.lit(self.start_timestamp) + batch * F.lit(self.advance_millis_per_batch)
-        df = spark.createDataFrame(pa.table({"value": pa.array(values, pa.int64())}))
-        return df.select(F.timestamp_millis(millis).alias("timestamp"), "value")
+        values = wanted.select(F.col(POS_COL).alias("value"))
+        return values.select(F.timestamp_millis(millis).alias("timestamp"), "value")
 
 
 _STREAM_ONLY = {"maxFilesPerTrigger", "maxBytesPerTrigger", "latestFirst", "fileNameOnly",
@@ -187,35 +181,40 @@ def with_references(source: ReplayableSource, df: DataFrame) -> DataFrame:
 
 
 def resolve(
-    spark: SparkSession, source: ReplayableSource, replays: pa.Table, user: pa.Schema
-) -> tuple[pa.Table, list[tuple[RecordId, str]]]:
-    """Replays (a table of ``replay_table``'s shape) whose rows are references, read back
-    from ``source``: the same table with their columns filled in, and (record id, error)
-    of each whose reference no longer resolves. Rows that are copies pass unchanged."""
-    is_ref = replays.column(LOC_COL).is_valid()
-    if not pa.compute.any(is_ref).as_py():
-        return replays, []
-    refs = replays.filter(is_ref)
-    copies = replays.filter(pa.compute.invert(is_ref))
-    wanted: dict[str, list[int]] = {}
-    for loc, pos in zip(refs.column(LOC_COL).to_pylist(), refs.column(POS_COL).to_pylist(),
-                        strict=True):  # fmt: skip
-        wanted.setdefault(loc, []).append(pos)
-    back = source.read_back(spark, wanted)
-    found = replays.slice(0, 0)
-    if back is not None:
-        rows = with_references(source, back).dropDuplicates([LOC_COL, POS_COL])
-        keys = spark.createDataFrame(refs.select([LOC_COL, POS_COL, SRC_COL, ATT_COL, CUR_COL]))
-        got_rows = keys.join(rows, [LOC_COL, POS_COL], "inner").toArrow()
-        if got_rows.num_rows:
-            order = [*user.names, LOC_COL, POS_COL, SRC_COL, ATT_COL, CUR_COL]
-            found = got_rows.select(order).cast(replays.schema)
-    got = set(found.column(SRC_COL).to_pylist())
-    bad = []
-    for loc, src, cur in zip(refs.column(LOC_COL).to_pylist(), refs.column(SRC_COL).to_pylist(),
-                             refs.column(CUR_COL).to_pylist(), strict=True):  # fmt: skip
-        if src not in got:
-            rid = RecordId(int(np.int64(src).view(np.uint64)), int(np.int64(cur).view(np.uint64)))
-            bad.append((rid, f"replay source row not found: {loc} no longer exists or no "
-                             "longer holds the row (deleted or rewritten)"))  # fmt: skip
-    return pa.concat_tables([copies, found]), bad
+    spark: SparkSession,
+    source: ReplayableSource,
+    replays: DataFrame,
+    names: Sequence[str],
+    locations: Sequence[str],
+) -> DataFrame:
+    """``replays`` (the replay columns and the source's columns: copies, or null beside a
+    reference) as a DataFrame of ``names``, ``REPLAY_COLS`` and ``MISSING_COL``, resolved
+    inside the plan, with no pass through the driver: each reference is joined with its
+    row read back from ``source`` (one read of every location named, ``locations``),
+    copies pass unchanged. A reference that no longer resolves keeps null columns and
+    ``MISSING_COL`` an error naming its location: the source task dead-letters it (never
+    dropped, never acked)."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    is_ref = F.col(LOC_COL).isNotNull()
+    none = F.lit(None).cast("string").alias(MISSING_COL)
+    copies = replays.filter(~is_ref).select(*names, *REPLAY_COLS, none)
+    keys = replays.filter(is_ref).select(LOC_COL, POS_COL, *REPLAY_COLS)
+    if not locations:
+        return copies
+    wanted = keys.select(LOC_COL, POS_COL).distinct()
+    back = source.read_back(spark, sorted(locations), wanted)
+    if back is None:  # every location is gone
+        rows = replays.filter(F.lit(False)).select(*names, LOC_COL, POS_COL)
+    else:  # identical rows share a reference: one of them each
+        rows = (with_references(source, back).join(F.broadcast(wanted), [LOC_COL, POS_COL],
+                                                   "left_semi")
+                .dropDuplicates([LOC_COL, POS_COL]).select(*names, LOC_COL, POS_COL))  # fmt: skip
+    found = keys.join(rows.withColumn(_FOUND, F.lit(True)), [LOC_COL, POS_COL], "left")
+    missing = F.when(F.col(_FOUND).isNull(), F.concat(
+        F.lit("replay source row not found: "), F.col(LOC_COL),
+        F.lit(" no longer exists or no longer holds the row (deleted or rewritten)")))  # fmt: skip
+    return copies.unionByName(found.select(*names, *REPLAY_COLS, missing.alias(MISSING_COL)))
+
+
+_FOUND = "__ft_found"

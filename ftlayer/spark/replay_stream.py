@@ -157,6 +157,11 @@ class ReplayReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [ReplayPartition(token, int(k)) for k in end["shards"]]
 
     def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
+        """The records the partition's claim holds. Kept by reference, none: the batch
+        reads its claims itself (VectorRun._stream_replays), to resolve them in its plan
+        without computing the micro-batch twice."""
+        if self.by_reference:
+            return
         layer = self._layer()
         claimed = _through_failover(
             lambda: layer.persistence.read_stream(self.source, partition.token, partition.shard),
