@@ -268,10 +268,11 @@ class RedisPersistenceLayer(NamespacePart):
 
     def read_open_streams(self, source: int) -> list[ClaimedRecord]:
         """``read_stream`` of every open claim of ``source`` on every shard: the replays
-        of the micro-batch being run (Spark commits, and so releases, a batch's claims
-        before it runs the next batch: the open claims are the running batch's, or a
-        re-run batch's after a driver crash; one whose release failed holds nothing
-        pending)."""
+        of the micro-batch being run. Spark commits a batch, which releases its claims,
+        before it runs the next one: the open claims are the running batch's (or, after a
+        driver crash, the re-run batch's), plus any whose release failed or that an
+        earlier query run left, which hold only what no batch settled since (a record
+        settled or failed again is gone from its claim)."""
         members = cast(set[bytes], self.client.smembers(self.keyspace.stream_claims(source)))
         return [c for t in sorted(m.decode() for m in members)
                 for k in range(len(self.keyspace.shards))
@@ -295,9 +296,14 @@ class RedisPersistenceLayer(NamespacePart):
             entries = b"".join(e for e in pipe.execute() if e)
         return np.frombuffer(entries, _QUEUE_ENTRY)["source_id"].tolist()
 
-    def forget_stream(self, source: int) -> None:
-        """Stop keeping the open claims of ``source`` alive (a new query run begins)."""
-        self.client.delete(self.keyspace.stream_claims(source))
+    def forget_stream(self, source: int, keep: str = "") -> None:
+        """Stop keeping the open claims of ``source`` alive, but those whose token starts
+        with ``keep`` (a query run's, ``rs:<run>:``)."""
+        key = self.keyspace.stream_claims(source)
+        members = cast(set[bytes], self.client.smembers(key))
+        gone = [m for m in members if not (keep and m.decode().startswith(keep))]
+        if gone:
+            self.client.srem(key, *gone)
 
     def release_stream(self, source: int, tokens: list[str]) -> None:
         """Forget what ``tokens`` claimed (Spark committed their batches)."""

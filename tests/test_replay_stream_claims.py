@@ -55,10 +55,19 @@ def test_a_token_claims_once_and_is_read_back_under_its_ids(make_layer) -> None:
     layer.persistence.open_stream(3, "rs:a:2")
     open_ids = set(layer.persistence.stream_claimed(3))
     assert {r.record_id[0] for r in flat[12:]} <= open_ids  # what a batch keeps alive
+    # what a batch kept by reference reads: every open claim's unsettled records, once each
+    second = [r for k in other for r in layer.persistence.read_stream(3, "rs:a:2", k)]
+    batch = layer.persistence.read_open_streams(3)
+    assert sorted(r.record_id for r in batch) == sorted(
+        [r.record_id for r in flat[12:]] + [r.record_id for r in second])
     layer.persistence.release_stream(3, ["rs:a:1", "rs:a:2"])
     assert layer.persistence.stream_claimed(3) == []
+    assert layer.persistence.read_open_streams(3) == []
     layer.persistence.open_stream(3, "rs:old:9")  # a run whose checkpoint is gone
-    layer.persistence.forget_stream(3)  # a new run: the old claims are kept alive no more
+    layer.persistence.open_stream(3, "rs:new:1")
+    layer.persistence.forget_stream(3, keep="rs:new:")  # the new run's first commit
+    assert layer.client.smembers(layer.keyspace.stream_claims(3)) == {b"rs:new:1"}
+    layer.persistence.release_stream(3, ["rs:new:1"])
     assert layer.persistence.stream_claimed(3) == []
     assert all(layer.persistence.read_stream(3, "rs:a:1", k) == [] for k in range(4))
     assert layer.stats().pending == 40 - 10  # released claims stay pending: they time out

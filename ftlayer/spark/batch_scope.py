@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import msgpack
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import redis
 
 from ftlayer.acker import ShardBatch
@@ -46,7 +45,7 @@ from ftlayer.limits import DEAD_NOW
 from ftlayer.segments import frames_of_rows
 from ftlayer.spark.plan import MAX_MESSAGES, Segment
 from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy
-from ftlayer.spark.references import resolve
+from ftlayer.spark.references import resolve, unresolved
 from ftlayer.spark.replay_rows import replay_table, stored_schema
 from ftlayer.spark.results import BatchResult, StageCounts
 from ftlayer.spark.vector_tasks import (
@@ -192,6 +191,9 @@ class VectorRun:
     replay_keys: dict[int, list[int]] = field(default_factory=dict)  # record key -> srcs
     tables: dict[str, pa.Table | None] = field(default_factory=dict)  # segments read
     streamed: bool = False  # replays ride in from the replay stream, not read here
+    references: dict[int, tuple[int, str]] = field(default_factory=dict)
+    """Replays kept by reference in the plan: source id -> (current id, the error if its
+    row is not found)."""
     calls: int = 0
 
     # -- building the DataFrame ------------------------------------------------------------
@@ -271,21 +273,23 @@ class VectorRun:
         self.calls += 1 + len(self.layer.keyspace.shards)
         table, bad = replay_table(claimed, stored_schema(self.plan.inputs[0], True))
         self._keep_alive(table)
+        if self.injected:  # a full timeout from now: claimed a while ago, the batch begins
+            self.layer.reset_timeout(list(self.injected))
+            self.calls += len(self.layer.keyspace.shards)
         self._reject(bad)
         return self._replay_rows(spark, table, reads)
 
     def _replay_rows(self, spark: Any, table: pa.Table, reads: Any) -> DataFrame | None:
-        """Claimed replays (``replay_table``'s shape) as a DataFrame of the source's
-        columns and the replay columns, those kept by reference read back from ``reads``
-        in the plan (references that no longer resolve are dead-lettered by the source
-        task, named)."""
+        """Replays (``replay_table``'s shape) as a DataFrame of the source's columns and
+        the replay columns, those kept by reference read back from ``reads`` in the plan
+        (one whose row is not found is dead-lettered when the batch settles, named)."""
+        names = self.plan.inputs[0].names
         if not table.num_rows:
             return None
-        df = spark.createDataFrame(table)
         if reads is None:
-            return df.select(*self.plan.inputs[0].names, *REPLAY_COLS)
-        locations = pc.unique(table.column(LOC_COL).drop_null()).to_pylist()
-        return resolve(spark, reads, df, self.plan.inputs[0].names, locations)
+            return spark.createDataFrame(table.select([*names, *REPLAY_COLS]))
+        self.references = unresolved(table, ())
+        return resolve(spark, reads, table, names)
 
     def _keep_alive(self, replays: pa.Table) -> None:
         """The replays this run will run (their ids): kept alive while its job runs."""
@@ -363,6 +367,7 @@ class VectorRun:
             done = self.result.fresh + self.result.replayed - len(failed) - len(unconfirmed)
             self.result.acked = max(done, 0)
         self._settle_segments(summaries, failed, unconfirmed)
+        self._not_found(failed)
         self._settle_replays(failed, unconfirmed)
         self.result.redis_calls = self.calls + sum(
             1 for s in summaries if s.raw["stage"] < len(self.plan.segments) - 1 or
@@ -550,6 +555,19 @@ class VectorRun:
             if reply[5]:
                 log.warning("segments settled already batch_id=%s shard=%d skipped=%d",
                             self.result.batch_id, shard, reply[5])  # fmt: skip
+
+    def _not_found(self, failed: dict[int, Failure]) -> None:
+        """Replays kept by reference that the job did not run: their rows were not read
+        back (the file gone or rewritten). Dead-lettered with the replays, named."""
+        for src, (cur, text) in self.references.items():
+            if src in self.injected:
+                continue
+            self.injected[src] = cur
+            failed[src] = Failure(text, 1 | DEAD_NOW)
+            self.result.undecodable += 1
+            if len(self.result.errors) < MAX_MESSAGES:
+                self.result.errors.append(text)
+            log.error("replay rejected batch_id=%s %s", self.result.batch_id, text)
 
     def _settle_replays(self, failed: dict[int, Failure], unconfirmed: set[int]) -> None:
         """Complete the replays that finished in this batch, fail those that failed."""

@@ -73,7 +73,6 @@ from ftlayer.spark.vector_tasks import (
     CUR_COL,
     LOC_COL,
     POS_COL,
-    REPLAY_COLS,
     SRC_COL,
 )
 from partitioners import HashPartitioner
@@ -253,6 +252,7 @@ class FaultTolerance:
         that no longer resolves leaves its columns null) with ``__ft_src`` (the dead
         letter's id, as ``ftlayer dlq show`` takes it), ``attempts`` and ``error`` (the
         last one). For operators and reports, on the driver: dead letters are few."""
+        import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -272,11 +272,14 @@ class FaultTolerance:
         if reads is not None and table.num_rows:  # a reference that no longer resolves
             # keeps null columns
             names = table.schema.names[: len(user.fields)]
-            locations = pc.unique(table.column(LOC_COL).drop_null()).to_pylist()
-            back = resolve(spark, reads, spark.createDataFrame(table), names, locations)
-            refs = table.select([SRC_COL, LOC_COL, POS_COL])
-            table = back.toArrow().join(refs, SRC_COL).select(
-                [*names, LOC_COL, POS_COL, *REPLAY_COLS])  # fmt: skip
+            back = resolve(spark, reads, table, names)
+            if back is not None:
+                found = back.toArrow().join(table.select([SRC_COL, LOC_COL, POS_COL]), SRC_COL)
+                _, first = np.unique(found.column(SRC_COL).to_numpy(), return_index=True)
+                found = found.take(first).select(table.schema.names).cast(table.schema)
+                gone = pc.invert(pc.is_in(table.column(SRC_COL), found.column(SRC_COL)))
+                rest = table.filter(gone)
+                table = pa.concat_tables([found, rest])
         why = {d.source_id: (d.history[-1].error if d.history else "") for d in letters}
         src = table.column(SRC_COL).to_numpy().view("uint64")
         names = [n for n in table.schema.names if n not in (ATT_COL, CUR_COL)]

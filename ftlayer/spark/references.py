@@ -7,8 +7,8 @@ computed by Spark expressions in the JVM, and reads rows back by reference. A so
 then stores, per fresh row, only its reference (``__ft_loc`` dictionary-encoded and
 ``__ft_pos``: about 12 bytes a row in the batch's segment) instead of the row; a record
 that fails is persisted and replayed as its reference, and the batch that runs the replay
-reads the row back (:func:`resolve`: a join inside the batch's plan, one read per
-location), with exactly its original columns.
+reads the row back (:func:`resolve`: a broadcast join inside the batch's plan, one read
+per location), with exactly its original columns.
 
 :class:`FileSource` is built in for Spark's file sources (JSON, CSV, Parquet, ORC, text):
 location ``_metadata.file_path``, position ``xxhash64`` of the row's columns as Spark parsed
@@ -29,17 +29,20 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from ftlayer.errors import ConfigError
-from ftlayer.spark.vector_tasks import LOC_COL, MISSING_COL, POS_COL, REPLAY_COLS
+from ftlayer.spark.vector_tasks import CUR_COL, LOC_COL, POS_COL, REPLAY_COLS, SRC_COL
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["FileSource", "RateMicroBatchSource", "ReplayableSource", "resolve",
+__all__ = ["FileSource", "RateMicroBatchSource", "ReplayableSource", "resolve", "unresolved",
            "with_references"]
 
 log = logging.getLogger(__name__)
@@ -181,40 +184,47 @@ def with_references(source: ReplayableSource, df: DataFrame) -> DataFrame:
 
 
 def resolve(
-    spark: SparkSession,
-    source: ReplayableSource,
-    replays: DataFrame,
-    names: Sequence[str],
-    locations: Sequence[str],
-) -> DataFrame:
-    """``replays`` (the replay columns and the source's columns: copies, or null beside a
-    reference) as a DataFrame of ``names``, ``REPLAY_COLS`` and ``MISSING_COL``, resolved
-    inside the plan, with no pass through the driver: each reference is joined with its
-    row read back from ``source`` (one read of every location named, ``locations``),
-    copies pass unchanged. A reference that no longer resolves keeps null columns and
-    ``MISSING_COL`` an error naming its location: the source task dead-letters it (never
-    dropped, never acked)."""
+    spark: SparkSession, source: ReplayableSource, replays: pa.Table, names: Sequence[str]
+) -> DataFrame | None:
+    """Replays (``replay_table``'s shape: copies, or null columns beside a reference) as a
+    DataFrame of ``names`` and ``REPLAY_COLS``, references resolved inside the plan: the
+    rows read back from ``source`` (one read of every location named) joined with the
+    references (broadcast: no shuffle). A reference whose row is not found is left out:
+    the batch dead-letters it after its job (:func:`unresolved`). None: no rows."""
     from pyspark.sql import functions as F  # noqa: N812
 
-    is_ref = F.col(LOC_COL).isNotNull()
-    none = F.lit(None).cast("string").alias(MISSING_COL)
-    copies = replays.filter(~is_ref).select(*names, *REPLAY_COLS, none)
-    keys = replays.filter(is_ref).select(LOC_COL, POS_COL, *REPLAY_COLS)
-    if not locations:
-        return copies
-    wanted = keys.select(LOC_COL, POS_COL).distinct()
-    back = source.read_back(spark, sorted(locations), wanted)
-    if back is None:  # every location is gone
-        rows = replays.filter(F.lit(False)).select(*names, LOC_COL, POS_COL)
-    else:  # identical rows share a reference: one of them each
-        rows = (with_references(source, back).join(F.broadcast(wanted), [LOC_COL, POS_COL],
-                                                   "left_semi")
-                .dropDuplicates([LOC_COL, POS_COL]).select(*names, LOC_COL, POS_COL))  # fmt: skip
-    found = keys.join(rows.withColumn(_FOUND, F.lit(True)), [LOC_COL, POS_COL], "left")
-    missing = F.when(F.col(_FOUND).isNull(), F.concat(
-        F.lit("replay source row not found: "), F.col(LOC_COL),
-        F.lit(" no longer exists or no longer holds the row (deleted or rewritten)")))  # fmt: skip
-    return copies.unionByName(found.select(*names, *REPLAY_COLS, missing.alias(MISSING_COL)))
+    is_ref = replays.column(LOC_COL).is_valid()
+    copies = replays.filter(pc.invert(is_ref))
+    refs = replays.filter(is_ref)
+    parts = []
+    if copies.num_rows:
+        parts.append(spark.createDataFrame(copies.select([*names, *REPLAY_COLS])))
+    if refs.num_rows:
+        wanted = refs.select([LOC_COL, POS_COL, *REPLAY_COLS])
+        locations = pc.unique(wanted.column(LOC_COL)).to_pylist()
+        keys = spark.createDataFrame(wanted)
+        back = source.read_back(spark, sorted(locations), keys.select(LOC_COL, POS_COL))
+        if back is not None:
+            rows = with_references(source, back).join(F.broadcast(keys), [LOC_COL, POS_COL])
+            parts.append(rows.select(*names, *REPLAY_COLS))
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
 
 
-_FOUND = "__ft_found"
+def unresolved(replays: pa.Table, ran: Container[int]) -> dict[int, tuple[int, str]]:
+    """The replays kept by reference (``replay_table``'s shape) whose source id is not in
+    ``ran`` (what a batch's tasks ran): source id -> (current id, error naming the
+    location). Their rows were not found: dead letters, never dropped, never acked."""
+    is_ref = replays.column(LOC_COL).is_valid()
+    refs = replays.filter(is_ref).select([LOC_COL, SRC_COL, CUR_COL])
+    out = {}
+    for loc, src, cur in zip(*(refs.column(i).to_pylist() for i in range(3)), strict=True):
+        sid = src & _U64
+        if sid not in ran:
+            out[sid] = (cur & _U64, f"replay source row not found: {loc} no longer "
+                         "exists or no longer holds the row (deleted or rewritten)")  # fmt: skip
+    return out
+
+
+_U64 = (1 << 64) - 1

@@ -78,18 +78,15 @@ class ReplayReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.available_now = False
         self.expired_at = 0.0
         self.released = 0
+        self.run = uuid.uuid4().hex[:12]
+        self.others_forgotten = False
 
     def _layer(self) -> Any:
         return worker_layer(self.config)
 
     def initialOffset(self) -> dict[str, Any]:  # noqa: N802 (Spark's names)
-        """A new query run. Claims left open by an earlier run (a query whose checkpoint
-        is gone) stop being kept alive: their records time out and replay."""
-        try:
-            self._layer().persistence.forget_stream(self.source)
-        except (redis.RedisError, ConnectionError) as e:
-            log.warning("replay stream: earlier claims not forgotten error=%s", e)
-        return {"run": uuid.uuid4().hex[:12], "seq": 0, "shards": []}
+        """A new query run (Spark may ask more than once: the same run each time)."""
+        return {"run": self.run, "seq": 0, "shards": []}
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
         self.available_now = True
@@ -180,13 +177,20 @@ class ReplayReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, Any]) -> None:
         """Release the claims of the batches Spark committed (a release that fails is
-        tried again at the next commit: an open claim's records are kept alive)."""
+        tried again at the next commit: an open claim's records are kept alive and read
+        by the next batch). The first commit of a run also forgets the open claims of
+        earlier runs: a batch re-run after a crash has read its own by then, and those of
+        a query whose checkpoint is gone time out and replay."""
         seq = int(end["seq"])
         first = self.released + 1 if self.released else max(seq - 1, 1)
         tokens = [f"rs:{end['run']}:{k}" for k in range(first, seq + 1)]
         try:
-            self._layer().persistence.release_stream(self.source, tokens)
+            persistence = self._layer().persistence
+            persistence.release_stream(self.source, tokens)
             self.released = seq
+            if not self.others_forgotten:
+                persistence.forget_stream(self.source, keep=f"rs:{end['run']}:")
+                self.others_forgotten = True
         except (redis.RedisError, ConnectionError) as e:
             log.warning("replay stream: claims not released tokens=%s error=%s", tokens, e)
 

@@ -74,9 +74,6 @@ REF_COLS = (LOC_COL, POS_COL)
 """A source kept by reference (ftlayer.spark.references): each row's location (string)
 and position (int64). When the source stage's input has them, its segment holds them
 instead of the rows."""
-MISSING_COL = "__ft_missing"
-"""A replay kept by reference whose row could not be read back: an error naming its
-location (null otherwise, and in fresh rows). The source task dead-letters it."""
 SUMMARY_COL = "__ft_summary"
 ID_FIELDS = [pa.field(SRC_COL, pa.int64())]
 _U8 = np.dtype(">u8")
@@ -388,19 +385,16 @@ def _note_replays(plan: VectorPlan, task: _Task, batch: pa.RecordBatch, keep: np
         task.rep_key.append(_u64(batch.column(plan.record_key).fill_null(-1))[keep])
 
 
-def _dead_references(
-    task: _Task, missing: pa.Array, src: np.ndarray, keep: np.ndarray
-) -> np.ndarray:
-    """Replays whose reference no longer resolves (``missing``: the error naming the
-    location) are dead-lettered now, each with its error; ``keep`` without them."""
-    if not missing.null_count < len(missing):
-        return keep
-    gone = np.asarray(missing.is_valid().to_numpy(zero_copy_only=False)) & keep
-    rows = np.flatnonzero(gone)
-    texts = missing.take(pa.array(rows)).to_pylist()
-    _note_failures(task, texts[:1])
-    _residue(task, src[rows], texts, 1 | DEAD_NOW)
-    return keep & ~gone
+def _first_of_each(src: np.ndarray, replays: np.ndarray) -> np.ndarray:
+    """``replays`` (a row mask) keeping the first row of each source id: a replay kept by
+    reference whose file holds identical rows (one reference) is read back once each."""
+    rows = np.flatnonzero(replays)
+    _, first = np.unique(src[rows], return_index=True)
+    if len(first) == len(rows):
+        return replays
+    keep = np.zeros(len(src), bool)
+    keep[rows[first]] = True
+    return keep
 
 
 def _context(
@@ -494,13 +488,9 @@ def run_vector_task(
                 part, ids, _ = _valid_keys(plan, task, part, ids, None)
                 yield from _run_with_replays(plan, task, part, ids, plan.immediate_replays)
             if n_fresh < batch.num_rows:  # claimed replays: their budget is in Redis
-                keep = ~is_fresh
+                keep = _first_of_each(src, ~is_fresh)
                 task.replayed += int(keep.sum())
                 _note_replays(plan, task, batch, keep)
-                if MISSING_COL in batch.schema.names:
-                    keep = _dead_references(task, batch.column(MISSING_COL), src, keep)
-                    if not keep.any():
-                        continue
                 before = None
                 if ATT_COL in batch.schema.names:
                     att = batch.column(ATT_COL).fill_null(0).to_numpy(zero_copy_only=False)
