@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import msgpack
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import redis
 
 from ftlayer.acker import ShardBatch
@@ -191,6 +192,8 @@ class VectorRun:
     replay_keys: dict[int, list[int]] = field(default_factory=dict)  # record key -> srcs
     tables: dict[str, pa.Table | None] = field(default_factory=dict)  # segments read
     streamed: bool = False  # replays ride in from the replay stream, not read here
+    reads: Any = None  # the pipeline's ReplayableSource (None: copies)
+    spark: Any = None
     references: dict[int, tuple[int, str]] = field(default_factory=dict)
     """Replays kept by reference in the plan: source id -> (current id, the error if its
     row is not found)."""
@@ -207,6 +210,7 @@ class VectorRun:
         plan = self.plan
         names = plan.inputs[0].names
         ft = plan.config.enabled
+        self.reads, self.spark = reads, df.sparkSession
         streamed = SRC_COL in df.columns  # the replay stream's rows ride in df
         refs = REF_COLS if ft and LOC_COL in df.columns else ()
         source_df = df if df.columns == names else df.select(*names, *refs)
@@ -288,7 +292,7 @@ class VectorRun:
             return None
         if reads is None:
             return spark.createDataFrame(table.select([*names, *REPLAY_COLS]))
-        self.references = unresolved(table, ())
+        self.references = unresolved(reads, table, ())
         return resolve(spark, reads, table, names)
 
     def _keep_alive(self, replays: pa.Table) -> None:
@@ -527,6 +531,7 @@ class VectorRun:
                 table = self._segment(partition, member)
                 if table is None:  # the sidecar timed it out: all of its rows replay
                     continue
+                self._remember(table, [r for r, _ in fails + pends], keep_all)
                 make: Callable[..., list[bytes]] = partial(
                     frames_of_rows, table, shard=shard, source=plan.source,
                     partition=partition, max_replays=cfg.max_replays,
@@ -555,6 +560,15 @@ class VectorRun:
             if reply[5]:
                 log.warning("segments settled already batch_id=%s shard=%d skipped=%d",
                             self.result.batch_id, shard, reply[5])  # fmt: skip
+
+    def _remember(self, table: pa.Table, rows: list[int], every: bool) -> None:
+        """Let the source name the locations of the rows its batch persists as references
+        (a file's path, while the file surely exists): a replay that finds it gone names
+        it."""
+        if self.reads is None or LOC_COL not in table.schema.names:
+            return
+        locs = table.column(LOC_COL) if every else table.column(LOC_COL).take(pa.array(rows))
+        self.reads.remember(self.spark, pc.unique(locs).to_pylist())
 
     def _not_found(self, failed: dict[int, Failure]) -> None:
         """Replays kept by reference that the job did not run: their rows were not read

@@ -1,18 +1,19 @@
 """Sources kept by reference: a record Spark can read again is persisted as where it is,
 not as a copy of its bytes.
 
-A :class:`ReplayableSource` gives each row a *reference* -- a location (a string: a file,
-a Kafka topic-partition) and a position in it (an int64: a content hash, an offset) --
-computed by Spark expressions in the JVM, and reads rows back by reference. A source task
-then stores, per fresh row, only its reference (``__ft_loc`` dictionary-encoded and
-``__ft_pos``: about 12 bytes a row in the batch's segment) instead of the row; a record
+A :class:`ReplayableSource` gives each row a *reference* -- a location id (an int64: a
+file's path hashed, a Kafka topic-partition) and a position in it (an int64: a content
+hash, an offset) -- computed by Spark expressions in the JVM, and reads rows back by
+reference. A source task then stores, per fresh row, only its reference (``__ft_loc``
+dictionary-encoded and ``__ft_pos``: about 12 bytes a row in the batch's segment) instead
+of the row; a record
 that fails is persisted and replayed as its reference, and the batch that runs the replay
 reads the row back (:func:`resolve`: a broadcast join inside the batch's plan, one read
 per location), with exactly its original columns.
 
 :class:`FileSource` is built in for Spark's file sources (JSON, CSV, Parquet, ORC, text):
-location ``_metadata.file_path``, position ``xxhash64`` of the row's columns as Spark parsed
-them. The hash, not a row number, because Spark splits a file by byte ranges whose size
+location ``xxhash64(_metadata.file_path)``, position ``xxhash64`` of the row's columns as
+Spark parsed them. The hash, not a row number, because Spark splits a file by byte ranges whose size
 depends on the whole scan (``maxPartitionBytes``, the total size, the cores): a row number
 within a split is not stable across reads, its content is. Rows of one file with the same
 content share a reference, and a replay gets one of them: the same bytes.
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 
 from ftlayer.errors import ConfigError
 from ftlayer.spark.vector_tasks import CUR_COL, LOC_COL, POS_COL, REPLAY_COLS, SRC_COL
@@ -54,21 +56,30 @@ class ReplayableSource(Protocol):
 
     ``stream(spark)``: the source as a streaming DataFrame (its own columns).
     ``reference(df)``: (location, position) Columns of each row of ``df``, a DataFrame of
-    this source as ``stream`` or ``read_back`` made it: JVM expressions, a string and an
-    int64. ``read_back(spark, locations, wanted)``: a batch DataFrame holding at least
-    the rows of the references ``wanted`` (a DataFrame of ``__ft_loc`` and ``__ft_pos``,
-    at ``locations``), with the stream's columns, such that ``reference`` gives those
-    rows the same values again; a location that no longer exists is left out (None:
-    none exists), and its records are dead-lettered naming it. Built from Spark
-    expressions: :func:`resolve` joins it with the replays inside the batch's plan."""
+    this source as ``stream`` or ``read_back`` made it: JVM expressions, both int64 (a
+    location id: a file's path hashed, a topic-partition's number; a position in it).
+    ``read_back(spark, locations, wanted)``: a batch DataFrame holding at least the rows
+    of the references ``wanted`` (a DataFrame of ``__ft_loc`` and ``__ft_pos``, at the
+    location ids ``locations``), with the stream's columns, such that ``reference`` gives
+    those rows the same values again; a location that no longer exists is left out
+    (None: none exists), and its records are dead-lettered naming it. Built from Spark
+    expressions: :func:`resolve` joins it with the replays inside the batch's plan.
+    ``remember(spark, locations)``: called when records at these location ids are
+    persisted (the locations surely exist): a source that names ids by a lookup (a
+    file's path) makes it now. ``location_name(location)``: a location id as an
+    operator reads it (a file's path)."""
 
     def stream(self, spark: SparkSession) -> DataFrame: ...
 
     def reference(self, df: DataFrame) -> tuple[Column, Column]: ...
 
     def read_back(
-        self, spark: SparkSession, locations: Sequence[str], wanted: DataFrame
+        self, spark: SparkSession, locations: Sequence[int], wanted: DataFrame
     ) -> DataFrame | None: ...
+
+    def remember(self, spark: SparkSession, locations: Sequence[int]) -> None: ...
+
+    def location_name(self, location: int) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -77,7 +88,13 @@ class FileSource:
     text), kept by reference: ``FileSource("json", "/data/events", "id long, payload
     string", maxFilesPerTrigger=1)``. ``schema``: a DDL string or StructType (streaming
     file sources need one); options go to the reader as they are, for the stream and
-    for reading replays back."""
+    for reading replays back.
+
+    A row's location is ``xxhash64(_metadata.file_path)``: 8 bytes a row from the JVM,
+    where the path itself would cost a string a row (3-4 % of a pipeline of 1 KB events).
+    Ids map back to files by listing the source's files (``inputFiles``: what Spark's file
+    stream does every trigger anyway), when a batch persists records of a file not seen
+    yet and when a replay names one: the paths seen name the files in errors."""
 
     format: str
     path: str
@@ -104,34 +121,67 @@ class FileSource:
             if f.name in cols and "map<" in f.dataType.simpleString():
                 raise ConfigError(f"column {f.name!r} is a map: Spark cannot hash it, so "
                                   "its rows cannot be kept by reference")  # fmt: skip
-        return F.col("_metadata.file_path"), F.xxhash64(*[F.col(c) for c in cols])
+        return F.xxhash64(F.col("_metadata.file_path")), F.xxhash64(*[F.col(c) for c in cols])
+
+    def _read(self, spark: SparkSession, paths: Any) -> DataFrame:
+        options = {k: v for k, v in self.options.items() if k not in _STREAM_ONLY}
+        return spark.read.format(self.format).schema(self.schema).options(**options).load(paths)
+
+    def files(self, spark: SparkSession, locations: Sequence[int]) -> dict[int, str]:
+        """The files of ``locations`` (ids) that exist: listed again when one is unknown."""
+        if any(loc not in _FILES for loc in locations):
+            for path in self._read(spark, self.path).inputFiles():
+                _FILES[location_id(path)] = path
+        return {loc: _FILES[loc] for loc in locations if loc in _FILES}
+
+    def remember(self, spark: SparkSession, locations: Sequence[int]) -> None:
+        self.files(spark, locations)
+
+    def location_name(self, location: int) -> str:
+        return _FILES.get(location) or (
+            f"a file of {self.path} (location id {location & _U64:#018x}) that was gone "
+            "before its first replay")  # fmt: skip
 
     def read_back(
-        self, spark: SparkSession, locations: Sequence[str], wanted: DataFrame
+        self, spark: SparkSession, locations: Sequence[int], wanted: DataFrame
     ) -> DataFrame | None:
-        files = sorted(locations)
-        options = {k: v for k, v in self.options.items() if k not in _STREAM_ONLY}
-
-        def read(paths: list[str]) -> DataFrame:
-            return spark.read.format(self.format).schema(self.schema).options(**options).load(paths)
-
+        files = sorted(self.files(spark, locations).values())
+        if not files:
+            return None
         try:
-            df = read(files)
+            df = self._read(spark, files)
             df.schema  # noqa: B018 (Spark Connect analyses the plan here: missing paths fail)
             return df
         except Exception as e:
-            if "PATH_NOT_FOUND" not in str(e) and "does not exist" not in str(e):
+            if not _gone(e):
                 raise
         present = []
         for f in files:  # find the files that are gone (rare: one plan each)
             try:
-                read([f]).schema  # noqa: B018
+                self._read(spark, [f]).schema  # noqa: B018
                 present.append(f)
             except Exception as e:
-                if "PATH_NOT_FOUND" not in str(e) and "does not exist" not in str(e):
+                if not _gone(e):
                     raise
                 log.error("replay source file is gone: %s", f)
-        return read(present) if present else None
+        return self._read(spark, present) if present else None
+
+
+_FILES: dict[int, str] = {}
+"""Location id -> file path, of every file a FileSource listed in this process."""
+
+
+def location_id(path: str) -> int:
+    """A file's location id: Spark's ``xxhash64`` of its ``_metadata.file_path`` (which
+    spells ``file:/x`` what ``inputFiles`` spells ``file:///x``)."""
+    if path.startswith("file:///"):
+        path = "file:/" + path[len("file:///"):]
+    h = xxhash.xxh64_intdigest(path.encode(), seed=42)
+    return h - (1 << 64) if h >= 1 << 63 else h
+
+
+def _gone(e: Exception) -> bool:
+    return "PATH_NOT_FOUND" in str(e) or "does not exist" in str(e)
 
 
 @dataclass(frozen=True)
@@ -160,10 +210,16 @@ class RateMicroBatchSource:
     def reference(self, df: DataFrame) -> tuple[Column, Column]:
         from pyspark.sql import functions as F  # noqa: N812
 
-        return F.lit("rate-micro-batch"), F.col("value")
+        return F.lit(0).cast("long"), F.col("value")
+
+    def remember(self, spark: SparkSession, locations: Sequence[int]) -> None:
+        pass  # positions are values: nothing to look up
+
+    def location_name(self, location: int) -> str:
+        return "rate-micro-batch"
 
     def read_back(
-        self, spark: SparkSession, locations: Sequence[str], wanted: DataFrame
+        self, spark: SparkSession, locations: Sequence[int], wanted: DataFrame
     ) -> DataFrame | None:
         from pyspark.sql import functions as F  # noqa: N812
 
@@ -212,7 +268,9 @@ def resolve(
     return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
 
 
-def unresolved(replays: pa.Table, ran: Container[int]) -> dict[int, tuple[int, str]]:
+def unresolved(
+    source: ReplayableSource, replays: pa.Table, ran: Container[int]
+) -> dict[int, tuple[int, str]]:
     """The replays kept by reference (``replay_table``'s shape) whose source id is not in
     ``ran`` (what a batch's tasks ran): source id -> (current id, error naming the
     location). Their rows were not found: dead letters, never dropped, never acked."""
@@ -222,8 +280,9 @@ def unresolved(replays: pa.Table, ran: Container[int]) -> dict[int, tuple[int, s
     for loc, src, cur in zip(*(refs.column(i).to_pylist() for i in range(3)), strict=True):
         sid = src & _U64
         if sid not in ran:
-            out[sid] = (cur & _U64, f"replay source row not found: {loc} no longer "
-                         "exists or no longer holds the row (deleted or rewritten)")  # fmt: skip
+            out[sid] = (cur & _U64, f"replay source row not found: "
+                         f"{source.location_name(loc)} no longer exists or no longer "
+                         "holds the row (deleted or rewritten)")  # fmt: skip
     return out
 
 

@@ -32,7 +32,7 @@ def stored_schema(schema: pa.Schema, by_reference: bool) -> pa.Schema:
     columns)."""
     if not by_reference:
         return schema
-    return pa.schema([*schema, pa.field(LOC_COL, pa.string()), pa.field(POS_COL, pa.int64())])
+    return pa.schema([*schema, pa.field(LOC_COL, pa.int64()), pa.field(POS_COL, pa.int64())])
 
 
 def replay_schema(schema: pa.Schema) -> pa.Schema:

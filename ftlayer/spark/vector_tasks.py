@@ -71,8 +71,8 @@ REPLAY_COLS = (SRC_COL, ATT_COL, CUR_COL)
 LOC_COL = "__ft_loc"
 POS_COL = "__ft_pos"
 REF_COLS = (LOC_COL, POS_COL)
-"""A source kept by reference (ftlayer.spark.references): each row's location (string)
-and position (int64). When the source stage's input has them, its segment holds them
+"""A source kept by reference (ftlayer.spark.references): each row's location id and
+position (int64 each). When the source stage's input has them, its segment holds them
 instead of the rows."""
 SUMMARY_COL = "__ft_summary"
 ID_FIELDS = [pa.field(SRC_COL, pa.int64())]

@@ -21,6 +21,7 @@ from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
 from ftlayer.spark import FaultTolerance, FileSource, Outcome, RateMicroBatchSource
+from ftlayer.spark.references import location_id
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.spark
@@ -122,9 +123,10 @@ def test_replays_are_read_back_from_the_files_with_their_columns(
     st = ft.layer.stats()
     assert st.pending == 0 and st.dead_letters == 0 and st.failed_explicit == n // 10
     assert held, "no queued replay was seen"
-    for h in held:  # a reference: the file and a position (and the key), no payload
+    files = {location_id(p) for p in spark.read.json(str(tmp_path / "in")).inputFiles()}
+    for h in held:  # a reference: the file's id and a position (and the key), no payload
         assert set(h) == {"__ft_loc", "__ft_pos", *([record_key] if record_key else [])}, h
-        assert h["__ft_loc"].endswith((".json",)) and isinstance(h["__ft_pos"], int)
+        assert h["__ft_loc"] in files and isinstance(h["__ft_pos"], int)
 
 
 def test_a_file_gone_before_its_replay_dead_letters_its_records_naming_it(
@@ -216,3 +218,21 @@ def test_rate_micro_batch_replays_are_rebuilt_as_spark_made_them(
     for v in range(450):
         want = oracle[v]
         assert got[v] == int(want.timestamp() * 1_000_000), (v, got[v], want)
+
+
+def test_a_files_location_id_is_sparks_hash_of_its_path(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Spark is the oracle: ``location_id`` of each path ``inputFiles`` lists equals what
+    the JVM computes for its rows (``xxhash64(_metadata.file_path)``), names with spaces,
+    percent signs and subdirectories included. Catches: a listing spelling paths another
+    way (``file:///`` beside ``file:/``, or unescaped), so replays would not find their
+    files and dead-letter."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    write_json(tmp_path / "in" / "a.json", range(0, 3))
+    write_json(tmp_path / "in" / "sub dir" / "b 100%.json", range(3, 6))
+    df = spark.read.schema(SCHEMA).option("recursiveFileLookup", "true").json(str(tmp_path / "in"))
+    listed = {location_id(p) for p in df.inputFiles()}
+    rows = df.select(F.xxhash64(F.col("_metadata.file_path")).alias("h")).distinct().collect()
+    assert listed == {r.h for r in rows} and len(listed) == 2
