@@ -16,7 +16,9 @@ location ``xxhash64(_metadata.file_path)``, position ``xxhash64`` of the row's c
 Spark parsed them. The hash, not a row number, because Spark splits a file by byte ranges whose size
 depends on the whole scan (``maxPartitionBytes``, the total size, the cores): a row number
 within a split is not stable across reads, its content is. Rows of one file with the same
-content share a reference, and a replay gets one of them: the same bytes.
+content share a reference, and a replay gets one of them: the same bytes. Parquet is the
+exception: Spark gives each row its index in its file (``_metadata.row_index``), stable
+whatever the splits, and that is its position (no hash).
 
 Invariants:
 
@@ -116,12 +118,15 @@ class FileSource:
     def reference(self, df: DataFrame) -> tuple[Column, Column]:
         from pyspark.sql import functions as F  # noqa: N812
 
+        loc = F.xxhash64(F.col("_metadata.file_path"))
+        if self.format == "parquet":  # a row's index in its file: stable, and no hash
+            return loc, F.col("_metadata.row_index")
         cols = [c for c in df.columns if c not in (LOC_COL, POS_COL)]
         for f in df.schema.fields:
             if f.name in cols and "map<" in f.dataType.simpleString():
                 raise ConfigError(f"column {f.name!r} is a map: Spark cannot hash it, so "
                                   "its rows cannot be kept by reference")  # fmt: skip
-        return F.xxhash64(F.col("_metadata.file_path")), F.xxhash64(*[F.col(c) for c in cols])
+        return loc, F.xxhash64(*[F.col(c) for c in cols])
 
     def _read(self, spark: SparkSession, paths: Any) -> DataFrame:
         options = {k: v for k, v in self.options.items() if k not in _STREAM_ONLY}

@@ -21,7 +21,7 @@ from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
 from ftlayer.spark import FaultTolerance, FileSource, Outcome, RateMicroBatchSource
-from ftlayer.spark.references import location_id
+from ftlayer.spark.references import location_id, with_references
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.spark
@@ -38,6 +38,19 @@ def write_json(path: Path, ids: range) -> None:
     tmp = path.parent / f".{path.name}.tmp"
     rows = [{"id": i, "key": i % 29, "payload": payload(i)} for i in ids]
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.rename(path)
+
+
+def write_parquet(path: Path, ids: range) -> None:
+    """The rows ``write_json`` writes, as Parquet, in row groups of 50 rows."""
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.table({"id": pa.array(list(ids), pa.int64()),
+                      "key": pa.array([i % 29 for i in ids], pa.int64()),
+                      "payload": [payload(i) for i in ids]})  # fmt: skip
+    tmp = path.parent / f".{path.name}.tmp"
+    pq.write_table(table, tmp, row_group_size=50)
     tmp.rename(path)
 
 
@@ -80,10 +93,12 @@ def sink_rows(probe: Probe) -> list[tuple[int, str]]:
     return [tuple(json.loads(x)) for x in probe.r.lrange(f"{probe.prefix}:sink", 0, -1)]
 
 
-@pytest.mark.parametrize("record_key", [None, "id"])
+@pytest.mark.parametrize(("fmt", "record_key"), [("json", None), ("json", "id"),
+                                                 ("parquet", None)])  # fmt: skip
 def test_replays_are_read_back_from_the_files_with_their_columns(
-    spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path, record_key: str | None
-) -> None:
+    spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path, fmt: str,
+    record_key: str | None,
+) -> None:  # fmt: skip
     """Two files, a keyed shuffle, failures past the shuffle and unconfirmed sink rows:
     every record reaches the sink with the payload its file holds (a replay read back,
     not rebuilt), nothing pending at the end, no drain. While the failed records wait,
@@ -93,9 +108,10 @@ def test_replays_are_read_back_from_the_files_with_their_columns(
     the shuffle, reported by key, mapped to no reference."""
     ft = make_ft(timeout_s=2.0, max_replays=3)
     n = 1200
-    write_json(tmp_path / "in" / "a.json", range(0, n // 2))
-    write_json(tmp_path / "in" / "b.json", range(n // 2, n))
-    files = FileSource("json", str(tmp_path / "in"), SCHEMA)
+    write = write_json if fmt == "json" else write_parquet
+    write(tmp_path / "in" / f"a.{fmt}", range(0, n // 2))
+    write(tmp_path / "in" / f"b.{fmt}", range(n // 2, n))
+    files = FileSource(fmt, str(tmp_path / "in"), SCHEMA)
     pipeline = build(ft, probe, files, fail_mod=10, unc_mod=40, record_key=record_key)
     assert ft.layer is not None
     held: list[dict[str, Any]] = []
@@ -123,7 +139,7 @@ def test_replays_are_read_back_from_the_files_with_their_columns(
     st = ft.layer.stats()
     assert st.pending == 0 and st.dead_letters == 0 and st.failed_explicit == n // 10
     assert held, "no queued replay was seen"
-    files = {location_id(p) for p in spark.read.json(str(tmp_path / "in")).inputFiles()}
+    files = {location_id(p) for p in spark.read.format(fmt).load(str(tmp_path / "in")).inputFiles()}
     for h in held:  # a reference: the file's id and a position (and the key), no payload
         assert set(h) == {"__ft_loc", "__ft_pos", *([record_key] if record_key else [])}, h
         assert h["__ft_loc"] in files and isinstance(h["__ft_pos"], int)
@@ -236,3 +252,26 @@ def test_a_files_location_id_is_sparks_hash_of_its_path(
     listed = {location_id(p) for p in df.inputFiles()}
     rows = df.select(F.xxhash64(F.col("_metadata.file_path")).alias("h")).distinct().collect()
     assert listed == {r.h for r in rows} and len(listed) == 2
+
+
+def test_a_parquet_rows_position_is_its_index_whatever_the_splits(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Spark is the oracle: a Parquet row's reference is the same when the file is read
+    whole and when it is cut into many splits (``maxPartitionBytes`` of 1 KB), and no two
+    rows share one. Catches: a position that depends on the scan (a replay read back by
+    another read would find another row, or none)."""
+    write_parquet(tmp_path / "in" / "a.parquet", range(0, 2000))
+    files = FileSource("parquet", str(tmp_path / "in"), SCHEMA)
+
+    def refs(session: SparkSession) -> dict[int, tuple[int, int]]:
+        df = session.read.schema(SCHEMA).parquet(str(tmp_path / "in"))
+        got = with_references(files, df).select("id", "__ft_loc", "__ft_pos").collect()
+        return {r["id"]: (r["__ft_loc"], r["__ft_pos"]) for r in got}
+
+    split = spark.newSession()
+    split.conf.set("spark.sql.files.maxPartitionBytes", "1024")
+    split.conf.set("spark.sql.files.openCostInBytes", "1024")
+    whole, cut = refs(spark), refs(split)
+    assert split.read.parquet(str(tmp_path / "in")).rdd.getNumPartitions() > 4
+    assert whole == cut and len(set(whole.values())) == 2000
