@@ -43,10 +43,11 @@ from ftlayer.connection import is_cluster
 from ftlayer.errors import ConfigError
 from ftlayer.ids import RecordId, batch_source_ids, is_local, new_ids, shard_of, split_local
 from ftlayer.limits import DEAD_NOW
+from ftlayer.persistence import ClaimedRecord
 from ftlayer.segments import frames_of_rows
 from ftlayer.spark.plan import MAX_MESSAGES, Segment
 from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy
-from ftlayer.spark.references import resolve, unresolved
+from ftlayer.spark.references import references, resolve
 from ftlayer.spark.replay_rows import replay_table, stored_schema
 from ftlayer.spark.results import BatchResult, StageCounts
 from ftlayer.spark.vector_tasks import (
@@ -194,9 +195,8 @@ class VectorRun:
     streamed: bool = False  # replays ride in from the replay stream, not read here
     reads: Any = None  # the pipeline's ReplayableSource (None: copies)
     spark: Any = None
-    references: dict[int, tuple[int, str]] = field(default_factory=dict)
-    """Replays kept by reference in the plan: source id -> (current id, the error if its
-    row is not found)."""
+    references: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Replays kept by reference in the plan: source id -> (current id, location id)."""
     calls: int = 0
 
     # -- building the DataFrame ------------------------------------------------------------
@@ -217,20 +217,17 @@ class VectorRun:
         if self.layer is not None:
             self.calls += 1 if not is_cluster(self.layer.client) else len(self.layer.keyspace)
             self.layer.segments.drop_batch(plan.source, plan.batch_key)
-            if streamed:  # kept alive by their claims' tokens
-                self.streamed = True
-                if reads is None:
-                    source_df = df.select(*names, *refs, *REPLAY_COLS)
-                else:  # by reference: the replays of the batch's open claims, read back
-                    # in the plan. Not from df: every action on a micro-batch's DataFrame
-                    # computes it again, its files scanned; one, the batch's job, is all.
+            self.streamed = streamed  # kept alive by their claims' tokens
+            if streamed and reads is None:
+                source_df = df.select(*names, *refs, *REPLAY_COLS)
+            else:
+                if streamed:  # by reference: the replays of the batch's open claims, read
+                    # back in the plan. Not from df: every action on a micro-batch's
+                    # DataFrame computes it again, its files scanned; one, the job, is all.
                     source_df = df.filter(F.col(SRC_COL).isNull()).select(*names, *refs)
                     replays = self._stream_replays(df.sparkSession, reads)
-                    if replays is not None:
-                        source_df = with_replay_columns(source_df).unionByName(
-                            replays, allowMissingColumns=True)  # fmt: skip
-            else:
-                replays = self._replays(df, replay_limit, reads)
+                else:
+                    replays = self._replays(df, replay_limit, reads)
                 if replays is not None:
                     source_df = with_replay_columns(source_df).unionByName(
                         replays, allowMissingColumns=True)  # fmt: skip
@@ -261,38 +258,37 @@ class VectorRun:
                                for c in claimed})  # fmt: skip
         if not claimed:
             return None
-        stored = stored_schema(self.plan.inputs[0], reads is not None)  # copies or references
-        table, bad = replay_table(claimed, stored)
-        self._keep_alive(table)  # reading back may take a while
-        self._reject(bad)
-        log.info("replays claimed batch_id=%s source=%d claimed=%d undecodable=%d",
-                 self.result.batch_id, self.plan.source, len(claimed), len(bad))  # fmt: skip
-        return self._replay_rows(df.sparkSession, table, reads)
+        log.info("replays claimed batch_id=%s source=%d claimed=%d",
+                 self.result.batch_id, self.plan.source, len(claimed))  # fmt: skip
+        return self._replay_rows(df.sparkSession, claimed, reads)
 
     def _stream_replays(self, spark: Any, reads: Any) -> DataFrame | None:
-        """The replays the replay stream claimed for this batch (its open claims), as
-        ``_replays`` makes claimed replays."""
+        """The replays the replay stream claimed for this batch (its open claims), a full
+        timeout from now (claimed a while ago: the batch begins)."""
         assert self.layer is not None
         claimed = self.layer.persistence.read_open_streams(self.plan.source)
         self.calls += 1 + len(self.layer.keyspace.shards)
-        table, bad = replay_table(claimed, stored_schema(self.plan.inputs[0], True))
-        self._keep_alive(table)
-        if self.injected:  # a full timeout from now: claimed a while ago, the batch begins
-            self.layer.reset_timeout(list(self.injected))
+        if claimed:
+            self.layer.reset_timeout([c.record_id[0] for c in claimed])
             self.calls += len(self.layer.keyspace.shards)
-        self._reject(bad)
-        return self._replay_rows(spark, table, reads)
+        return self._replay_rows(spark, claimed, reads)
 
-    def _replay_rows(self, spark: Any, table: pa.Table, reads: Any) -> DataFrame | None:
-        """Replays (``replay_table``'s shape) as a DataFrame of the source's columns and
-        the replay columns, those kept by reference read back from ``reads`` in the plan
-        (one whose row is not found is dead-lettered when the batch settles, named)."""
+    def _replay_rows(
+        self, spark: Any, claimed: list[ClaimedRecord], reads: Any
+    ) -> DataFrame | None:
+        """Claimed replays as a DataFrame of the source's columns and the replay columns
+        (kept alive while the batch runs), those kept by reference read back from
+        ``reads`` in the plan (one whose row is not found is dead-lettered when the batch
+        settles, named); those that do not decode dead-lettered now."""
         names = self.plan.inputs[0].names
+        table, bad = replay_table(claimed, stored_schema(self.plan.inputs[0], reads is not None))
+        self._keep_alive(table)  # reading back may take a while
+        self._reject(bad)
         if not table.num_rows:
             return None
         if reads is None:
             return spark.createDataFrame(table.select([*names, *REPLAY_COLS]))
-        self.references = unresolved(reads, table, ())
+        self.references = references(table)
         return resolve(spark, reads, table, names)
 
     def _keep_alive(self, replays: pa.Table) -> None:
@@ -572,10 +568,13 @@ class VectorRun:
 
     def _not_found(self, failed: dict[int, Failure]) -> None:
         """Replays kept by reference that the job did not run: their rows were not read
-        back (the file gone or rewritten). Dead-lettered with the replays, named."""
-        for src, (cur, text) in self.references.items():
+        back (the file gone or rewritten). Dead-lettered with the replays, named (after
+        the read-back: its listing names the files that still exist)."""
+        for src, (cur, loc) in self.references.items():
             if src in self.injected:
                 continue
+            text = (f"replay source row not found: {self.reads.location_name(loc)} no "
+                    "longer exists or no longer holds the row (deleted or rewritten)")
             self.injected[src] = cur
             failed[src] = Failure(text, 1 | DEAD_NOW)
             self.result.undecodable += 1

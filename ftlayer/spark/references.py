@@ -32,7 +32,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -46,7 +46,7 @@ from ftlayer.spark.vector_tasks import CUR_COL, LOC_COL, POS_COL, REPLAY_COLS, S
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["FileSource", "RateMicroBatchSource", "ReplayableSource", "resolve", "unresolved",
+__all__ = ["FileSource", "RateMicroBatchSource", "ReplayableSource", "references", "resolve",
            "with_references"]
 
 log = logging.getLogger(__name__)
@@ -251,7 +251,7 @@ def resolve(
     DataFrame of ``names`` and ``REPLAY_COLS``, references resolved inside the plan: the
     rows read back from ``source`` (one read of every location named) joined with the
     references (broadcast: no shuffle). A reference whose row is not found is left out:
-    the batch dead-letters it after its job (:func:`unresolved`). None: no rows."""
+    the batch dead-letters it after its job (:func:`references`). None: no rows."""
     from pyspark.sql import functions as F  # noqa: N812
 
     is_ref = replays.column(LOC_COL).is_valid()
@@ -273,22 +273,13 @@ def resolve(
     return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
 
 
-def unresolved(
-    source: ReplayableSource, replays: pa.Table, ran: Container[int]
-) -> dict[int, tuple[int, str]]:
-    """The replays kept by reference (``replay_table``'s shape) whose source id is not in
-    ``ran`` (what a batch's tasks ran): source id -> (current id, error naming the
-    location). Their rows were not found: dead letters, never dropped, never acked."""
-    is_ref = replays.column(LOC_COL).is_valid()
-    refs = replays.filter(is_ref).select([LOC_COL, SRC_COL, CUR_COL])
-    out = {}
-    for loc, src, cur in zip(*(refs.column(i).to_pylist() for i in range(3)), strict=True):
-        sid = src & _U64
-        if sid not in ran:
-            out[sid] = (cur & _U64, f"replay source row not found: "
-                         f"{source.location_name(loc)} no longer exists or no longer "
-                         "holds the row (deleted or rewritten)")  # fmt: skip
-    return out
+def references(replays: pa.Table) -> dict[int, tuple[int, int]]:
+    """The replays kept by reference (``replay_table``'s shape): source id -> (current
+    id, location id), each id as uint64 but the location. One a batch's job did not run
+    had its row not found: a dead letter, never dropped, never acked."""
+    refs = replays.filter(replays.column(LOC_COL).is_valid())
+    src, cur, loc = (refs.column(c).to_pylist() for c in (SRC_COL, CUR_COL, LOC_COL))
+    return {s & _U64: (c & _U64, lo) for s, c, lo in zip(src, cur, loc, strict=True)}
 
 
 _U64 = (1 << 64) - 1
