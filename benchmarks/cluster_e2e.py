@@ -44,6 +44,7 @@ from benchmarks._common import machine, save
 from benchmarks.cluster_faults import KINDS, FaultPlan, RedisWork
 from ftlayer.demo import DemoProgress, run_demo
 from ftlayer.embedded import EmbeddedCluster
+from ftlayer.errors import interrupted
 from ftlayer.keys import Keyspace
 from ftlayer.service.process import ServeProcess
 from ftlayer.spark.standalone import StandaloneCluster
@@ -229,7 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run(args.records, args.batches, kinds, args.timeout_s, log_dir,
                      args.fail_rate, args.drop_rate, args.crash_rate)  # fmt: skip
-    except KeyboardInterrupt:
+    except BaseException as e:
+        if not interrupted(e):  # Ctrl-C inside a py4j call surfaces as a Py4JError
+            raise
         print("interrupted: everything this run started is stopped", file=sys.stderr)
         return 130
     save("cluster_e2e", result)

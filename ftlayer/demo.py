@@ -20,6 +20,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -178,6 +179,33 @@ def _write_input(folder: Path, records: int, batches: int) -> None:
         (folder / f"orders-{b:04d}.json").write_text("\n".join(lines) + "\n")
 
 
+@contextlib.contextmanager
+def _interrupt_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C that lands while the driver's JVM starts until it has started.
+
+    PySpark's ``launch_gateway``, interrupted while it waits for the JVM's connection file,
+    deletes the file's directory; the JVM then fails to write it and stays alive forever
+    (its py4j server thread is not a daemon). Held here, the interrupt is raised once the
+    session is up, and the JVM ends with this process. ``SparkContext`` installs its own
+    SIGINT handler once started; a Ctrl-C after that is PySpark's."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, _frame: object) -> None:
+        held.append(signum)
+
+    before = signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGINT) is hold:
+            signal.signal(signal.SIGINT, before)
+    if held:
+        raise KeyboardInterrupt
+
+
 def _spark(log: Path, verbose: bool, conf: dict[str, str] | None = None) -> Any:
     """local[2] with 4 attempts per task (injected crashes retry), or what ``conf`` sets
     (``spark.master`` of a cluster, ...). Unless ``verbose``, the JVM's own output (startup
@@ -194,12 +222,14 @@ def _spark(log: Path, verbose: bool, conf: dict[str, str] | None = None) -> Any:
             "spark.sql.session.timeZone": "UTC",
             "spark.pyspark.python": sys.executable, **(conf or {})}  # fmt: skip
     sconf = SparkConf().setAll(list(settings.items()))
-    if not verbose and SparkContext._gateway is None:  # noqa: SLF001 -- not started yet
-        from pyspark.java_gateway import launch_gateway
+    with _interrupt_deferred():
+        if not verbose and SparkContext._gateway is None:  # noqa: SLF001 -- not started yet
+            from pyspark.java_gateway import launch_gateway
 
-        out = open(log, "ab")  # noqa: SIM115 -- the JVM's, for its whole life
-        SparkContext(conf=sconf, gateway=launch_gateway(sconf, {"stdout": out, "stderr": out}))
-    spark = SparkSession.builder.config(conf=sconf).getOrCreate()
+            out = open(log, "ab")  # noqa: SIM115 -- the JVM's, for its whole life
+            gateway = launch_gateway(sconf, {"stdout": out, "stderr": out})
+            SparkContext(conf=sconf, gateway=gateway)
+        spark = SparkSession.builder.config(conf=sconf).getOrCreate()
     spark.sparkContext.setLogLevel("INFO" if verbose else "FATAL")
     return spark
 

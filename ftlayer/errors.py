@@ -48,3 +48,20 @@ class FlushError(RedisUnavailableError):
 
 class EmbeddedRedisError(FTLayerError, RuntimeError):
     """The embedded redis-server could not be found or started."""
+
+
+def interrupted(exc: BaseException) -> bool:
+    """True when ``exc`` is, or was raised while handling, a Ctrl-C.
+
+    A ``KeyboardInterrupt`` that lands inside a py4j call is re-raised by py4j as a
+    ``Py4JError`` ("Gateway must be connected ...") with the interrupt as its context: the
+    user still pressed Ctrl-C, and a command reports it as such (exit 130), not as a crash.
+    """
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False

@@ -17,12 +17,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ("redis-server", "org.apache.spark.deploy", "ftlayer.cli serve")
 
 
 def _processes() -> dict[int, str]:
-    """pid → command line of every process of the kinds the run starts."""
+    """pid → command line of every process of the kinds the run starts (the driver's JVM,
+    ``org.apache.spark.deploy.SparkSubmit``, among them)."""
     out = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -66,21 +69,27 @@ def test_three_kill_9s_while_records_flow_and_nothing_is_lost(tmp_path: Path) ->
     assert json.loads((tmp_path / "cluster_e2e.json").read_text()) == r
 
 
-def test_ctrl_c_stops_everything_it_started(tmp_path: Path) -> None:
+@pytest.mark.parametrize("moment", ["driver_starting", "batches_running"])
+def test_ctrl_c_stops_everything_it_started(tmp_path: Path, moment: str) -> None:
+    """Ctrl-C exits 130 and leaves no process behind, wherever it lands: also while the
+    driver's JVM starts (py4j turns an interrupt inside a gateway call into a Py4JError)."""
     before = set(_processes())
     proc = _run(tmp_path, "--records", "2000", "--batches", "40", "--faults", "")
     deadline = time.monotonic() + 180
-    # wait until the run is streaming: its sidecars have written their logs and Spark's
-    # workers and Redis's nodes are up (all of its kinds of process are there)
+    # driver_starting: the driver's JVM (SparkSubmit) has just appeared;
+    # batches_running: every kind of process is up (workers, Redis nodes, sidecars),
+    # then 5 s more for the driver to run batches
+    wanted = ("SparkSubmit",) if moment == "driver_starting" else OURS
     while time.monotonic() < deadline:
         mine = {p: c for p, c in _processes().items() if p not in before}
-        if all(any(k in c for c in mine.values()) for k in OURS):
+        if all(any(k in c for c in mine.values()) for k in wanted):
             break
         assert proc.poll() is None, proc.communicate()[1][-3000:]
-        time.sleep(0.5)
+        time.sleep(0.2)
     else:
         raise AssertionError("the run never had all its processes up")
-    time.sleep(5)  # the Spark driver is up and batches run
+    if moment == "batches_running":
+        time.sleep(5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]

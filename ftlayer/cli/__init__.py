@@ -21,7 +21,7 @@ from ftlayer.cli.functions import add_functions_command
 from ftlayer.cli.sources import add_sources_command
 from ftlayer.cli.status import add_status_command
 from ftlayer.connection import redact_url
-from ftlayer.errors import FrameError, FTLayerError
+from ftlayer.errors import FrameError, FTLayerError, interrupted
 
 __all__ = ["build_parser", "main"]
 
@@ -308,5 +308,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ftlayer: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        print("ftlayer: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if not interrupted(e):
+            raise
         print("ftlayer: interrupted", file=sys.stderr)
         return 130
