@@ -68,8 +68,8 @@ if TYPE_CHECKING:
 
     from ftlayer.layer import FTLayer
 
-__all__ = ["VectorRun", "arrow_schema", "plan_batch", "spark_schema", "with_replay_columns",
-           "without_replay_columns"]
+__all__ = ["Failure", "VectorRun", "arrow_schema", "new_salt", "plan_batch", "spark_schema",
+           "with_replay_columns", "without_replay_columns"]
 
 log = logging.getLogger(__name__)
 
@@ -152,11 +152,16 @@ def plan_batch(
                     f"record_key {record_key!r} must be an int64 (long) column of the input "
                     f"and of every stage's output; not in {schema}"
                 )
-    salt = int(new_ids(1)[0] & np.uint64(0x7FFF_FFFF_FFFF_FFFF))
+    salt = new_salt()
     budget = config.max_replays if immediate_replays is None else immediate_replays
     return VectorPlan(config, source, batch_key, salt, segments, on_error,
                       min(budget, config.max_replays), tuple(inputs), tuple(outputs),
                       errors, record_key)  # fmt: skip
+
+
+def new_salt() -> int:
+    """A batch run's random salt (63 bits): its summaries, edges and settle token."""
+    return int(new_ids(1)[0] & np.uint64(0x7FFF_FFFF_FFFF_FFFF))
 
 
 class Failure(NamedTuple):

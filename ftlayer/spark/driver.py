@@ -50,11 +50,13 @@ from ftlayer.sources import claim_source, source_identity
 from ftlayer.spark.batch_scope import (
     VectorRun,
     arrow_schema,
+    new_salt,
     plan_batch,
     with_replay_columns,
     without_replay_columns,
 )
 from ftlayer.spark.dead_letter_feed import DeadLetterFeed
+from ftlayer.spark.frame_run import FrameRun
 from ftlayer.spark.pipeline import AckScope, OnError, Pipeline
 from ftlayer.spark.plan import MAX_MESSAGES
 from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy
@@ -74,6 +76,7 @@ from ftlayer.spark.vector_tasks import (
     LOC_COL,
     POS_COL,
     SRC_COL,
+    VectorPlan,
 )
 from partitioners import HashPartitioner
 
@@ -351,6 +354,8 @@ class FaultTolerance:
         schema = without_replay_columns(df.schema)  # the source's own columns
         self._last = (pipeline, spark, schema)
         segments = pipeline.segments
+        if pipeline.frames:
+            return self._run_frames(pipeline, df, batch_id, schema, started)
         if pipeline.record_key is not None and not pipeline.vectorized:
             raise ConfigError("record_key takes batch stages (map_batches, map_pandas)")
         if not pipeline.vectorized:
@@ -372,6 +377,28 @@ class FaultTolerance:
                                 pipeline.reads)  # fmt: skip
             finals = [row[0] for row in out.collect()]
         run.settle(finals)
+        return self._done(result, started)
+
+    def _run_frames(self, pipeline: Pipeline, df: DataFrame, batch_id: Any, schema: Any,
+                    started: float) -> BatchResult:  # fmt: skip
+        """One batch of DataFrame stages (see ftlayer.spark.frame_run)."""
+        if pipeline.reads is None:
+            raise ConfigError("DataFrame stages (transform, sink_dataframe) need a source "
+                              "kept by reference: ft.pipeline(reads=FileSource(...))")
+        if pipeline.record_key is not None:
+            raise ConfigError("record_key takes batch stages (map_batches, map_pandas)")
+        result = BatchResult(batch_id)
+        self._backpressure(pipeline.source, batch_id)
+        spark = df.sparkSession
+        plan = VectorPlan(self.task_config, pipeline.source, str(batch_id), new_salt(),
+                          pipeline.segments, pipeline.on_error, 0,
+                          (arrow_schema(schema, spark),), (), pipeline.errors)  # fmt: skip
+        run = FrameRun(plan, self.layer, result)
+        with run.keepalive():
+            out = run.frame(df, pipeline.key, pipeline.partitions, self.replay_limit,
+                            pipeline.reads, fresh=not self._draining)  # fmt: skip
+            if out is not None:
+                run.run(out, batch_id)
         return self._done(result, started)
 
     def _plan(self, pipeline: Pipeline, schema: Any) -> TaskPlan:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ftlayer.errors import ConfigError
-from ftlayer.spark.plan import BatchStage, Op, RowFn, Segment
+from ftlayer.spark.plan import BatchStage, FrameStage, Op, RowFn, Segment
 from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy
 from partitioners import HashPartitioner
 
@@ -136,15 +136,24 @@ class Pipeline:
     def vectorized(self) -> bool:
         return any(seg.vectorized for seg in self.segments)
 
+    @property
+    def frames(self) -> bool:
+        """Its stages are DataFrame stages (``transform``, ``sink_dataframe``): the batch
+        runs as one Spark plan (ftlayer.spark.frame_run)."""
+        return any(seg.frames for seg in self.segments)
+
     def _add(self, op: Op) -> Pipeline:
         self._open()
-        if op[0] == "batches" and self.ack_scope == "task":
+        if op[0] != "map" and op[0] != "flat_map" and op[0] != "filter" and (
+                self.ack_scope == "task"):  # fmt: skip
             raise ConfigError("ack_scope='task' runs row stages only (map, flat_map, filter)")
-        kinds = {kind == "batches" for seg in self.segments for kind, _ in seg.ops}
-        if kinds and (op[0] == "batches") not in kinds:
+        kinds = {_KINDS.get(kind, "row") for seg in self.segments for kind, _ in seg.ops}
+        kind = _KINDS.get(op[0], "row")
+        if kinds and kind not in kinds:
             raise ConfigError(
-                "a pipeline takes either batch stages (map_batches, map_pandas) or row "
-                "stages (map, flat_map, filter), not both"
+                "a pipeline takes one kind of stage: batch stages (map_batches, "
+                "map_pandas), row stages (map, flat_map, filter) or DataFrame stages "
+                f"(transform); this one has {', '.join(sorted(kinds))} stages, not {kind}"
             )
         last = self.segments[-1]
         return replace(self, segments=(*self.segments[:-1], replace(last, ops=(*last.ops, op))))
@@ -152,6 +161,10 @@ class Pipeline:
     def _open(self) -> None:
         if self.sunk:
             raise ConfigError("the pipeline already ends in a sink")
+
+    def _not_frames(self) -> None:
+        if self.frames:
+            raise ConfigError("a pipeline of DataFrame stages ends with sink_dataframe()")
 
     def map_batches(
         self, fn: Callable[..., Any], schema: Any, errors: ErrorPolicy | None = None
@@ -179,12 +192,60 @@ class Pipeline:
         ``Outcome(failed=..., unconfirmed=...)`` for rows whose writes failed or were not
         confirmed (those stay pending, time out and replay)."""
         self._open()
+        self._not_frames()
         if self.ack_scope == "task":
             raise ConfigError("ack_scope='task' runs row stages only: end it with sink()")
         if self.segments[-1].ops and not self.vectorized:
             raise ConfigError("sink_batches ends a pipeline of batch stages; use sink()")
         last = replace(self.segments[-1], sink=fn, sink_per="batch", sink_pandas=pandas,
                        sink_errors=errors)  # fmt: skip
+        return replace(self, segments=(*self.segments[:-1], last), sunk=True)
+
+    def transform(
+        self, fn: Callable[[DataFrame], DataFrame], failed: Any = None, errors: Any = None
+    ) -> Pipeline:
+        """A DataFrame stage: ``fn(df) -> DataFrame`` is ordinary Spark (expressions, SQL,
+        joins with static tables), run in the JVM. ``fn`` must keep ftlayer's identity
+        columns (``__ft_loc``, ``__ft_pos``) as they are -- ``withColumn``, ``select("*",
+        ...)``, filters, joins and ``repartition`` do; a stage that drops, recomputes or
+        aggregates them is refused, named.
+
+        ``failed``: a boolean Column of fn's output marking the rows that fail (a
+        ``try_cast`` that gave null, a lookup that found nothing): a Column, an SQL
+        expression string, or a function of fn's output giving one. Failed rows leave the
+        batch and are replayed later, or dead-lettered past ``max_replays``, with their
+        error: ``errors``, a Column of fn's output or one text (default: the stage's
+        name). Rows ``fn`` filters out are complete. Needs ``reads=`` (a source kept by
+        reference); see docs/dataframe-stages.md."""
+        if not callable(fn):
+            raise ConfigError(f"transform takes a function of a DataFrame, not {fn!r}")
+        if isinstance(failed, bool) or (failed is not None and not (
+                isinstance(failed, str) or callable(failed) or _is_column(failed))):  # fmt: skip
+            raise ConfigError(f"failed= takes a boolean Column, an SQL expression or a "
+                              f"function of the stage's output, not {failed!r}")  # fmt: skip
+        if errors is not None and not (isinstance(errors, str) or _is_column(errors)):
+            raise ConfigError(f"errors= takes a Column or a text, not {errors!r}")
+        return self._add(("frame", FrameStage(fn, failed, errors)))
+
+    def sink_dataframe(
+        self, fn: Callable[[DataFrame, Any], Any], with_ids: bool = False
+    ) -> Pipeline:
+        """The last stage, a DataFrame writer: ``fn(df, batch_id)`` writes ``df`` (the
+        rows that reached the sink, the pipeline's columns only; ftlayer's identity
+        columns too with ``with_ids=True``) with any action: ``df.write...save()``,
+        ``saveAsTable``, JDBC, a ``MERGE``. The rows are acked when ``fn`` returns; if it
+        raises, every record of the batch fails and replays (Spark retried the write's
+        failed tasks first: ``spark.task.maxFailures``). A batch run again after a crash
+        writes its rows again: make the write idempotent (e.g. Delta's ``txnAppId`` /
+        ``txnVersion`` with ``batch_id``) or accept duplicates (at least once)."""
+        self._open()
+        if not callable(fn):
+            raise ConfigError(f"sink_dataframe takes a function (df, batch_id), not {fn!r}")
+        if any(kind != "frame" for seg in self.segments for kind, _ in seg.ops):
+            raise ConfigError("sink_dataframe ends a pipeline of DataFrame stages (transform)")
+        if self.ack_scope != "batch":
+            raise ConfigError("sink_dataframe needs the default ack_scope='batch'")
+        last = replace(self.segments[-1], sink=fn, sink_per="dataframe", sink_ids=with_ids)
         return replace(self, segments=(*self.segments[:-1], last), sunk=True)
 
     def map(self, fn: Callable[..., Any], errors: ErrorPolicy | None = None) -> Pipeline:
@@ -236,6 +297,7 @@ class Pipeline:
         raises, the records it was given fail (and are replayed); if it returns an
         :class:`Unconfirmed`, those records stay pending until they time out."""
         self._open()
+        self._not_frames()
         if self.vectorized:
             raise ConfigError("a pipeline of batch stages ends with sink_batches()")
         if per not in ("record", "partition"):
@@ -245,3 +307,10 @@ class Pipeline:
 
     def __call__(self, df: DataFrame, batch_id: Any) -> None:
         self.ft.run_batch(self, df, batch_id)
+
+
+_KINDS = {"batches": "batch", "frame": "DataFrame"}
+
+
+def _is_column(x: Any) -> bool:
+    return type(x).__name__ == "Column" and type(x).__module__.startswith("pyspark.sql")

@@ -20,6 +20,7 @@ __all__ = [
     "MAX_MESSAGES",
     "UNCONFIRMED",
     "BatchStage",
+    "FrameStage",
     "Op",
     "RowFn",
     "Segment",
@@ -34,7 +35,7 @@ MAX_MESSAGES = 20
 """Error texts and rejected-record descriptions a task reports back (counts are exact)."""
 _ERROR_CHARS = 2000
 
-SinkPer = Literal["record", "partition", "batch"]
+SinkPer = Literal["record", "partition", "batch", "dataframe"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,22 @@ class BatchStage:
     pandas: bool = False
     errors: ErrorPolicy | None = None
     """The stage's own error policy (None: the pipeline's)."""
+
+
+@dataclass(frozen=True)
+class FrameStage:
+    """A DataFrame stage: ``fn(DataFrame) -> DataFrame``, ordinary Spark run in the JVM.
+    ``failed``: a boolean Column of fn's output (a Column, an SQL expression, or a
+    function of the output DataFrame giving one) marking rows that fail; ``errors``:
+    their error text (a Column of fn's output, or one text for all)."""
+
+    fn: Callable[..., Any]
+    failed: Any = None
+    errors: Any = None
+
+    @property
+    def __name__(self) -> str:
+        return stage_name(self.fn)
 
 
 @dataclass(frozen=True)
@@ -78,7 +95,8 @@ class RowFn:
 
 
 Op = tuple[str, Any]
-"""A stage: ("map" | "flat_map" | "filter", RowFn) or ("batches", BatchStage)."""
+"""A stage: ("map" | "flat_map" | "filter", RowFn), ("batches", BatchStage) or
+("frame", FrameStage)."""
 
 
 @dataclass(frozen=True)
@@ -89,14 +107,21 @@ class Segment:
     shuffle_cols: tuple[str, ...] = ()
     shuffle_n: int = 0
     shuffle_types: tuple[str, ...] | None = None
-    sink: Callable[[Any], Any] | None = None
+    sink: Callable[..., Any] | None = None
     sink_per: SinkPer = "record"
     sink_pandas: bool = False
     sink_errors: ErrorPolicy | None = None
+    sink_ids: bool = False
+    """A DataFrame sink is given ftlayer's identity columns too."""
 
     @property
     def vectorized(self) -> bool:
         return self.sink_per == "batch" or any(kind == "batches" for kind, _ in self.ops)
+
+    @property
+    def frames(self) -> bool:
+        """It holds DataFrame stages or ends in a DataFrame sink."""
+        return self.sink_per == "dataframe" or any(kind == "frame" for kind, _ in self.ops)
 
 
 class Unconfirmed:

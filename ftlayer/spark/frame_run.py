@@ -1,0 +1,331 @@
+"""Driver side of DataFrame stages (``Pipeline.transform``, ``sink_dataframe``): a batch
+runs as the user's own Spark plan, with no Python in its tasks.
+
+Identity. Every row carries two int64 columns tagged with column metadata
+(``{"ftlayer": "identity"}``): ``__ft_loc`` and ``__ft_pos``, a fresh row's reference
+(its source is kept by reference: ftlayer.spark.references), or a replay's (null, its
+record id). Spark carries a column's metadata through projections, filters, joins,
+unions and shuffles, and drops it from a column computed anew: a stage whose output lacks
+the tagged columns dropped, recomputed or aggregated them, and is refused, named.
+
+Failures. After each stage, an ``Observation`` collects the identity and error text of
+the rows its ``failed=`` column marks, and counts its rows; the failed rows are filtered
+out. The observations are filled by the job the sink runs (``df.write``): no second pass
+over the data, no caching. A source observation collects the ids of the replays that ran.
+
+Settling (after the sink returned, before the batch function returns, so Spark commits
+the batch's offsets only then):
+
+* fresh rows that failed become records kept by reference, queued for replay with their
+  error (or dead-lettered past ``max_replays``): stored as a segment of failed rows and
+  settled at once (lua/segment_settle.lua, under this run's salt), so a driver that dies
+  in between leaves a segment the sidecar fails when it times out;
+* replays that ran are completed, or failed with their error; one the job did not run
+  (its row not found: the file deleted or rewritten) is dead-lettered, named.
+
+Invariants: a fresh record is stored in Redis only once it fails -- until then the batch
+Spark has not committed is its keeper (a driver that dies mid-batch gets it run again
+from the query's checkpoint, like any micro-batch). A sink that raises fails every
+record of the batch (they replay); nothing is acked that the sink did not return for.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from ftlayer.errors import ConfigError, FTLayerError
+from ftlayer.segments import frames_of_rows
+from ftlayer.spark.batch_scope import Failure, VectorRun
+from ftlayer.spark.plan import MAX_MESSAGES, FrameStage, error_text, stage_name
+from ftlayer.spark.references import with_references
+from ftlayer.spark.results import StageCounts
+from ftlayer.spark.vector_tasks import LOC_COL, POS_COL, SRC_COL
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+__all__ = ["IDENTITY", "FrameRun", "frame_label"]
+
+log = logging.getLogger(__name__)
+
+IDENTITY = {"ftlayer": "identity"}
+"""The metadata of the identity columns (``__ft_loc``, ``__ft_pos``)."""
+FAILED_COL = "__ft_failed"
+
+
+def frame_label(segment: int, op: int, fn: Any) -> str:
+    """``transform[0.1] parse``: a DataFrame stage's name in errors and counts."""
+    return f"transform[{segment}.{op}] {stage_name(fn)}"
+
+
+@dataclass
+class FrameRun(VectorRun):
+    """One run of one batch of DataFrame stages, from its plan to its settlement."""
+
+    observed: list[tuple[str, Any]] = field(default_factory=list)
+    """(stage label, Observation) of every stage, in order."""
+    source_observed: Any = None
+    plain_source: DataFrame | None = None
+    """The batch's source rows without observations: read again only if the sink raised."""
+    claimed: dict[int, int] = field(default_factory=dict)
+
+    # -- the plan ----------------------------------------------------------------------
+    def frame(self, df: DataFrame, key: tuple[str, ...], partitions: int | None,
+              replay_limit: int, reads: Any, fresh: bool = True) -> DataFrame | None:  # fmt: skip
+        """The rows that reach the sink: ``df``'s fresh rows (none with ``fresh=False``)
+        and the batch's replays through the stages, identity kept, failures observed and
+        filtered out. None: the batch has no rows at all."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F  # noqa: N812
+
+        plan = self.plan
+        names = list(plan.inputs[0].names)
+        spark = df.sparkSession
+        self.reads, self.spark = reads, spark
+        streamed = SRC_COL in df.columns
+        parts = []
+        if fresh:
+            rows = df.filter(F.col(SRC_COL).isNull()) if streamed else df
+            if LOC_COL not in rows.columns:
+                rows = with_references(reads, rows)
+            parts.append(rows.select(*names, F.col(LOC_COL).alias(LOC_COL, metadata=IDENTITY),
+                                     F.col(POS_COL).alias(POS_COL, metadata=IDENTITY)))
+        if self.layer is not None:
+            self.calls += 1
+            self.layer.segments.drop_batch(plan.source, plan.batch_key)
+            self.streamed = streamed
+            replays = (self._stream_replays(spark, reads) if streamed
+                       else self._replays(df, replay_limit, reads))  # fmt: skip
+            self.claimed = dict(self.injected)
+            if replays is not None:
+                parts.append(replays.select(
+                    *names, F.lit(None).cast("long").alias(LOC_COL, metadata=IDENTITY),
+                    F.col(SRC_COL).alias(POS_COL, metadata=IDENTITY)))  # fmt: skip
+        if not parts:
+            return None
+        source = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+        self.plain_source = source
+        self.source_observed = Observation(f"ft-{plan.salt:x}-source")
+        replay_ids = F.when(F.col(LOC_COL).isNull(), F.col(POS_COL))
+        out = source.observe(self.source_observed, F.count(F.lit(1)).alias("rows"),
+                             F.collect_list(replay_ids).alias("replays"))  # fmt: skip
+        if key and partitions:
+            out = out.repartition(partitions, *key)
+        for i, seg in enumerate(plan.segments):
+            if i:
+                prev = plan.segments[i - 1]
+                out = out.repartition(prev.shuffle_n, *prev.shuffle_cols)
+            for j, (_, stage) in enumerate(seg.ops):
+                out = self._stage(out, frame_label(i, j, stage.fn), stage)
+        return out
+
+    def _stage(self, df: DataFrame, label: str, stage: FrameStage) -> DataFrame:
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F  # noqa: N812
+
+        out = stage.fn(df)
+        if not hasattr(out, "sparkSession") or not hasattr(out, "columns"):
+            raise ConfigError(f"{label} returned {type(out).__name__}, not a DataFrame")
+        schema = out.schema
+        for name in (LOC_COL, POS_COL):
+            if name not in out.columns or schema[name].metadata.get("ftlayer") != "identity":
+                how = "dropped" if name not in out.columns else "recomputed or aggregated"
+                raise ConfigError(
+                    f"{label} {how} ftlayer's identity column {name!r}: a DataFrame stage "
+                    "keeps __ft_loc and __ft_pos as they are (withColumn, select('*', ...), "
+                    "filters and joins do) and works row by row (no aggregation)"
+                )  # fmt: skip
+        failed = _column(stage.failed, out)
+        if failed is None:
+            failed = F.lit(False)
+        errors = stage.errors
+        text = F.lit(label) if errors is None else F.concat_ws(
+            ": ", F.lit(label), F.lit(errors) if isinstance(errors, str) else errors)  # fmt: skip
+        out = out.withColumn(FAILED_COL, F.coalesce(failed, F.lit(False)))
+        obs = Observation(f"ft-{self.plan.salt:x}-{len(self.observed)}")
+        self.observed.append((label, obs))
+        why = F.struct(F.col(LOC_COL), F.col(POS_COL), F.coalesce(text, F.lit(label)))
+        out = out.observe(obs, F.count(F.lit(1)).alias("rows"),
+                          F.collect_list(F.when(F.col(FAILED_COL), why)).alias("failed"))
+        return out.filter(~F.col(FAILED_COL)).drop(FAILED_COL)
+
+    # -- running and settling ----------------------------------------------------------
+    def run(self, out: DataFrame, batch_id: Any) -> None:
+        """Call the sink with ``out`` (the identity columns dropped unless it wants them),
+        then settle: the sink's failure fails every record of the batch."""
+        seg = self.plan.segments[-1]
+        assert seg.sink is not None
+        given = out if seg.sink_ids else out.drop(LOC_COL, POS_COL)
+        try:
+            with _metrics_kept(given.sparkSession):
+                seg.sink(given, batch_id)
+        except Exception as e:
+            text = error_text(f"sink_dataframe {stage_name(seg.sink)}", e)
+            log.error("DataFrame sink failed batch_id=%s: every record of the batch "
+                      "replays: %s", self.result.batch_id, text)  # fmt: skip
+            self._fail_everything(text)
+            return
+        self._settle_observed(stage_name(seg.sink))
+
+    def _settle_observed(self, sink: str) -> None:
+        src = _metrics(self.source_observed)
+        if src is None:
+            raise ConfigError(f"sink_dataframe {sink} ran no action on its DataFrame: "
+                              "nothing was written (call df.write...save() or another "
+                              "action on it)")  # fmt: skip
+        ran = [int(x) & _U64 for x in src["replays"]]
+        r = self.result
+        r.replayed, r.fresh = len(ran), int(src["rows"]) - len(ran)
+        fresh: dict[tuple[int, int], str] = {}
+        replays: dict[int, str] = {}
+        rows_in = int(src["rows"])
+        for label, obs in self.observed:
+            m = _metrics(obs)
+            if m is None:  # the sink's action skipped this stage: nothing can be assumed
+                raise FTLayerError(f"{label}'s rows were not all seen by the sink's job: "
+                                   "the batch fails (Spark runs it again)")  # fmt: skip
+            failed = m["failed"]
+            for loc, pos, text in failed:
+                if loc is None:
+                    replays.setdefault(int(pos) & _U64, text)
+                else:
+                    fresh.setdefault((int(loc), int(pos)), text)
+            rows_out = int(m["rows"]) - len(failed)
+            r.stages.setdefault(label, StageCounts()).add(
+                StageCounts(rows_in, rows_out, len(failed)))  # fmt: skip
+            rows_in = rows_out
+        r.written = rows_in
+        self._settle(set(ran), fresh, replays)
+
+    def _fail_everything(self, text: str) -> None:
+        """The sink raised: every record of the batch fails with its error (the source's
+        identities read again: the failure path's one extra pass)."""
+        r = self.result
+        if self.plain_source is None:
+            return
+        ids = self.plain_source.select(LOC_COL, POS_COL).toArrow()
+        loc = ids.column(LOC_COL).to_pylist()
+        pos = ids.column(POS_COL).to_pylist()
+        ran = {p & _U64 for lo, p in zip(loc, pos, strict=True) if lo is None}
+        fresh = {(lo, p): text for lo, p in zip(loc, pos, strict=True) if lo is not None}
+        r.replayed, r.fresh = len(ran), len(fresh)
+        r.errors.append(text)
+        self._settle(ran, fresh, dict.fromkeys(ran, text))
+
+    def _settle(self, ran: set[int], fresh: dict[tuple[int, int], str],
+                replays: dict[int, str]) -> None:  # fmt: skip
+        r = self.result
+        r.failed = len(fresh) + len(replays)
+        r.acked = r.fresh + r.replayed - r.failed
+        for text in [*fresh.values(), *replays.values()][:MAX_MESSAGES]:
+            if len(r.errors) < MAX_MESSAGES and text not in r.errors:
+                r.errors.append(text)
+        if self.layer is None:
+            return
+        self.injected = {s: c for s, c in self.claimed.items() if s in ran}
+        failed = {src: Failure(text, 1) for src, text in replays.items()}
+        self._persist_failed(fresh, r.fresh)
+        self._not_found(failed)
+        self._settle_replays(failed, set())
+        self.result.redis_calls = self.calls
+
+    def _persist_failed(self, fresh: dict[tuple[int, int], str], rows: int) -> None:
+        """Fresh rows that failed, as records kept by reference, queued for replay with
+        their errors: a segment of them per shard, stored then settled at once (one
+        segment on shard 0 when none failed: it counts the batch's rows)."""
+        assert self.layer is not None
+        store, cfg, plan = self.layer.segments, self.layer.config, self.plan
+        n = len(self.layer.keyspace)
+        refs = list(fresh.items())
+        if self.reads is not None and refs:
+            self.reads.remember(self.spark, sorted({loc for (loc, _), _ in refs}))
+        batch = store.batch_prefix(plan.source, plan.batch_key)
+        jobs: dict[int, tuple[list[Any], list[int]]] = {}
+        elsewhere = len(refs) - len(refs[0::n])
+        for shard in range(n):
+            mine = refs[shard::n]
+            if not mine and shard:
+                continue
+            table = pa.table({
+                LOC_COL: pa.array([loc for (loc, _), _ in mine], pa.int64()),
+                POS_COL: pa.array([pos for (_, pos), _ in mine], pa.int64())})  # fmt: skip
+            member = store.member(plan.source, plan.batch_key, shard, store.new_token(shard))
+            store.put(shard, member, _ipc(table), 0, b"", plan.salt, batch)
+            frames = frames_of_rows(table, np.arange(len(mine)), shard=shard,
+                                    source=plan.source, partition=shard,
+                                    max_replays=cfg.max_replays,
+                                    max_payload=cfg.max_record_bytes)  # fmt: skip
+            fails = [(f, text, 1) for f, (_, text) in zip(frames, mine, strict=True)]
+            # shard 0's segment also counts the rows that completed (persisted, completed)
+            seg_rows = max(rows - elsewhere, len(mine)) if shard == 0 else len(mine)
+            jobs[shard] = ([(member, seg_rows, fails, [], 0)], [])
+        self.calls += 2 * len(jobs)
+        store.settle_shards(jobs, salt=plan.salt, batch=batch)
+
+
+_EXCLUDED = "spark.sql.adaptive.optimizer.excludedRules"
+_EMPTY_RULE = "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation"
+
+
+@contextmanager
+def _metrics_kept(spark: Any) -> Iterator[None]:
+    """While the sink's job runs, adaptive execution may not cut a subplan it found empty
+    (a shuffle every row failed before): the cut takes its observations with it, and the
+    failures they saw would be lost. Restored after."""
+    before = spark.conf.get(_EXCLUDED, None)
+    rules = [r for r in (before or "").split(",") if r]
+    if _EMPTY_RULE in rules:
+        yield
+        return
+    spark.conf.set(_EXCLUDED, ",".join([*rules, _EMPTY_RULE]))
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(_EXCLUDED)
+        else:
+            spark.conf.set(_EXCLUDED, before)
+
+
+def _column(spec: Any, df: DataFrame) -> Column | None:
+    from pyspark.sql import functions as F  # noqa: N812
+
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        return F.expr(spec)
+    if callable(spec) and not type(spec).__name__ == "Column":
+        return spec(df)
+    return spec
+
+
+def _metrics(obs: Any) -> dict[str, Any] | None:
+    """An observation's metrics, or None if no action filled them (never blocks)."""
+    jo = getattr(obs, "_jo", None)
+    if jo is not None:  # classic PySpark: get blocks until the first action ends
+        if not jo.future().isCompleted():
+            return None
+        if jo.getRow().length() == 0:  # the action ran a plan without this observation
+            raise FTLayerError("Spark's job for the sink did not run ftlayer's observation "
+                               f"{jo.name()} (its subplan was cut): nothing can be "
+                               "assumed of the batch; it fails, and Spark runs it again")
+        return dict(obs.get)
+    got = obs.get  # Spark Connect: empty until an action's result carried them
+    return dict(got) if got else None
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+_U64 = (1 << 64) - 1

@@ -1,0 +1,204 @@
+"""DataFrame stages (``transform``) and DataFrame sinks (``sink_dataframe``): real file
+streams read by real Spark (local[2]) and written with ``df.write.parquet``, real Redis.
+Failed rows are marked by a Column, observed in the write's own job, and replay.
+
+Each test names, in its docstring, the product breaks it catches.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F  # noqa: N812
+
+from ftlayer.errors import ConfigError
+from ftlayer.spark import FaultTolerance, FileSource
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = "id long, key long, amount string"
+
+
+def write_json(path: Path, ids: range, bad: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+    """Events whose ``amount`` is a number, or ``n/a`` for the ids in ``bad``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp"
+    rows = [{"id": i, "key": i % 29, "amount": "n/a" if i in bad else f"{i}.5"} for i in ids]
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.rename(path)
+
+
+def write_regions(path: Path, keys: range, skip: set[int]) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    name = f"regions-{time.monotonic_ns()}.json"
+    rows = [{"key": k, "region": f"r{k % 3}"} for k in keys if k not in skip]
+    (path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def wait_for(check: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.25)
+
+
+def parse(df: DataFrame) -> DataFrame:
+    return df.withColumn("amt", F.expr("try_cast(amount AS double)"))
+
+
+def lookup(regions: Path) -> Any:
+    def enrich(df: DataFrame) -> DataFrame:
+        table = df.sparkSession.read.schema("key long, region string").json(str(regions))
+        return df.join(F.broadcast(table), "key", "left")
+
+    return enrich
+
+
+def written(spark: SparkSession, out: Path) -> Counter[int]:
+    if not out.is_dir() or not any(out.glob("*.parquet")):
+        return Counter()
+    return Counter(r["id"] for r in spark.read.parquet(str(out)).select("id").collect())
+
+
+def test_rows_failing_before_and_after_a_shuffle_replay_into_a_parquet_sink(
+    spark: SparkSession, make_ft: Any, tmp_path: Path
+) -> None:
+    """Stage 1 parses ``amount`` with ``try_cast`` (``n/a`` fails, every time: dead
+    letters naming the value); after a keyed shuffle stage 2 joins a lookup table that
+    misses two keys until the test adds them (their rows fail, then replay and land). The
+    Parquet read back is the source minus the dead letters, each once. Catches: failed
+    rows written anyway or lost, replays that never run on a quiet stream, dead letters
+    without their error, a failed row counted twice."""
+    ft = make_ft(timeout_s=2.0, max_replays=2)
+    n, bad = 1200, {i for i in range(1200) if i % 97 == 5}
+    write_json(tmp_path / "in" / "a.json", range(0, n // 2), bad)
+    write_json(tmp_path / "in" / "b.json", range(n // 2, n), bad)
+    regions, out = tmp_path / "regions", tmp_path / "out"
+    write_regions(regions, range(29), skip={4, 11})
+    files = FileSource("json", str(tmp_path / "in"), SCHEMA)
+    pipeline = (
+        ft.pipeline(reads=files, name="df-stages")
+        .transform(parse, failed=F.col("amt").isNull(),
+                   errors=F.concat(F.lit("bad amount "), F.col("amount")))
+        .partition_by(["key"], 4)
+        .transform(lookup(regions), failed="region IS NULL", errors="no region for its key")
+        .sink_dataframe(lambda df, _: df.write.mode("append").parquet(str(out)))
+    )  # fmt: skip
+    query = (
+        pipeline.stream(spark).writeStream.foreachBatch(pipeline)
+        .trigger(processingTime="1 second")
+        .option("checkpointLocation", str(tmp_path / "ck")).start()
+    )  # fmt: skip
+    assert ft.layer is not None
+    missing = {i for i in range(n) if i % 29 in (4, 11) and i not in bad}
+    try:
+        wait_for(lambda: sum(written(spark, out).values()) >= n - len(bad) - len(missing), 60,
+                 "the first batch")  # fmt: skip
+        assert not set(written(spark, out)) & missing, "a failed row was written"
+        write_regions(regions, range(29), skip=set())
+        wait_for(lambda: ft.layer.stats().pending == 0, 60, "nothing pending")
+        assert query.exception() is None, query.exception()
+    finally:
+        query.stop()
+    got = written(spark, out)
+    assert set(got) == set(range(n)) - bad, "lost records, or dead letters written"
+    assert all(c == 1 for c in got.values()), "duplicates"
+    letters = pipeline.dead_letters(spark)
+    assert sorted(letters.column("id").to_pylist()) == sorted(bad)
+    for row in letters.to_pylist():
+        assert row["amount"] == "n/a" and row["attempts"] == 3, row
+        assert "transform[0.0] parse" in row["error"] and "bad amount n/a" in row["error"]
+    st = ft.layer.stats()
+    assert st.dead_letters == len(bad) and st.pending == 0
+
+
+def test_a_sink_write_that_fails_for_real_replays_the_batch(
+    spark: SparkSession, make_ft: Any, tmp_path: Path
+) -> None:
+    """The sink's output path is a plain file, so ``df.write.parquet`` fails (for real:
+    Hadoop cannot make a directory there); the test then removes it. Every record of the
+    failed batch replays and lands once. Catches: a failed write's rows acked (lost), the
+    stream dying on the sink's error, replays that never come."""
+    ft = make_ft(timeout_s=2.0, max_replays=5)
+    n = 400
+    write_json(tmp_path / "in" / "a.json", range(n))
+    out = tmp_path / "out"
+    out.write_text("not a directory")
+    files = FileSource("json", str(tmp_path / "in"), SCHEMA)
+    results: list[Any] = []
+
+    def each(df: DataFrame, batch_id: int) -> None:
+        results.append(ft.run_batch(pipeline, df, batch_id))
+
+    pipeline = (
+        ft.pipeline(reads=files, name="df-sink-fails")
+        .transform(parse, failed="amt IS NULL")
+        .sink_dataframe(lambda df, _: df.write.mode("append").parquet(str(out)))
+    )
+    query = (
+        pipeline.stream(spark).writeStream.foreachBatch(each)
+        .trigger(processingTime="1 second")
+        .option("checkpointLocation", str(tmp_path / "ck")).start()
+    )  # fmt: skip
+    assert ft.layer is not None
+    try:
+        wait_for(lambda: results and results[0].failed == n, 60, "the failed first batch")
+        assert "sink_dataframe" in results[0].errors[0], results[0].errors
+        out.unlink()
+        wait_for(lambda: sum(written(spark, out).values()) >= n and
+                 ft.layer.stats().pending == 0, 60, "the replays")  # fmt: skip
+        assert query.exception() is None, query.exception()
+    finally:
+        query.stop()
+    got = written(spark, out)
+    assert set(got) == set(range(n)) and all(c == 1 for c in got.values())
+    assert ft.layer.stats().dead_letters == 0
+
+
+@pytest.mark.parametrize(("stage", "says"), [
+    (lambda df: df.select("id", "key"), "dropped"),
+    (lambda df: df.groupBy("key").agg(F.max("__ft_loc").alias("__ft_loc"),
+                                      F.max("__ft_pos").alias("__ft_pos")), "recomputed or aggregated"),
+    (lambda df: df.withColumn("__ft_pos", F.col("__ft_pos") + 1), "recomputed or aggregated"),
+])  # fmt: skip
+def test_a_stage_that_loses_the_identity_is_refused_naming_it(
+    spark: SparkSession, make_ft: Any, tmp_path: Path, stage: Any, says: str
+) -> None:
+    """A stage dropping, aggregating or recomputing the identity columns is refused before
+    anything runs, with one line naming it. Catches: records silently untracked (acked
+    by a sink that never saw them), an error that does not say which stage."""
+    ft = make_ft()
+    write_json(tmp_path / "in" / "a.json", range(50))
+    files = FileSource("json", str(tmp_path / "in"), SCHEMA)
+    pipeline = (ft.pipeline(reads=files, name="refused").transform(parse)
+                .transform(stage).sink_dataframe(lambda df, _: df.count()))  # fmt: skip
+    df = spark.read.schema(SCHEMA).json(str(tmp_path / "in"))
+    with pytest.raises(ConfigError, match=rf"transform\[0\.1\] <lambda> {says}.*__ft_"):
+        pipeline(df, 0)
+    assert ft.layer is not None and ft.layer.stats().pending == 0
+
+
+def test_a_pipeline_mixing_kinds_of_stage_is_refused(make_ft: Any, tmp_path: Path) -> None:
+    """Until Python and DataFrame stages mix, one pipeline takes one kind, and says so."""
+    ft = make_ft()
+    files = FileSource("json", str(tmp_path), SCHEMA)
+    with pytest.raises(ConfigError, match="one kind of stage"):
+        ft.pipeline(reads=files).transform(parse).map_batches(lambda b: b, SCHEMA)
+    with pytest.raises(ConfigError, match="sink_dataframe"):
+        ft.pipeline(reads=files).transform(parse).sink_batches(lambda b: None)
+
+
+def test_stages_need_a_source_kept_by_reference(
+    spark: SparkSession, make_ft: Any
+) -> None:
+    ft: FaultTolerance = make_ft()
+    pipeline = ft.pipeline().transform(parse).sink_dataframe(lambda df, _: df.count())
+    with pytest.raises(ConfigError, match="reads="):
+        pipeline(spark.createDataFrame([(1, 1, "1")], SCHEMA), 0)
