@@ -165,7 +165,8 @@ def test_a_sink_write_that_fails_for_real_replays_the_batch(
 @pytest.mark.parametrize(("stage", "says"), [
     (lambda df: df.select("id", "key"), "dropped"),
     (lambda df: df.groupBy("key").agg(F.max("__ft_loc").alias("__ft_loc"),
-                                      F.max("__ft_pos").alias("__ft_pos")), "recomputed or aggregated"),
+                                      F.max("__ft_pos").alias("__ft_pos")),
+     "recomputed or aggregated"),
     (lambda df: df.withColumn("__ft_pos", F.col("__ft_pos") + 1), "recomputed or aggregated"),
 ])  # fmt: skip
 def test_a_stage_that_loses_the_identity_is_refused_naming_it(
