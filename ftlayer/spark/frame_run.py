@@ -70,8 +70,10 @@ class FrameRun(VectorRun):
     """One run of one batch of DataFrame stages, from its plan to its settlement."""
 
     observed: list[tuple[str, Any]] = field(default_factory=list)
-    """(stage label, Observation) of every stage, in order."""
-    source_observed: Any = None
+    """(stage label, Observation) of every stage with ``failed=``, in order, each
+    counting the rows it sees (no stage has one: ("", a count at the sink's input))."""
+    replays_observed: Any = None
+    """The ids of the replays the job read (those read back: one not read was not found)."""
     plain_source: DataFrame | None = None
     """The batch's source rows without observations: read again only if the sink raised."""
     claimed: dict[int, int] = field(default_factory=dict)
@@ -81,7 +83,12 @@ class FrameRun(VectorRun):
               replay_limit: int, reads: Any, fresh: bool = True) -> DataFrame | None:  # fmt: skip
         """The rows that reach the sink: ``df``'s fresh rows (none with ``fresh=False``)
         and the batch's replays through the stages, identity kept, failures observed and
-        filtered out. None: the batch has no rows at all."""
+        filtered out. None: the batch has no rows at all.
+
+        Observations cost: each one cuts Spark's generated code for its stage (about 5 %
+        of a pipeline of 1 KB events each, measured), so there is one per stage with
+        ``failed=`` and none elsewhere on the fresh rows' path (the replays' branch has
+        its own: replays are few)."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F  # noqa: N812
 
@@ -105,17 +112,16 @@ class FrameRun(VectorRun):
                        else self._replays(df, replay_limit, reads))  # fmt: skip
             self.claimed = dict(self.injected)
             if replays is not None:
-                parts.append(replays.select(
+                self.replays_observed = Observation(f"ft-{plan.salt:x}-replays")
+                replays = replays.select(
                     *names, F.lit(None).cast("long").alias(LOC_COL, metadata=IDENTITY),
-                    F.col(SRC_COL).alias(POS_COL, metadata=IDENTITY)))  # fmt: skip
+                    F.col(SRC_COL).alias(POS_COL, metadata=IDENTITY))  # fmt: skip
+                parts.append(replays.observe(self.replays_observed,
+                                             F.collect_list(POS_COL).alias("ids")))
         if not parts:
             return None
-        source = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
-        self.plain_source = source
-        self.source_observed = Observation(f"ft-{plan.salt:x}-source")
-        replay_ids = F.when(F.col(LOC_COL).isNull(), F.col(POS_COL))
-        out = source.observe(self.source_observed, F.count(F.lit(1)).alias("rows"),
-                             F.collect_list(replay_ids).alias("replays"))  # fmt: skip
+        out = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+        self.plain_source = out
         if key and partitions:
             out = out.repartition(partitions, *key)
         for i, seg in enumerate(plan.segments):
@@ -124,6 +130,10 @@ class FrameRun(VectorRun):
                 out = out.repartition(prev.shuffle_n, *prev.shuffle_cols)
             for j, (_, stage) in enumerate(seg.ops):
                 out = self._stage(out, frame_label(i, j, stage.fn), stage)
+        if not self.observed:  # the batch's count, at the sink's input
+            obs = Observation(f"ft-{plan.salt:x}-count")
+            self.observed.append(("", obs))
+            out = out.observe(obs, F.count(F.lit(1)).alias("rows"))
         return out
 
     def _stage(self, df: DataFrame, label: str, stage: FrameStage) -> DataFrame:
@@ -144,14 +154,16 @@ class FrameRun(VectorRun):
                 )  # fmt: skip
         failed = _column(stage.failed, out)
         if failed is None:
-            failed = F.lit(False)
+            return out
         errors = stage.errors
         text = F.lit(label) if errors is None else F.concat_ws(
             ": ", F.lit(label), F.lit(errors) if isinstance(errors, str) else errors)  # fmt: skip
+        # the flag as a column, observed, then filtered: the observation also keeps Spark
+        # from pushing the filter below fn's projection (which would compute it twice)
         out = out.withColumn(FAILED_COL, F.coalesce(failed, F.lit(False)))
         obs = Observation(f"ft-{self.plan.salt:x}-{len(self.observed)}")
-        self.observed.append((label, obs))
         why = F.struct(F.col(LOC_COL), F.col(POS_COL), F.coalesce(text, F.lit(label)))
+        self.observed.append((label, obs))
         out = out.observe(obs, F.count(F.lit(1)).alias("rows"),
                           F.collect_list(F.when(F.col(FAILED_COL), why)).alias("failed"))
         return out.filter(~F.col(FAILED_COL)).drop(FAILED_COL)
@@ -175,33 +187,39 @@ class FrameRun(VectorRun):
         self._settle_observed(stage_name(seg.sink))
 
     def _settle_observed(self, sink: str) -> None:
-        src = _metrics(self.source_observed)
-        if src is None:
+        """Read the observations (the counts, the failed rows, the replays read) and
+        settle. ``fresh`` counts the rows the first observation saw (a stage filtering
+        rows before it makes it smaller; those rows completed)."""
+        first = _metrics(self.observed[0][1])
+        if first is None:
             raise ConfigError(f"sink_dataframe {sink} ran no action on its DataFrame: "
                               "nothing was written (call df.write...save() or another "
                               "action on it)")  # fmt: skip
-        ran = [int(x) & _U64 for x in src["replays"]]
+        ran: list[int] = []
+        if self.replays_observed is not None:
+            got = _metrics(self.replays_observed)
+            ran = [] if got is None else [int(x) & _U64 for x in got["ids"]]
         r = self.result
-        r.replayed, r.fresh = len(ran), int(src["rows"]) - len(ran)
+        r.replayed = len(ran)
         fresh: dict[tuple[int, int], str] = {}
         replays: dict[int, str] = {}
-        rows_in = int(src["rows"])
+        r.fresh = max(int(first["rows"]) - len(ran), 0)
         for label, obs in self.observed:
             m = _metrics(obs)
             if m is None:  # the sink's action skipped this stage: nothing can be assumed
                 raise FTLayerError(f"{label}'s rows were not all seen by the sink's job: "
                                    "the batch fails (Spark runs it again)")  # fmt: skip
-            failed = m["failed"]
+            failed = m.get("failed", [])
             for loc, pos, text in failed:
                 if loc is None:
                     replays.setdefault(int(pos) & _U64, text)
                 else:
                     fresh.setdefault((int(loc), int(pos)), text)
-            rows_out = int(m["rows"]) - len(failed)
-            r.stages.setdefault(label, StageCounts()).add(
-                StageCounts(rows_in, rows_out, len(failed)))  # fmt: skip
-            rows_in = rows_out
-        r.written = rows_in
+            rows = int(m["rows"])
+            if label:
+                r.stages.setdefault(label, StageCounts()).add(
+                    StageCounts(rows, rows - len(failed), len(failed)))  # fmt: skip
+            r.written = rows - len(failed)
         self._settle(set(ran), fresh, replays)
 
     def _fail_everything(self, text: str) -> None:

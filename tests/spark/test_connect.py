@@ -15,6 +15,7 @@ import sys
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,3 +69,27 @@ def test_every_failure_kind_under_spark_connect(
         for key in r.scan_iter(match=f"*{ns}*"):
             r.delete(key)
         r.close()
+
+
+def test_dataframe_stages_under_spark_connect(redis_server: Any) -> None:
+    """DataFrame stages and a ``df.write.parquet`` sink under Spark Connect (the batch
+    function runs in the server's Python process: Connect DataFrames and Observations):
+    rows failing once land after their replay, rows failing every time are dead letters
+    with their error, each written row once, ftlayer's columns not in the output.
+    Catches: observations read the classic way (blocking for ever, or empty), identity
+    checks that need the JVM, replays that never run under Connect."""
+    ns = f"connectdf{uuid.uuid4().hex[:8]}"
+    job = Path(__file__).with_name("connect_frames_job.py")
+    proc = subprocess.run([sys.executable, str(job), redis_server.url, ns],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    out = json.loads(lines[-1][len("RESULT ") :])
+    assert out["connect"].startswith("pyspark.sql.connect"), out["connect"]
+    assert out["stream_exception"] is None, out["stream_exception"]
+    bad = {i for i in range(600) if i % 50 == 3}
+    written = Counter(out["written"])
+    assert set(written) == set(range(600)) - bad and max(written.values()) == 1, out
+    assert sorted(out["dead"]) == sorted(bad) and out["pending"] == 0
+    assert all("bad amount n/a" in e for e in out["errors"]), out["errors"]
+    assert out["columns"] == ["amount", "amt", "id", "key"]

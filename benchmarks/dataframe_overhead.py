@@ -1,0 +1,224 @@
+"""What ftlayer costs a pipeline written in DataFrame code, against the same DataFrame code
+without it, in one local[2] Spark session.
+
+The pipeline: events read from JSON files (``id``, ``key``, ``payload``: a JSON string of
+``--payload-bytes`` W bytes) -> stage 1 takes the amount out of the payload
+(``get_json_object``) -> a keyed shuffle into 4 partitions -> stage 2 computes the VAT ->
+a sink that writes every row with ``df.write`` (Spark's ``noop`` format: the whole plan
+runs, nothing is stored). Variants, each run right beside a plain run of its own (ABBA
+order, after ``--warmup`` uncounted rounds):
+
+* ``df_ft_on``: the same stages as ftlayer DataFrame stages (``transform``,
+  ``partition_by``, ``sink_dataframe``), the source kept by reference; beside
+  ``dataframe``, the plain query;
+* ``df_ft_on_failing``: ``df_ft_on`` with 5 % of the attempts of stage 1 failing
+  (``failed=rand() < 0.05``): their replays run, read back from the files, inside the
+  measured time (the run ends when nothing is pending); beside ``dataframe``;
+* ``df_parquet``: ``df_ft_on`` ending in ``df.write.parquet`` (a fresh directory each
+  run); beside ``parquet``, the plain query writing the same Parquet.
+
+``ratio_<variant>_vs_<baseline>`` is the median of the per-round ratios of the baseline's
+time to the variant's (paired), with quartiles. Goals: ``df_ft_on`` >= 0.9,
+``df_ft_on_failing`` >= 0.8, ``df_parquet`` >= 0.9. ``redis_bytes_per_record``: what a
+``df_ft_on`` batch sent Redis (its own counters), per record.
+
+    python -m benchmarks.dataframe_overhead [--records 1000000] [--payload-bytes 1024]
+        [--repeat 7] [--warmup 2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import machine, median, redis_for_benchmark, save
+from benchmarks._wide import net_input_bytes, read_events, write_events
+from benchmarks.pipeline_overhead import PARTITIONS, _quartiles, _session, _time
+from ftlayer import FTConfig
+from ftlayer.spark import FaultTolerance, FileSource
+
+FAIL_RATE = 0.05
+SCHEMA = "id long, key long, payload string"
+GOALS = {"df_ft_on": 0.9, "df_ft_on_failing": 0.8, "df_parquet": 0.9}
+PAIRS = {"df_ft_on": "dataframe", "df_ft_on_failing": "dataframe", "df_parquet": "parquet"}
+
+
+def parse(df: Any) -> Any:
+    """Stage 1: the amount out of the payload, as ``total``."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    amount = F.get_json_object("payload", "$.amount").cast("long")
+    return df.withColumn("total", amount * 1.2).drop("payload")
+
+
+def vat(df: Any) -> Any:
+    """Stage 2 (after the keyed shuffle)."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    return df.withColumn("vat", F.round(F.col("total") * 0.2, 2)).drop("total")
+
+
+def noop(df: Any, _: Any = None) -> None:
+    df.write.format("noop").mode("overwrite").save()
+
+
+class Runs:
+    """The variants, on one Redis; each run its own batch id, nothing left pending."""
+
+    def __init__(self, spark: Any, url: str, client: Any, files: FileSource, tmp: Path) -> None:
+        self.spark, self.files, self.tmp, self.client = spark, files, tmp, client
+        # replay_limit: a batch of replays takes all of them (each batch of replays reads
+        # back every file its replays name)
+        self.ft = FaultTolerance(FTConfig(namespace=f"dfb{uuid.uuid4().hex[:6]}",
+                                          redis_url=url, timeout_s=30.0),
+                                 replay_limit=1_000_000)  # fmt: skip
+        self.sent: list[float] = []
+
+    def source(self) -> Any:
+        return read_events(self.spark, Path(self.files.path))
+
+    def plain(self, sink: Callable[[Any, Any], None]) -> Callable[[], None]:
+        df = self.source()
+        return lambda: sink(vat(parse(df).repartition(PARTITIONS, "key")), None)
+
+    def pipeline(self, sink: Callable[[Any, Any], None], failing: bool = False) -> Any:
+        from pyspark.sql import functions as F  # noqa: N812
+
+        failed = (F.rand() < FAIL_RATE) if failing else None
+        return (self.ft.pipeline(reads=self.files, name="bench")
+                .transform(parse, failed=failed, errors="injected failure")
+                .partition_by(["key"], PARTITIONS).transform(vat)
+                .sink_dataframe(sink))  # fmt: skip
+
+    def ft_on(self, sink: Callable[[Any, Any], None], failing: bool, n: int,
+              measure: bool = False) -> Callable[[], Any]:  # fmt: skip
+        pipeline, df = self.pipeline(sink, failing), self.source()
+        layer = self.ft.layer
+        assert layer is not None
+
+        def job() -> Callable[[], None]:
+            before = net_input_bytes(self.client) if measure else 0
+            result = self.ft.run_batch(pipeline, df, uuid.uuid4().hex[:8])
+            if measure:
+                self.sent.append((net_input_bytes(self.client) - before) / n)
+            if failing:
+                drained = self.ft.drain(timeout_s=300, pipeline=pipeline)
+                assert drained.drained, drained
+
+            def check() -> None:
+                assert result.fresh == n, result
+                assert layer.stats().pending == 0
+
+            return check
+
+        return job
+
+    def parquet_sink(self) -> Callable[[Any, Any], None]:
+        out = self.tmp / f"out-{uuid.uuid4().hex[:8]}"
+
+        def write(df: Any, _: Any = None) -> None:
+            df.write.parquet(str(out))
+
+        return write
+
+    def close(self) -> None:
+        if self.ft.layer is not None:
+            self.ft.layer.clear()
+        self.ft.close()
+
+
+def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> dict[str, Any]:
+    spark = _session()
+    tmp = Path(tempfile.mkdtemp(prefix="ftbench-df-"))
+    try:
+        with redis_for_benchmark(url) as client:
+            kw = client.connection_pool.connection_kwargs
+            redis_url = url or f"redis://{kw['host']}:{kw['port']}/0"
+            source_bytes = write_events(tmp / "in", records, width, 8)
+            runs = Runs(spark, redis_url, client, FileSource("json", str(tmp / "in"), SCHEMA),
+                        tmp)  # fmt: skip
+            variants: dict[str, Callable[[], Callable[[], Any]]] = {
+                "dataframe": lambda: runs.plain(noop),
+                "parquet": lambda: runs.plain(runs.parquet_sink()),
+                "df_ft_on": lambda: runs.ft_on(noop, False, records, measure=True),
+                "df_ft_on_failing": lambda: runs.ft_on(noop, True, records),
+                "df_parquet": lambda: runs.ft_on(runs.parquet_sink(), False, records),
+            }
+            times: dict[str, list[float]] = {k: [] for k in variants}
+            ratios: dict[str, list[float]] = {k: [] for k in PAIRS}
+            for rnd in range(warmup + repeat):
+                for i, (name, base) in enumerate(PAIRS.items()):
+                    order = (base, name) if (rnd + i) % 2 == 0 else (name, base)
+                    dt = {k: _time(variants[k]) for k in order}
+                    shutil.rmtree(tmp / "out", ignore_errors=True)
+                    for out in tmp.glob("out-*"):
+                        shutil.rmtree(out, ignore_errors=True)
+                    if rnd >= warmup:
+                        times[base].append(dt[base])
+                        times[name].append(dt[name])
+                        ratios[name].append(dt[base] / dt[name])
+            runs.close()
+    finally:
+        spark.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        "records": records,
+        "payload_bytes": width,
+        "source": "JSON files, read each run",
+        "source_bytes": source_bytes,
+        "repeat": repeat,
+        "warmup": warmup,
+        "records_per_s": {k: round(records / median(v)) for k, v in times.items() if v},
+        **{f"ratio_{k}_vs_{b}": round(median(ratios[k]), 3) for k, b in PAIRS.items()},
+        "ratio_quartiles": {k: [round(q, 3) for q in _quartiles(v)] for k, v in ratios.items()},
+        "redis_bytes_per_record": round(median(runs.sent), 3) if runs.sent else None,
+        "goals": GOALS,
+        "runs_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
+        "command": "python -m benchmarks.dataframe_overhead " + " ".join(sys.argv[1:]),
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def verdict(r: dict[str, Any]) -> list[str]:
+    """The goals not met, one line each (empty: all met)."""
+    return [f"{k}: {r[f'ratio_{k}_vs_{PAIRS[k]}']} < {g}" for k, g in GOALS.items()
+            if r[f"ratio_{k}_vs_{PAIRS[k]}"] < g]  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--payload-bytes", type=int, default=1024)
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--redis-url", default=None)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    r = run(args.records, args.payload_bytes, args.repeat, args.warmup, args.redis_url)
+    save(f"dataframe_overhead_{args.payload_bytes}", r)
+    if args.json:
+        print(json.dumps(r))
+        return
+    print(f"{r['records']:,} records, {r['payload_bytes']} B payloads, {r['repeat']} rounds")
+    for k, v in r["records_per_s"].items():
+        print(f"  {k:18s} {v:>12,} records/s")
+    for k, b in PAIRS.items():
+        q = r["ratio_quartiles"][k]
+        print(f"  {k} / {b}: {r[f'ratio_{k}_vs_{b}']} (quartiles {q[0]}-{q[1]}; "
+              f"goal {GOALS[k]})")  # fmt: skip
+    print(f"  Redis bytes per record: {r['redis_bytes_per_record']}")
+    for line in verdict(r):
+        print(f"  goal not met: {line}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""DataFrame stages under Spark Connect, run as its own process by test_connect.py.
+
+    python connect_frames_job.py <redis_url> <namespace>
+
+Two JSON files (600 events) streamed with ``trigger(availableNow=True)``: stage 1 parses
+``amount`` with ``try_cast`` (ids with ``amount = "n/a"`` fail every attempt: dead letters),
+a keyed shuffle, stage 2 marks ids = 7 (mod 40) failed unless their replay's ``amount``
+was read back (they fail once: ``failed`` is true only on fresh rows, whose identity has
+a location), and a ``df.write.parquet`` sink. Prints one JSON object: the ids written, the
+dead letters' ids and errors, what is pending.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from typing import Any
+
+from ftlayer import FTConfig
+from ftlayer.spark import FaultTolerance, FileSource
+
+N = 600
+
+
+def main() -> None:
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F  # noqa: N812
+
+    url, ns = sys.argv[1], sys.argv[2]
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (SparkSession.builder.remote("local[2,4]")
+             .config("spark.sql.shuffle.partitions", "4").getOrCreate())  # fmt: skip
+    out: dict[str, Any] = {"connect": type(spark).__module__}
+    ft = FaultTolerance(FTConfig(namespace=ns, redis_url=url, timeout_s=2, max_replays=1))
+    tmp = tempfile.mkdtemp()
+    for k in range(2):
+        with open(os.path.join(tmp, f"part-{k}.json"), "w") as f:
+            for i in range(k, N, 2):
+                amount = "n/a" if i % 50 == 3 else f"{i}.5"
+                f.write(json.dumps({"id": i, "key": i % 13, "amount": amount}) + "\n")
+    files = FileSource("json", tmp, "id long, key long, amount string", maxFilesPerTrigger=1)
+    dest = tempfile.mkdtemp() + "/out"
+    pipeline = (
+        ft.pipeline(reads=files, name="connect-frames")
+        .transform(lambda df: df.withColumn("amt", F.expr("try_cast(amount AS double)")),
+                   failed="amt IS NULL", errors=F.concat(F.lit("bad amount "), F.col("amount")))
+        .partition_by(["key"], 4)
+        # a fresh row carries its file's location; a replay's is null: fails once
+        .transform(lambda df: df, failed="id % 40 = 7 AND __ft_loc IS NOT NULL",
+                   errors="first attempt fails")
+        .sink_dataframe(lambda df, _: df.write.mode("append").parquet(dest))
+    )  # fmt: skip
+    query = (pipeline.stream(spark).writeStream.foreachBatch(pipeline)
+             .option("checkpointLocation", tempfile.mkdtemp())
+             .trigger(availableNow=True).start())  # fmt: skip
+    query.awaitTermination(300)
+    out["stream_exception"] = str(query.exception()) if query.exception() else None
+    written = spark.read.parquet(dest).select("id").collect()
+    letters = pipeline.dead_letters(spark)
+    st = ft.layer.stats()  # type: ignore[union-attr]
+    out.update(written=[r["id"] for r in written], pending=st.pending,
+               dead=letters.column("id").to_pylist(), errors=letters.column("error").to_pylist(),
+               columns=sorted(spark.read.parquet(dest).columns))  # fmt: skip
+    ft.close()
+    spark.stop()
+    print("RESULT " + json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
