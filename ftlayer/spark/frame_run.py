@@ -192,9 +192,11 @@ class FrameRun(VectorRun):
         rows before it makes it smaller; those rows completed)."""
         first = _metrics(self.observed[0][1])
         if first is None:
-            raise ConfigError(f"sink_dataframe {sink} ran no action on its DataFrame: "
-                              "nothing was written (call df.write...save() or another "
-                              "action on it)")  # fmt: skip
+            raise ConfigError(
+                f"sink_dataframe {sink} ran no DataFrame action on its DataFrame, so "
+                "ftlayer cannot know what it wrote: write it with df.write (or collect, "
+                "toArrow, count); df.foreach/foreachPartition and df.rdd do not report "
+                "to Spark's observations")  # fmt: skip
         ran: list[int] = []
         if self.replays_observed is not None:
             got = _metrics(self.replays_observed)

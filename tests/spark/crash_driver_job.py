@@ -21,7 +21,8 @@ ones after the query stopped. ``stream``: replays ride the replay stream
 (``pipeline.with_replays``), batch 2 re-run after the kill reads the replays its offset
 claimed, and mode ``finish`` waits with the query running until nothing is pending (no
 drain). ``reference``: the same, with the files kept by reference (``FileSource``): the
-replays are read back from the files.
+replays are read back from the files. ``frames``: the same as DataFrame stages ending in a
+``sink_dataframe`` whose write (``foreachPartition``) is the one killed.
 """
 
 from __future__ import annotations
@@ -73,6 +74,37 @@ class Sink:
             time.sleep(600)  # killed here, mid-batch: its rows written, nothing settled
 
 
+class ArrowSink:
+    """``sink_dataframe``'s writer for ``frames``: a ``mapInArrow`` pushing ids, holding
+    in batch 2 like :class:`Sink`, inside a ``df.write`` (killed inside the write's job)."""
+
+    def __init__(self, url: str, ns: str, hold: bool) -> None:
+        self.sink = Sink(url, ns, hold)
+
+    def __call__(self, batches: Any) -> Any:
+        for b in batches:
+            self.sink(b)
+            yield pa.RecordBatch.from_pydict({"n": [b.num_rows]})
+
+    def write(self, df: Any, _: Any) -> None:
+        out = df.select("id").mapInArrow(self, "n long")
+        out.write.format("noop").mode("overwrite").save()
+
+
+def frames_pipeline(ft: FaultTolerance, files: FileSource, url: str, ns: str,
+                    hold: bool) -> Any:  # fmt: skip
+    """The same pipeline as DataFrame stages: ids = 3 (mod 13) fail fresh (their replays,
+    whose identity has no location, pass), ids = 7 (mod 61) every time."""
+    failed = "id % 61 = 7 OR (id % 13 = 3 AND __ft_loc IS NOT NULL)"
+    return (
+        ft.pipeline(source=0, reads=files)
+        .transform(lambda df: df)
+        .partition_by(["key"], 4)
+        .transform(lambda df: df, failed=failed, errors="stage 2 fails")
+        .sink_dataframe(ArrowSink(url, ns, hold).write)
+    )  # fmt: skip
+
+
 def main(url: str, ns: str, input_dir: str, checkpoint: str, mode: str, replays: str) -> None:
     spark = (
         SparkSession.builder.master("local[2]")
@@ -92,6 +124,8 @@ def main(url: str, ns: str, input_dir: str, checkpoint: str, mode: str, replays:
         .map_batches(Stage2(url, ns), "id long, key long")
         .sink_batches(Sink(url, ns, hold=mode == "crash"))
     )
+    if replays == "frames":
+        pipeline = frames_pipeline(ft, files, url, ns, hold=mode == "crash")
     r = connect(url)
 
     def each_batch(df: Any, batch_id: int) -> None:
@@ -104,7 +138,7 @@ def main(url: str, ns: str, input_dir: str, checkpoint: str, mode: str, replays:
     )
     if replays == "stream":
         stream = pipeline.with_replays(stream)
-    elif replays == "reference":  # the files kept by reference, with the replay stream
+    elif replays in ("reference", "frames"):  # the files kept by reference, replay stream
         stream = pipeline.stream(spark)
     query = (
         stream.writeStream.foreachBatch(each_batch).option("checkpointLocation", checkpoint).start()

@@ -43,7 +43,7 @@ def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
         )
 
 
-@pytest.fixture(scope="module", params=["claim", "stream", "reference"])
+@pytest.fixture(scope="module", params=["claim", "stream", "reference", "frames"])
 def run(
     redis_server: EmbeddedRedis,
     tmp_path_factory: pytest.TempPathFactory,
@@ -52,7 +52,8 @@ def run(
     """``claim``: batches claim their replays, drain() runs the last ones; ``stream``:
     replays ride the replay stream (batch 2 re-run reads the replays its offset claimed),
     and the job waits for nothing pending with its query running; ``reference``: the same
-    with the files kept by reference (replays read back from them)."""
+    with the files kept by reference (replays read back from them); ``frames``: that as
+    DataFrame stages, killed inside the write of a ``sink_dataframe``."""
     tmp = tmp_path_factory.mktemp("crash-driver")
     ns = f"cd{uuid.uuid4().hex[:10]}"
     inputs = tmp / "in"
@@ -95,7 +96,7 @@ def run(
     layer = FTLayer(r, FTConfig(namespace=ns, timeout_s=3.0), create=False)
     result = json.loads(lines[-1][len("RESULT ") :])
     dead = result.pop("dead_ids")  # read back by the job (references hold no id)
-    if request.param != "reference":
+    if request.param not in ("reference", "frames"):
         assert sorted(dead) == sorted(d.frame.decode()["id"]
                                       for d in layer.persistence.dead_letters() if d.frame)
     out = {

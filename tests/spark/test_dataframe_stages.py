@@ -203,3 +203,19 @@ def test_stages_need_a_source_kept_by_reference(
     pipeline = ft.pipeline().transform(parse).sink_dataframe(lambda df, _: df.count())
     with pytest.raises(ConfigError, match="reads="):
         pipeline(spark.createDataFrame([(1, 1, "1")], SCHEMA), 0)
+
+
+def test_a_sink_that_runs_no_dataframe_action_is_an_error_not_an_ack(
+    spark: SparkSession, make_ft: Any, tmp_path: Path
+) -> None:
+    """A sink that writes nothing Spark's observations see (no action, or ``df.rdd``)
+    fails its batch with an error saying so; nothing is acked. Catches: rows acked that
+    no write took, a sink that blocks for ever waiting for metrics."""
+    ft = make_ft()
+    write_json(tmp_path / "in" / "a.json", range(20))
+    files = FileSource("json", str(tmp_path / "in"), SCHEMA)
+    pipeline = (ft.pipeline(reads=files, name="no-action")
+                .transform(parse, failed="amt IS NULL")
+                .sink_dataframe(lambda df, _: None))  # fmt: skip
+    with pytest.raises(ConfigError, match="no DataFrame action"):
+        pipeline(spark.read.schema(SCHEMA).json(str(tmp_path / "in")), 0)
