@@ -88,6 +88,25 @@ def test_pipeline_overhead_wide_smoke(tmp_path: Path) -> None:
     assert lat["replayed"] == 2000 // 20 + 2000 // 50 and 0 < lat["p50"] <= lat["p99"]
 
 
+def test_dataframe_overhead_smoke(tmp_path: Path) -> None:
+    """DataFrame stages beside plain DataFrame code (benchmarks.dataframe_overhead), tiny."""
+    env = {**os.environ, "FTLAYER_BENCH_RESULTS": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "benchmarks.dataframe_overhead", "--records",
+                          "3000", "--repeat", "1", "--warmup", "0", "--payload-bytes", "100",
+                          "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert json.loads((tmp_path / "dataframe_overhead_100.json").read_text()) == r
+    assert set(r["records_per_s"]) == {"dataframe", "parquet", "df_ft_on",
+                                       "df_ft_on_failing", "df_parquet"}  # fmt: skip
+    assert all(v > 0 for v in r["records_per_s"].values())
+    for k, base in (("df_ft_on", "dataframe"), ("df_ft_on_failing", "dataframe"),
+                    ("df_parquet", "parquet")):  # fmt: skip
+        assert r[f"ratio_{k}_vs_{base}"] > 0, k
+    assert r["redis_bytes_per_record"] > 0 and r["records"] == 3000
+
+
 def test_ack_throughput_smoke(tmp_path: Path) -> None:
     r = _bench(tmp_path, "benchmarks.ack_throughput", "--records", "600", "--batch", "200",
                "--sweep", "100,200", "--repeat", "1")  # fmt: skip

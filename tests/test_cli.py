@@ -59,14 +59,17 @@ def test_readme_array_example_runs_as_written() -> None:
     assert out.stdout.splitlines() == ["completed=990 queued_replays=10"]
 
 
-def test_readme_pipeline_is_the_tested_one() -> None:
-    """The README's pipeline is the one tests/spark runs (from docs/vectorized.md)."""
+def test_readme_pipelines_are_the_tested_ones() -> None:
+    """The README's pipelines are the ones tests/spark runs: the DataFrame one first (from
+    docs/dataframe-stages.md), then the Arrow one (from docs/vectorized.md)."""
     block = re.compile(r"```python\n(.*?)```", re.S)
     readme = (ROOT / "README.md").read_text()
-    pipeline = readme[readme.index("## A fault-tolerant") :]
-    doc = (ROOT / "docs" / "vectorized.md").read_text()
-    assert block.search(pipeline).group(1) == block.search(doc).group(1)
-    assert len(block.search(pipeline).group(1).strip().splitlines()) < 25
+    first, second = block.findall(readme[readme.index("## A fault-tolerant") :])[:2]
+    frames = (ROOT / "docs" / "dataframe-stages.md").read_text()
+    assert first == block.search(frames).group(1)
+    assert ".transform(" in first and ".sink_dataframe(" in first and "write" in first
+    assert second == block.search((ROOT / "docs" / "vectorized.md").read_text()).group(1)
+    assert len(first.strip().splitlines()) < 25 and len(second.strip().splitlines()) < 25
 
 
 def test_demo_json_loses_nothing() -> None:
