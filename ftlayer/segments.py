@@ -168,6 +168,18 @@ class SegmentStore(NamespacePart):
             out.update(zip(ts, got, strict=True))
         return out
 
+    def batch_summaries(self, source: int, batch_key: str) -> list[bytes]:
+        """The summaries the tasks of one batch stored under its prefix (every attempt's:
+        the index set is per shard), one SMEMBERS and one MGET per shard."""
+        batch = self.batch_prefix(source, batch_key)
+        out: list[bytes] = []
+        for shard in self.keyspace.shards:
+            tokens = cast(set[bytes], self.client.smembers(f"{shard.prefix}:sumidx:{batch}"))
+            if tokens:
+                keys = [f"{shard.prefix}:sum:{t.decode()}" for t in sorted(tokens)]
+                out += [x for x in cast(list[bytes | None], self.client.mget(keys)) if x]
+        return out
+
     def get(self, partition: int, member: str) -> bytes | None:
         prefix = self.keyspace[self.shard_of_partition(partition)].prefix
         return self.client.get(f"{prefix}:seg:{member}")  # type: ignore[return-value]

@@ -172,7 +172,9 @@ class Failure(NamedTuple):
 
 
 @dataclass
-class _Summary:
+class Summary:
+    """A task's summary as its source task packed it (ftlayer.spark.vector_tasks)."""
+
     raw: dict[str, Any]
 
     @property
@@ -349,7 +351,7 @@ class VectorRun:
 
     # -- settling --------------------------------------------------------------------------
     def settle(self, finals: list[bytes]) -> BatchResult:
-        summaries = [_Summary(msgpack.unpackb(f, raw=False)) for f in finals]
+        summaries = [Summary(msgpack.unpackb(f, raw=False)) for f in finals]
         ok = self._gather(summaries)
         self._ran_replays(summaries)
         self._count(summaries)
@@ -380,7 +382,7 @@ class VectorRun:
         )  # fmt: skip
         return self.result
 
-    def _gather(self, summaries: list[_Summary]) -> bool:
+    def _gather(self, summaries: list[Summary]) -> bool:
         """Fetch upstream summaries by token, stage by stage. False when one is missing
         or two attempts of one task both counted."""
         ok = True
@@ -394,7 +396,7 @@ class VectorRun:
                     log.error("task summary missing token=%x", token)
                     ok = False
                     continue
-                s = _Summary(msgpack.unpackb(raw, raw=False))
+                s = Summary(msgpack.unpackb(raw, raw=False))
                 summaries.append(s)
                 frontier.extend(s.raw["upstream"])
         keys = [s.key for s in summaries]
@@ -403,7 +405,7 @@ class VectorRun:
             ok = False
         return ok
 
-    def _ran_replays(self, summaries: list[_Summary]) -> None:
+    def _ran_replays(self, summaries: list[Summary]) -> None:
         """The replays this batch ran, as the source tasks that counted report them
         (claimed by this run, or read from the replay stream): settled below."""
         self.injected, self.replay_keys = {}, {}
@@ -417,7 +419,7 @@ class VectorRun:
                     if k < 1 << 63:  # a null or negative key was dead-lettered at the source
                         self.replay_keys.setdefault(k, []).append(src)
 
-    def _count(self, summaries: list[_Summary]) -> None:
+    def _count(self, summaries: list[Summary]) -> None:
         r = self.result
         for s in summaries:
             raw = s.raw
@@ -438,7 +440,7 @@ class VectorRun:
 
     def _keys_to_ids(
         self,
-        summaries: list[_Summary],
+        summaries: list[Summary],
         keys_failed: dict[int, Failure],
         keys_unc: set[int],
         failed: dict[int, Failure],
@@ -488,7 +490,7 @@ class VectorRun:
             self.tables[member] = None if blob is None else pa.ipc.open_stream(blob).read_all()
         return self.tables[member]
 
-    def _residues(self, summaries: list[_Summary]) -> tuple[dict[int, Failure], set[int]]:
+    def _residues(self, summaries: list[Summary]) -> tuple[dict[int, Failure], set[int]]:
         """Failed source ids with their first error and attempts used; unconfirmed ones
         (failed wins)."""
         failed: dict[int, Failure] = {}
@@ -503,7 +505,7 @@ class VectorRun:
         return failed, unconfirmed - failed.keys()
 
     def _settle_segments(
-        self, summaries: list[_Summary], failed: dict[int, Failure], unconfirmed: set[int]
+        self, summaries: list[Summary], failed: dict[int, Failure], unconfirmed: set[int]
     ) -> None:
         assert self.layer is not None
         store, cfg, plan = self.layer.segments, self.layer.config, self.plan

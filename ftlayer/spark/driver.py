@@ -382,11 +382,9 @@ class FaultTolerance:
     def _run_frames(self, pipeline: Pipeline, df: DataFrame, batch_id: Any, schema: Any,
                     started: float) -> BatchResult:  # fmt: skip
         """One batch of DataFrame stages (see ftlayer.spark.frame_run)."""
-        if pipeline.reads is None:
-            raise ConfigError("DataFrame stages (transform, sink_dataframe) need a source "
-                              "kept by reference: ft.pipeline(reads=FileSource(...))")
         if pipeline.record_key is not None:
-            raise ConfigError("record_key takes batch stages (map_batches, map_pandas)")
+            raise ConfigError("record_key takes pipelines of batch stages only (map_batches, "
+                              "map_pandas), not DataFrame stages (transform, sink_dataframe)")
         result = BatchResult(batch_id)
         self._backpressure(pipeline.source, batch_id)
         spark = df.sparkSession

@@ -37,16 +37,27 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgpack
 import numpy as np
 import pyarrow as pa
 
 from ftlayer.errors import ConfigError, FTLayerError
+from ftlayer.ids import is_local
+from ftlayer.limits import DEAD_NOW
 from ftlayer.segments import frames_of_rows
-from ftlayer.spark.batch_scope import Failure, VectorRun
-from ftlayer.spark.plan import MAX_MESSAGES, FrameStage, error_text, stage_name
+from ftlayer.spark.batch_scope import Failure, Summary, VectorRun, arrow_schema, spark_schema
+from ftlayer.spark.frame_tasks import (
+    DEAD_COL,
+    ERROR_COL,
+    FAILED_COL,
+    CopySource,
+    PythonStep,
+    answer_type,
+)
+from ftlayer.spark.plan import MAX_MESSAGES, BatchStage, FrameStage, error_text, stage_name
 from ftlayer.spark.references import with_references
 from ftlayer.spark.results import StageCounts
-from ftlayer.spark.vector_tasks import LOC_COL, POS_COL, SRC_COL
+from ftlayer.spark.vector_tasks import LOC_COL, POS_COL, SRC_COL, stage_label
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -57,7 +68,6 @@ log = logging.getLogger(__name__)
 
 IDENTITY = {"ftlayer": "identity"}
 """The metadata of the identity columns (``__ft_loc``, ``__ft_pos``)."""
-FAILED_COL = "__ft_failed"
 
 
 def frame_label(segment: int, op: int, fn: Any) -> str:
@@ -77,6 +87,10 @@ class FrameRun(VectorRun):
     plain_source: DataFrame | None = None
     """The batch's source rows without observations: read again only if the sink raised."""
     claimed: dict[int, int] = field(default_factory=dict)
+    copies: bool = False
+    """Its fresh rows are copies, stored by the source pass (frame_tasks.CopySource)."""
+    sink_label: str = ""
+    """A Python sink's label (its observation counts its failed rows only)."""
 
     # -- the plan ----------------------------------------------------------------------
     def frame(self, df: DataFrame, key: tuple[str, ...], partitions: int | None,
@@ -100,8 +114,18 @@ class FrameRun(VectorRun):
         parts = []
         if fresh:
             rows = df.filter(F.col(SRC_COL).isNull()) if streamed else df
-            if LOC_COL not in rows.columns:
-                rows = with_references(reads, rows)
+            if reads is not None:
+                if LOC_COL not in rows.columns:
+                    rows = with_references(reads, rows)
+            elif self.layer is not None:  # copies: the one Python pass, storing them
+                self.copies = True
+                copy = CopySource(plan.config, plan.source, plan.batch_key, plan.salt)
+                fields = [*plan.inputs[0], pa.field(LOC_COL, pa.int64()),
+                          pa.field(POS_COL, pa.int64())]  # fmt: skip
+                rows = rows.select(*names).mapInArrow(copy, spark_schema(pa.schema(fields)))
+            else:  # FT off: nothing to name
+                rows = rows.select(*names, F.lit(None).cast("long").alias(LOC_COL),
+                                   F.lit(0).cast("long").alias(POS_COL))  # fmt: skip
             parts.append(rows.select(*names, F.col(LOC_COL).alias(LOC_COL, metadata=IDENTITY),
                                      F.col(POS_COL).alias(POS_COL, metadata=IDENTITY)))
         if self.layer is not None:
@@ -128,16 +152,26 @@ class FrameRun(VectorRun):
             if i:
                 prev = plan.segments[i - 1]
                 out = out.repartition(prev.shuffle_n, *prev.shuffle_cols)
-            for j, (_, stage) in enumerate(seg.ops):
-                out = self._stage(out, frame_label(i, j, stage.fn), stage)
-        if not self.observed:  # the batch's count, at the sink's input
-            obs = Observation(f"ft-{plan.salt:x}-count")
-            self.observed.append(("", obs))
-            out = out.observe(obs, F.count(F.lit(1)).alias("rows"))
+            for j, (kind, stage) in enumerate(seg.ops):
+                if kind == "frame":
+                    out = self._stage(out, frame_label(i, j, stage.fn), stage)
+                else:
+                    out = self._python(out, stage_label(i, j, stage.fn), stage,
+                                       arrow_schema(stage.schema, spark))  # fmt: skip
         return out
 
-    def _stage(self, df: DataFrame, label: str, stage: FrameStage) -> DataFrame:
+    def _counted(self, df: DataFrame) -> DataFrame:
+        """``df`` counted by an observation of its own if no stage observed the batch."""
         from pyspark.sql import Observation
+        from pyspark.sql import functions as F  # noqa: N812
+
+        if self.observed:
+            return df
+        obs = Observation(f"ft-{self.plan.salt:x}-count")
+        self.observed.append(("", obs))
+        return df.observe(obs, F.count(F.lit(1)).alias("rows"))
+
+    def _stage(self, df: DataFrame, label: str, stage: FrameStage) -> DataFrame:
         from pyspark.sql import functions as F  # noqa: N812
 
         out = stage.fn(df)
@@ -158,11 +192,38 @@ class FrameRun(VectorRun):
         errors = stage.errors
         text = F.lit(label) if errors is None else F.concat_ws(
             ": ", F.lit(label), F.lit(errors) if isinstance(errors, str) else errors)  # fmt: skip
-        # the flag as a column, observed, then filtered: the observation also keeps Spark
-        # from pushing the filter below fn's projection (which would compute it twice)
         out = out.withColumn(FAILED_COL, F.coalesce(failed, F.lit(False)))
+        return self._observe(out, label, F.coalesce(text, F.lit(label)), F.lit(False))
+
+    def _python(self, df: DataFrame, label: str, stage: BatchStage,
+                output: pa.Schema | None) -> DataFrame:  # fmt: skip
+        """A Python stage (a sink: ``output`` None) as a ``mapInArrow`` answering its
+        outputs and its failed rows (ftlayer.spark.frame_tasks), observed and filtered."""
+        from pyspark.sql import functions as F  # noqa: N812
+        from pyspark.sql.pandas.types import to_arrow_schema
+        from pyspark.sql.types import StructType
+
+        user = StructType([f for f in df.schema.fields if f.name not in (LOC_COL, POS_COL)])
+        inputs = to_arrow_schema(user, timezone="UTC")
+        step = PythonStep(stage, label, inputs, output, stage.errors or self.plan.errors)
+        out = df.mapInArrow(step, answer_type(step))
+        names = list(output.names) if output is not None else []
+        out = out.select(*names, F.col(LOC_COL).alias(LOC_COL, metadata=IDENTITY),
+                         F.col(POS_COL).alias(POS_COL, metadata=IDENTITY),
+                         FAILED_COL, ERROR_COL, DEAD_COL)  # fmt: skip
+        out = self._observe(out, label, F.col(ERROR_COL), F.col(DEAD_COL))
+        return out.drop(ERROR_COL, DEAD_COL)
+
+    def _observe(self, out: DataFrame, label: str, error: Column, dead: Column) -> DataFrame:
+        """Observe the rows ``__ft_failed`` marks (their identity, error, whether they go
+        straight to the dead letters) and the stage's count; leave the others. The flag
+        is a column, observed, then filtered: the observation also keeps Spark from
+        pushing the filter below the stage's projection (which would compute it twice)."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F  # noqa: N812
+
         obs = Observation(f"ft-{self.plan.salt:x}-{len(self.observed)}")
-        why = F.struct(F.col(LOC_COL), F.col(POS_COL), F.coalesce(text, F.lit(label)))
+        why = F.struct(F.col(LOC_COL), F.col(POS_COL), error, dead)
         self.observed.append((label, obs))
         out = out.observe(obs, F.count(F.lit(1)).alias("rows"),
                           F.collect_list(F.when(F.col(FAILED_COL), why)).alias("failed"))
@@ -173,18 +234,33 @@ class FrameRun(VectorRun):
         """Call the sink with ``out`` (the identity columns dropped unless it wants them),
         then settle: the sink's failure fails every record of the batch."""
         seg = self.plan.segments[-1]
-        assert seg.sink is not None
-        given = out if seg.sink_ids else out.drop(LOC_COL, POS_COL)
+        user_sink = seg.sink
+        assert user_sink is not None
+        out = self._counted(out)
+        if seg.sink_per == "dataframe":
+            given = out if seg.sink_ids else out.drop(LOC_COL, POS_COL)
+            name = f"sink_dataframe {stage_name(user_sink)}"
+
+            def write() -> None:
+                user_sink(given, batch_id)
+        else:  # a Python sink: its failed and unconfirmed rows are its answer
+            label = stage_label(len(self.plan.segments) - 1, len(seg.ops), user_sink, True)
+            sink = BatchStage(user_sink, None, pandas=seg.sink_pandas, errors=seg.sink_errors)
+            answers = self._python(out, label, sink, None)
+            name = self.sink_label = label
+
+            def write() -> None:
+                answers.write.format("noop").mode("overwrite").save()
         try:
-            with _metrics_kept(given.sparkSession):
-                seg.sink(given, batch_id)
+            with _metrics_kept(out.sparkSession):
+                write()
         except Exception as e:
-            text = error_text(f"sink_dataframe {stage_name(seg.sink)}", e)
+            text = error_text(name, e)
             log.error("DataFrame sink failed batch_id=%s: every record of the batch "
                       "replays: %s", self.result.batch_id, text)  # fmt: skip
             self._fail_everything(text)
             return
-        self._settle_observed(stage_name(seg.sink))
+        self._settle_observed(name)
 
     def _settle_observed(self, sink: str) -> None:
         """Read the observations (the counts, the failed rows, the replays read) and
@@ -193,7 +269,7 @@ class FrameRun(VectorRun):
         first = _metrics(self.observed[0][1])
         if first is None:
             raise ConfigError(
-                f"sink_dataframe {sink} ran no DataFrame action on its DataFrame, so "
+                f"{sink} ran no DataFrame action on its DataFrame, so "
                 "ftlayer cannot know what it wrote: write it with df.write (or collect, "
                 "toArrow, count); df.foreach/foreachPartition and df.rdd do not report "
                 "to Spark's observations")  # fmt: skip
@@ -203,8 +279,8 @@ class FrameRun(VectorRun):
             ran = [] if got is None else [int(x) & _U64 for x in got["ids"]]
         r = self.result
         r.replayed = len(ran)
-        fresh: dict[tuple[int, int], str] = {}
-        replays: dict[int, str] = {}
+        fresh: dict[tuple[int | None, int], Failure] = {}
+        replays: dict[int, Failure] = {}
         r.fresh = max(int(first["rows"]) - len(ran), 0)
         for label, obs in self.observed:
             m = _metrics(obs)
@@ -212,12 +288,15 @@ class FrameRun(VectorRun):
                 raise FTLayerError(f"{label}'s rows were not all seen by the sink's job: "
                                    "the batch fails (Spark runs it again)")  # fmt: skip
             failed = m.get("failed", [])
-            for loc, pos, text in failed:
-                if loc is None:
-                    replays.setdefault(int(pos) & _U64, text)
+            for loc, pos, text, dead in failed:
+                why = Failure(text, 1 | DEAD_NOW if dead else 1)
+                if _replay(loc, pos):
+                    replays.setdefault(int(pos) & _U64, why)
                 else:
-                    fresh.setdefault((int(loc), int(pos)), text)
+                    fresh.setdefault((loc, int(pos)), why)
             rows = int(m["rows"])
+            if label == self.sink_label:  # a Python sink answers its failed rows only
+                rows = r.written
             if label:
                 r.stages.setdefault(label, StageCounts()).add(
                     StageCounts(rows, rows - len(failed), len(failed)))  # fmt: skip
@@ -233,30 +312,52 @@ class FrameRun(VectorRun):
         ids = self.plain_source.select(LOC_COL, POS_COL).toArrow()
         loc = ids.column(LOC_COL).to_pylist()
         pos = ids.column(POS_COL).to_pylist()
-        ran = {p & _U64 for lo, p in zip(loc, pos, strict=True) if lo is None}
-        fresh = {(lo, p): text for lo, p in zip(loc, pos, strict=True) if lo is not None}
+        ran = {p & _U64 for lo, p in zip(loc, pos, strict=True) if _replay(lo, p)}
+        why = Failure(text, 1)
+        fresh = {(lo, p): why for lo, p in zip(loc, pos, strict=True) if not _replay(lo, p)}
         r.replayed, r.fresh = len(ran), len(fresh)
         r.errors.append(text)
-        self._settle(ran, fresh, dict.fromkeys(ran, text))
+        self._settle(ran, fresh, dict.fromkeys(ran, why))
 
-    def _settle(self, ran: set[int], fresh: dict[tuple[int, int], str],
-                replays: dict[int, str]) -> None:  # fmt: skip
+    def _settle(self, ran: set[int], fresh: dict[tuple[int | None, int], Failure],
+                replays: dict[int, Failure]) -> None:  # fmt: skip
         r = self.result
         r.failed = len(fresh) + len(replays)
         r.acked = r.fresh + r.replayed - r.failed
-        for text in [*fresh.values(), *replays.values()][:MAX_MESSAGES]:
-            if len(r.errors) < MAX_MESSAGES and text not in r.errors:
-                r.errors.append(text)
+        for why in [*fresh.values(), *replays.values()][:MAX_MESSAGES]:
+            if len(r.errors) < MAX_MESSAGES and why.error not in r.errors:
+                r.errors.append(why.error)
         if self.layer is None:
             return
         self.injected = {s: c for s, c in self.claimed.items() if s in ran}
-        failed = {src: Failure(text, 1) for src, text in replays.items()}
-        self._persist_failed(fresh, r.fresh)
+        failed = dict(replays)
+        if self.copies:
+            self._settle_copies({pos & _U64: why for (_, pos), why in fresh.items()})
+        else:
+            self._persist_failed({(lo, pos): why for (lo, pos), why in fresh.items()
+                                  if lo is not None}, r.fresh)  # fmt: skip
         self._not_found(failed)
         self._settle_replays(failed, set())
         self.result.redis_calls = self.calls
 
-    def _persist_failed(self, fresh: dict[tuple[int, int], str], rows: int) -> None:
+    def _settle_copies(self, failed: dict[int, Failure]) -> None:
+        """Settle the segments the source pass stored (one attempt's per partition; the
+        others are dropped): their failed rows become records, the rest complete."""
+        assert self.layer is not None
+        plan = self.plan
+        raws = self.layer.segments.batch_summaries(plan.source, plan.batch_key)
+        self.calls += 2 * len(self.layer.keyspace)
+        one: dict[int, dict[str, Any]] = {}
+        for raw in raws:
+            d = msgpack.unpackb(raw, raw=False)
+            one.setdefault(d["partition"], d)
+        last = len(plan.segments) - 1  # no summary tokens of shuffles to delete
+        summaries = [Summary({"stage": last, "partition": p, "segment": d["segment"],
+                               "segment_rows": d["rows"], "token": 0,
+                               "immediate_replays": 0}) for p, d in sorted(one.items())]
+        self._settle_segments(summaries, failed, set())
+
+    def _persist_failed(self, fresh: dict[tuple[int, int], Failure], rows: int) -> None:
         """Fresh rows that failed, as records kept by reference, queued for replay with
         their errors: a segment of them per shard, stored then settled at once (one
         segment on shard 0 when none failed: it counts the batch's rows)."""
@@ -282,7 +383,8 @@ class FrameRun(VectorRun):
                                     source=plan.source, partition=shard,
                                     max_replays=cfg.max_replays,
                                     max_payload=cfg.max_record_bytes)  # fmt: skip
-            fails = [(f, text, 1) for f, (_, text) in zip(frames, mine, strict=True)]
+            fails = [(f, why.error, why.attempts)
+                     for f, (_, why) in zip(frames, mine, strict=True)]  # fmt: skip
             # shard 0's segment also counts the rows that completed (persisted, completed)
             seg_rows = max(rows - elsewhere, len(mine)) if shard == 0 else len(mine)
             jobs[shard] = ([(member, seg_rows, fails, [], 0)], [])
@@ -312,6 +414,12 @@ def _metrics_kept(spark: Any) -> Iterator[None]:
             spark.conf.unset(_EXCLUDED)
         else:
             spark.conf.set(_EXCLUDED, before)
+
+
+def _replay(loc: int | None, pos: int) -> bool:
+    """A replay's identity: no location, and a persisted record id (not a batch-local
+    id, which names a copied row of this batch's source pass)."""
+    return loc is None and not bool(is_local(np.array([pos & _U64], np.uint64))[0])
 
 
 def _column(spec: Any, df: DataFrame) -> Column | None:

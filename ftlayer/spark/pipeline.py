@@ -149,11 +149,12 @@ class Pipeline:
             raise ConfigError("ack_scope='task' runs row stages only (map, flat_map, filter)")
         kinds = {_KINDS.get(kind, "row") for seg in self.segments for kind, _ in seg.ops}
         kind = _KINDS.get(op[0], "row")
-        if kinds and kind not in kinds:
+        mixed = kinds | {kind}
+        if "row" in mixed and len(mixed) > 1:
             raise ConfigError(
-                "a pipeline takes one kind of stage: batch stages (map_batches, "
-                "map_pandas), row stages (map, flat_map, filter) or DataFrame stages "
-                f"(transform); this one has {', '.join(sorted(kinds))} stages, not {kind}"
+                "row stages (map, flat_map, filter) take a pipeline of their own: they do "
+                "not mix with batch stages (map_batches, map_pandas) or DataFrame stages "
+                "(transform), which mix with each other"
             )
         last = self.segments[-1]
         return replace(self, segments=(*self.segments[:-1], replace(last, ops=(*last.ops, op))))
@@ -164,7 +165,8 @@ class Pipeline:
 
     def _not_frames(self) -> None:
         if self.frames:
-            raise ConfigError("a pipeline of DataFrame stages ends with sink_dataframe()")
+            raise ConfigError("a pipeline of DataFrame stages ends with sink_dataframe() "
+                              "or sink_batches()")
 
     def map_batches(
         self, fn: Callable[..., Any], schema: Any, errors: ErrorPolicy | None = None
@@ -192,10 +194,9 @@ class Pipeline:
         ``Outcome(failed=..., unconfirmed=...)`` for rows whose writes failed or were not
         confirmed (those stay pending, time out and replay)."""
         self._open()
-        self._not_frames()
         if self.ack_scope == "task":
             raise ConfigError("ack_scope='task' runs row stages only: end it with sink()")
-        if self.segments[-1].ops and not self.vectorized:
+        if self.segments[-1].ops and not self.vectorized and not self.frames:
             raise ConfigError("sink_batches ends a pipeline of batch stages; use sink()")
         last = replace(self.segments[-1], sink=fn, sink_per="batch", sink_pandas=pandas,
                        sink_errors=errors)  # fmt: skip
@@ -241,8 +242,9 @@ class Pipeline:
         self._open()
         if not callable(fn):
             raise ConfigError(f"sink_dataframe takes a function (df, batch_id), not {fn!r}")
-        if any(kind != "frame" for seg in self.segments for kind, _ in seg.ops):
-            raise ConfigError("sink_dataframe ends a pipeline of DataFrame stages (transform)")
+        if any(_KINDS.get(kind, "row") == "row" for seg in self.segments for kind, _ in seg.ops):
+            raise ConfigError("sink_dataframe ends a pipeline of DataFrame or batch stages, "
+                              "not of row stages (map, flat_map, filter): end it with sink()")
         if self.ack_scope != "batch":
             raise ConfigError("sink_dataframe needs the default ack_scope='batch'")
         last = replace(self.segments[-1], sink=fn, sink_per="dataframe", sink_ids=with_ids)

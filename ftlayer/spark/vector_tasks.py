@@ -532,7 +532,7 @@ def _finish(
         rows = sum(b.num_rows for b in fresh)
         if rows:
             member = store.member(plan.source, plan.batch_key, task.partition, token)
-            blob = _segment_bytes(fresh, plan.config.segment_codec)
+            blob = segment_bytes(fresh, plan.config.segment_codec)
         summary = task.pack(token, member, rows)
         batch = store.batch_prefix(plan.source, plan.batch_key)
         # without a shuffle the summary travels as the task's result, else through Redis
@@ -557,7 +557,7 @@ def _finish(
     yield pa.RecordBatch.from_arrays(arrays, schema=plan.id_schemas[stage])
 
 
-def _segment_bytes(batches: list[pa.RecordBatch], codec: str) -> memoryview:
+def segment_bytes(batches: list[pa.RecordBatch], codec: str) -> memoryview:
     """A segment: the fresh rows as one Arrow IPC stream (``pa.ipc.open_stream`` reads it
     back), compressed by ``codec`` (FTConfig.segment_codec), as a view that the connection
     sends without copying (ftlayer.connection.BufferPacker). Uncompressed, the stream is

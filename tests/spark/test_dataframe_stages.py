@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812
 
 from ftlayer.errors import ConfigError
 from ftlayer.spark import FaultTolerance, FileSource
 
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.spark
 
 SCHEMA = "id long, key long, amount string"
@@ -197,13 +200,40 @@ def test_a_pipeline_mixing_kinds_of_stage_is_refused(make_ft: Any, tmp_path: Pat
         ft.pipeline(reads=files).transform(parse).sink_batches(lambda b: None)
 
 
-def test_stages_need_a_source_kept_by_reference(
-    spark: SparkSession, make_ft: Any
+def test_a_source_that_cannot_be_read_again_is_copied_once(
+    spark: SparkSession, make_ft: Any, tmp_path: Path
 ) -> None:
-    ft: FaultTolerance = make_ft()
-    pipeline = ft.pipeline().transform(parse).sink_dataframe(lambda df, _: df.count())
-    with pytest.raises(ConfigError, match="reads="):
-        pipeline(spark.createDataFrame([(1, 1, "1")], SCHEMA), 0)
+    """A plain DataFrame (no ``reads=``) through DataFrame stages: its rows are copied
+    by one Python pass that stores them (a segment per partition), failed rows replay from
+    their copies (``drain``), the rest complete, and no segment is left. Catches: copies
+    never stored (failed rows lost), segments left to time out (everything replays), a
+    replay of a copy mistaken for a fresh row."""
+    ft: FaultTolerance = make_ft(timeout_s=2.0, max_replays=2)
+    out = tmp_path / "out"
+    rows = [(i, i % 7, "n/a" if i % 41 == 3 else f"{i}.5") for i in range(400)]
+    seen = tmp_path / "seen"
+    pipeline = (
+        ft.pipeline(name="copies")
+        .transform(parse, failed="amt IS NULL", errors="bad amount")
+        .partition_by(["key"], 3)
+        # ids = 9 (mod 50) fail while the file "seen" does not exist: their fresh attempt
+        .transform(lambda df: df, failed=F.lit(not seen.exists()) & (F.col("id") % 50 == 9))
+        .sink_dataframe(lambda df, _: df.write.mode("append").parquet(str(out)))
+    )  # fmt: skip
+    first = ft.run_batch(pipeline, spark.createDataFrame(rows, SCHEMA).repartition(3), 0)
+    bad = {i for i in range(400) if i % 41 == 3}
+    once = {i for i in range(400) if i % 50 == 9} - bad
+    assert (first.fresh, first.failed) == (400, len(bad) + len(once)), first
+    seen.write_text("")
+    drained = ft.drain(timeout_s=60, pipeline=pipeline)
+    assert drained.drained, drained
+    got = written(spark, out)
+    assert set(got) == set(range(400)) - bad and max(got.values()) == 1
+    letters = pipeline.dead_letters(spark)
+    assert sorted(letters.column("id").to_pylist()) == sorted(bad)
+    assert set(letters.column("amount").to_pylist()) == {"n/a"}, "the copies' columns"
+    st = ft.layer.stats()
+    assert st.pending == 0 and st.unsettled_segments == 0 and st.dead_letters == len(bad)
 
 
 def test_a_sink_that_runs_no_dataframe_action_is_an_error_not_an_ack(
@@ -237,3 +267,61 @@ def test_the_documented_example_runs(spark: SparkSession, capsys: pytest.Capture
     assert sorted(letters.column("id").to_pylist()) == [0, 97, 194, 291, 388, 485]
     assert scope["ft"].layer.stats().pending == 0
     scope["ft"].close()
+
+
+def test_python_and_dataframe_stages_mix_in_one_pipeline(
+    spark: SparkSession, make_ft: Any, probe: Any, tmp_path: Path
+) -> None:
+    """A Python batch stage (failing ids = 1 (mod 50) on their first attempt through an
+    ``Outcome``, raising on id 77 every time: bisection isolates it), a keyed shuffle, a
+    DataFrame stage (``try_cast``: ``n/a`` amounts fail every time), and a Python sink that
+    leaves ids = 7 (mod 60) unconfirmed once. Every record lands or is a dead letter with
+    its error; unconfirmed writes replay. Catches: identity lost through a Python stage,
+    a Python stage's failures or raised rows not observed, a Python sink's answers lost."""
+    import pyarrow as pa
+    from probe import first_seen
+
+    from ftlayer.spark import Outcome
+
+    ft = make_ft(timeout_s=2.0, max_replays=2)
+    n, bad = 600, {i for i in range(600) if i % 97 == 5}
+    write_json(tmp_path / "in" / "a.json", range(n), bad)
+    files = FileSource("json", str(tmp_path / "in"), SCHEMA)
+
+    def stage1(b: pa.RecordBatch) -> Outcome:
+        ids = b.column("id").to_numpy()
+        if (ids == 77).any():
+            raise ValueError("id 77 is poison")
+        out = b.append_column("twice", pa.array(ids * 2))
+        failed = first_seen(probe, "s1", ids, ids % 50 == 1)
+        return Outcome(out, failed=failed, errors="first attempt fails")
+
+    def sink(b: pa.RecordBatch) -> Outcome:
+        ids = b.column("id").to_numpy()
+        assert b.schema.names == ["id", "key", "amount", "twice", "amt"], b.schema.names
+        probe.r.rpush(f"{probe.prefix}:sink", *ids.tolist())
+        return Outcome(None, unconfirmed=first_seen(probe, "unc", ids, ids % 60 == 7))
+
+    pipeline = (
+        ft.pipeline(reads=files, name="mixed")
+        .map_batches(stage1, "id long, key long, amount string, twice long")
+        .partition_by(["key"], 3)
+        .transform(parse, failed="amt IS NULL", errors="bad amount")
+        .sink_batches(sink)
+    )
+    query = (
+        pipeline.stream(spark).writeStream.foreachBatch(pipeline)
+        .trigger(availableNow=True).option("checkpointLocation", str(tmp_path / "ck")).start()
+    )  # fmt: skip
+    assert query.awaitTermination(120), "the availableNow query did not end"
+    assert query.exception() is None, query.exception()
+    got = Counter(int(x) for x in probe.r.lrange(f"{probe.prefix}:sink", 0, -1))
+    dead = bad | {77}
+    assert set(got) == set(range(n)) - dead, "lost records, or dead letters written"
+    unconfirmed = {i for i in range(n) if i % 60 == 7} - dead
+    assert all(c == (2 if i in unconfirmed else 1) for i, c in got.items())
+    letters = {r["id"]: r["error"] for r in pipeline.dead_letters(spark).to_pylist()}
+    assert set(letters) == dead
+    assert "ValueError: id 77 is poison" in letters[77] and "map_batches" in letters[77]
+    assert all("transform[1.0] parse: bad amount" in letters[i] for i in bad)
+    assert ft.layer.stats().pending == 0

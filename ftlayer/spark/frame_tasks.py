@@ -1,0 +1,156 @@
+"""Executor side of Python stages in a pipeline of DataFrame stages (ftlayer.spark.frame_run).
+
+A Python batch stage (``map_batches``, ``map_pandas``, ``sink_batches``) placed among
+DataFrame stages runs as one ``mapInArrow``: the user's function gets its batch without
+ftlayer's identity columns, exactly as on the vectorized path (outcomes, bisection, error
+policies), and the task answers
+
+* its output rows, each with the identity of the input row it derives from (``parents``);
+* one row per failed input row (and, in a sink, per unconfirmed one): null user columns,
+  the input row's identity, ``__ft_failed`` true, its error, and whether it goes straight
+  to the dead letters.
+
+The driver then observes and filters those rows like a DataFrame stage's ``failed=``.
+
+Invariant: every input row is accounted for in the task's answer -- it has output rows,
+is a failed row, or was dropped by the stage on purpose (a filter: complete).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+import pyarrow as pa
+
+from ftlayer.config import FTConfig
+from ftlayer.ids import batch_source_ids
+from ftlayer.spark.outcome import run_stage
+from ftlayer.spark.plan import BatchStage
+from ftlayer.spark.policy import BatchContext, ErrorPolicy
+from ftlayer.spark.vector_tasks import LOC_COL, POS_COL, segment_bytes
+from ftlayer.spark.worker import worker_layer
+
+__all__ = ["DEAD_COL", "ERROR_COL", "FAILED_COL", "CopySource", "PythonStep", "outcome_fields"]
+
+FAILED_COL = "__ft_failed"
+ERROR_COL = "__ft_error"
+DEAD_COL = "__ft_dead"
+UNCONFIRMED = "the sink did not confirm the write"
+
+
+def outcome_fields() -> list[pa.Field]:
+    """The columns every answer of a Python stage carries after the user's."""
+    return [pa.field(LOC_COL, pa.int64()), pa.field(POS_COL, pa.int64()),
+            pa.field(FAILED_COL, pa.bool_()), pa.field(ERROR_COL, pa.string()),
+            pa.field(DEAD_COL, pa.bool_())]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PythonStep:
+    """One Python stage (or a Python sink: ``output`` None) as a ``mapInArrow`` function."""
+
+    stage: BatchStage
+    label: str
+    inputs: pa.Schema
+    """The user columns the stage is given (its input without ftlayer's)."""
+    output: pa.Schema | None
+    policy: ErrorPolicy
+
+    @property
+    def answer_schema(self) -> pa.Schema:
+        return pa.schema([*(self.output or []), *outcome_fields()])
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        part, attempt = (tc.partitionId(), tc.attemptNumber()) if tc else (0, 0)
+        for b in batches:
+            yield self.run(b, part, attempt)
+
+    def run(self, b: pa.RecordBatch, partition: int = 0, attempt: int = 0) -> pa.RecordBatch:
+        loc, pos = b.column(LOC_COL), b.column(POS_COL)
+        user = b.select(self.inputs.names)
+        ids = np.asarray(pos.fill_null(0).to_numpy(zero_copy_only=False)).view(np.uint64)
+        ctx = BatchContext(ids, None, partition, attempt, 0)
+        sink = self.output is None
+        res = run_stage(self.stage.fn, user, self.label, schema=self.output,
+                        pandas=self.stage.pandas, is_sink=sink, policy=self.policy,
+                        ctx=ctx)  # fmt: skip
+        schema = self.answer_schema
+        parts = []
+        if res.output is not None and res.output.num_rows:
+            take = pa.array(res.parents)
+            n = res.output.num_rows
+            parts.append(pa.RecordBatch.from_arrays(
+                [*res.output.columns, loc.take(take), pos.take(take),
+                 pa.array(np.zeros(n, bool)), pa.nulls(n, pa.string()),
+                 pa.array(np.zeros(n, bool))], schema=schema))  # fmt: skip
+        rows = np.concatenate([res.failed, res.unconfirmed]).astype(np.int64)
+        if len(rows):
+            errors = [f"{self.label}: {e}" for e in res.errors]
+            errors += [f"{self.label}: {UNCONFIRMED}"] * len(res.unconfirmed)
+            take, n = pa.array(rows), len(rows)
+            user_cols = [pa.nulls(n, f.type) for f in (self.output or [])]
+            parts.append(pa.RecordBatch.from_arrays(
+                [*user_cols, loc.take(take), pos.take(take), pa.array(np.ones(n, bool)),
+                 pa.array(errors, pa.string()), pa.array(np.isin(rows, res.dead))],
+                schema=schema))  # fmt: skip
+        if not parts:
+            return pa.RecordBatch.from_pylist([], schema=schema)
+        if len(parts) == 1:
+            return parts[0]
+        return pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
+
+
+@dataclass(frozen=True)
+class CopySource:
+    """The one Python pass of a source that cannot be read again (copies): a task stores
+    its partition's rows as one segment (a copy, ftlayer.segments) with a summary of it,
+    then passes the rows on with their identity: a null location and a batch-local id
+    (partition and row index) as position.
+
+    Invariant: ids are a function of (partition, row index), so every attempt of a task
+    that reads its input in the same order names the same rows; the settlement takes any
+    one attempt's segment of a partition and drops the others. The rows are stored before
+    any of them goes on: a row a later stage sees is in Redis."""
+
+    config: FTConfig
+    source: int
+    batch_key: str
+    salt: int
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        partition = tc.partitionId() if tc else 0
+        held = [b for b in batches if b.num_rows]
+        rows = sum(b.num_rows for b in held)
+        if rows:
+            store = worker_layer(self.config).segments
+            token = store.new_token(store.shard_of_partition(partition))
+            member = store.member(self.source, self.batch_key, partition, token)
+            summary = msgpack.packb({"partition": partition, "segment": member, "rows": rows})
+            store.put(partition, member, segment_bytes(held, self.config.segment_codec),
+                      token, summary, self.salt,
+                      store.batch_prefix(self.source, self.batch_key))  # fmt: skip
+        ids = batch_source_ids(partition, 0, rows).view(np.int64)
+        start = 0
+        for b in held:
+            n = b.num_rows
+            yield pa.RecordBatch.from_arrays(
+                [*b.columns, pa.nulls(n, pa.int64()), pa.array(ids[start:start + n])],
+                names=[*b.schema.names, LOC_COL, POS_COL])  # fmt: skip
+            start += n
+
+
+def answer_type(step: PythonStep) -> Any:
+    """The Spark schema of a step's answer."""
+    from ftlayer.spark.batch_scope import spark_schema
+
+    return spark_schema(step.answer_schema)
