@@ -190,14 +190,20 @@ def test_a_stage_that_loses_the_identity_is_refused_naming_it(
     assert ft.layer is not None and ft.layer.stats().pending == 0
 
 
-def test_a_pipeline_mixing_kinds_of_stage_is_refused(make_ft: Any, tmp_path: Path) -> None:
-    """Until Python and DataFrame stages mix, one pipeline takes one kind, and says so."""
+def test_row_stages_do_not_mix_with_dataframe_stages(make_ft: Any, tmp_path: Path) -> None:
+    """Row stages take a pipeline of their own, and the error says so; a pipeline of
+    DataFrame stages ends in a DataFrame or batch sink, not a row sink."""
     ft = make_ft()
     files = FileSource("json", str(tmp_path), SCHEMA)
-    with pytest.raises(ConfigError, match="one kind of stage"):
-        ft.pipeline(reads=files).transform(parse).map_batches(lambda b: b, SCHEMA)
+    with pytest.raises(ConfigError, match="row stages .* take a pipeline of their own"):
+        ft.pipeline(reads=files).transform(parse).map(lambda r: r)
+    with pytest.raises(ConfigError, match="row stages .* take a pipeline of their own"):
+        ft.pipeline(reads=files).filter(lambda r: True).transform(parse)
     with pytest.raises(ConfigError, match="sink_dataframe"):
-        ft.pipeline(reads=files).transform(parse).sink_batches(lambda b: None)
+        ft.pipeline(reads=files).transform(parse).sink(lambda r: None)
+    with pytest.raises(ConfigError, match="not of row stages"):
+        ft.pipeline(reads=files).map(lambda r: r).sink_dataframe(lambda df, _: None)
+    ft.pipeline(reads=files).transform(parse).map_batches(lambda b: b, SCHEMA)  # they mix
 
 
 def test_a_source_that_cannot_be_read_again_is_copied_once(
@@ -216,8 +222,10 @@ def test_a_source_that_cannot_be_read_again_is_copied_once(
         ft.pipeline(name="copies")
         .transform(parse, failed="amt IS NULL", errors="bad amount")
         .partition_by(["key"], 3)
-        # ids = 9 (mod 50) fail while the file "seen" does not exist: their fresh attempt
-        .transform(lambda df: df, failed=F.lit(not seen.exists()) & (F.col("id") % 50 == 9))
+        # ids = 9 (mod 50) fail while the file "seen" does not exist (failed= as a function
+        # of the stage's output: built anew each batch): their fresh attempt
+        .transform(lambda df: df,
+                   failed=lambda df: F.lit(not seen.exists()) & (F.col("id") % 50 == 9))
         .sink_dataframe(lambda df, _: df.write.mode("append").parquet(str(out)))
     )  # fmt: skip
     first = ft.run_batch(pipeline, spark.createDataFrame(rows, SCHEMA).repartition(3), 0)
