@@ -179,5 +179,5 @@ def test_configuration_errors_are_named(spark: SparkSession, make_ft: Any) -> No
         ft.pipeline(ack_scope="task").map_batches(lambda b: b, "id long")
     with pytest.raises(ConfigError, match="ack_scope must be"):
         ft.pipeline(ack_scope="record")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="either batch stages"):
+    with pytest.raises(ConfigError, match="row stages .* take a pipeline of their own"):
         ft.pipeline().map(lambda r: r).map_batches(lambda b: b, "id long")
