@@ -25,6 +25,8 @@ Where each concept of the design lives (``serialization/`` frames records,
 * Replays as a Spark streaming source (offsets in the checkpoint, claims by token):
   ``spark/replay_stream.py``; sources kept by reference (file and row hash, read back):
   ``spark/references.py``; which pipeline owns a source: ``sources.py``
+* DataFrame stages and ``df.write`` sinks (the batch as the user's Spark plan, failed rows
+  collected by Spark's observations): ``spark/frame_run.py``, ``spark/frame_tasks.py``
 * What a run of scripts did: ``tally.py``; retries and their backoff: ``backoff.py``,
   ``connection.py``, ``scripts.py``; a Redis Cluster client that waits out failovers:
   ``cluster.py``

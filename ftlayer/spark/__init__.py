@@ -16,7 +16,8 @@ Invariants:
 * A batch function returns only after every task of its Spark job finished and the batch
   was settled, so Spark commits the batch's offsets only when each of its records is
   complete or persisted with a live timeout (invariant 1).
-* Every record is acked only after its stages returned and the sink's write returned. A
+* Every record is acked only after its stages returned and the sink's write returned (a
+  ``sink_dataframe``'s write: its function returned). A
   failing record (an ``Outcome``'s ``failed`` rows, a row that makes a stage raise,
   ``FailRecord`` in a row stage) is failed with its error text in its failure history and
   replayed in a later batch under a new id, or dead-lettered after ``max_replays``; it is
@@ -30,7 +31,9 @@ Modules: ``driver`` (FaultTolerance), ``pipeline`` (the builder), ``replay_strea
 (replays as a Spark streaming source), ``references`` (sources kept by reference:
 FileSource, ReplayableSource), ``replay_rows`` (claimed replays as Arrow rows), ``plan``
 (what tasks run), ``outcome`` (per-row outcomes, bisection), ``vector_tasks`` / ``batch_scope`` (the
-vectorized path: executors / driver), ``row_stages`` (row stages compiled to batch stages),
+vectorized path: executors / driver), ``frame_run`` / ``frame_tasks`` (DataFrame stages and
+``sink_dataframe``: the batch as the user's Spark plan, failures observed; Python stages and
+copies among them), ``row_stages`` (row stages compiled to batch stages),
 ``row_tasks`` (``ack_scope="task"``: row stages over ``df.rdd``), ``policy``
 (ErrorPolicy: retries, backoff, dead-letter types; stage contexts), ``dead_letter_feed``
 (``on_dead_letter`` callbacks), ``progress`` (a StreamingQueryListener joining Spark's
