@@ -3,15 +3,17 @@ runs as the user's own Spark plan, with no Python in its tasks.
 
 Identity. Every row carries two int64 columns tagged with column metadata
 (``{"ftlayer": "identity"}``): ``__ft_loc`` and ``__ft_pos``, a fresh row's reference
-(its source is kept by reference: ftlayer.spark.references), or a replay's (null, its
-record id). Spark carries a column's metadata through projections, filters, joins,
+(its source is kept by reference: ftlayer.spark.references), a fresh copy's (null, its
+batch-local id: ftlayer.spark.frame_tasks.CopySource), or a replay's (null, its record
+id). Spark carries a column's metadata through projections, filters, joins,
 unions and shuffles, and drops it from a column computed anew: a stage whose output lacks
 the tagged columns dropped, recomputed or aggregated them, and is refused, named.
 
-Failures. After each stage, an ``Observation`` collects the identity and error text of
-the rows its ``failed=`` column marks, and counts its rows; the failed rows are filtered
-out. The observations are filled by the job the sink runs (``df.write``): no second pass
-over the data, no caching. A source observation collects the ids of the replays that ran.
+Failures. After each stage with ``failed=`` (and each Python stage:
+ftlayer.spark.frame_tasks), an ``Observation`` collects the identity and error text of
+the rows it marks, and counts its rows; the failed rows are filtered out. The observations
+are filled by the job the sink runs (``df.write``): no second pass over the data, no
+caching. An observation of the replays' branch collects the ids of the replays that ran.
 
 Settling (after the sink returned, before the batch function returns, so Spark commits
 the batch's offsets only then):
@@ -19,12 +21,13 @@ the batch's offsets only then):
 * fresh rows that failed become records kept by reference, queued for replay with their
   error (or dead-lettered past ``max_replays``): stored as a segment of failed rows and
   settled at once (lua/segment_settle.lua, under this run's salt), so a driver that dies
-  in between leaves a segment the sidecar fails when it times out;
+  in between leaves a segment the sidecar fails when it times out; copies were stored by
+  the source pass, and their segments are settled the same way;
 * replays that ran are completed, or failed with their error; one the job did not run
   (its row not found: the file deleted or rewritten) is dead-lettered, named.
 
-Invariants: a fresh record is stored in Redis only once it fails -- until then the batch
-Spark has not committed is its keeper (a driver that dies mid-batch gets it run again
+Invariants: a fresh record kept by reference is stored in Redis only once it fails --
+until then the batch Spark has not committed is its keeper (a driver that dies mid-batch gets it run again
 from the query's checkpoint, like any micro-batch). A sink that raises fails every
 record of the batch (they replay); nothing is acked that the sink did not return for.
 """

@@ -4,7 +4,7 @@
 
 Two JSON files (600 events) streamed with ``trigger(availableNow=True)``: stage 1 parses
 ``amount`` with ``try_cast`` (ids with ``amount = "n/a"`` fail every attempt: dead letters),
-a keyed shuffle, stage 2 marks ids = 7 (mod 40) failed unless their replay's ``amount``
+a keyed shuffle, a Python stage passing its batches on, stage 2 marks ids = 7 (mod 40) failed unless their replay's ``amount``
 was read back (they fail once: ``failed`` is true only on fresh rows, whose identity has
 a location), and a ``df.write.parquet`` sink. Prints one JSON object: the ids written, the
 dead letters' ids and errors, what is pending.
@@ -47,6 +47,7 @@ def main() -> None:
         .transform(lambda df: df.withColumn("amt", F.expr("try_cast(amount AS double)")),
                    failed="amt IS NULL", errors=F.concat(F.lit("bad amount "), F.col("amount")))
         .partition_by(["key"], 4)
+        .map_batches(lambda b: b, "id long, key long, amount string, amt double")  # Python
         # a fresh row carries its file's location; a replay's is null: fails once
         .transform(lambda df: df, failed="id % 40 = 7 AND __ft_loc IS NOT NULL",
                    errors="first attempt fails")
