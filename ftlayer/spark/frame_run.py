@@ -27,9 +27,10 @@ the batch's offsets only then):
   (its row not found: the file deleted or rewritten) is dead-lettered, named.
 
 Invariants: a fresh record kept by reference is stored in Redis only once it fails --
-until then the batch Spark has not committed is its keeper (a driver that dies mid-batch gets it run again
-from the query's checkpoint, like any micro-batch). A sink that raises fails every
-record of the batch (they replay); nothing is acked that the sink did not return for.
+until then the batch Spark has not committed is its keeper (a driver that dies mid-batch
+gets it run again from the query's checkpoint, like any micro-batch). A sink that raises
+fails every record of the batch (they replay); nothing is acked that the sink did not
+return for.
 """
 
 from __future__ import annotations

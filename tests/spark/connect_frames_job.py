@@ -4,9 +4,9 @@
 
 Two JSON files (600 events) streamed with ``trigger(availableNow=True)``: stage 1 parses
 ``amount`` with ``try_cast`` (ids with ``amount = "n/a"`` fail every attempt: dead letters),
-a keyed shuffle, a Python stage passing its batches on, stage 2 marks ids = 7 (mod 40) failed unless their replay's ``amount``
-was read back (they fail once: ``failed`` is true only on fresh rows, whose identity has
-a location), and a ``df.write.parquet`` sink. Prints one JSON object: the ids written, the
+a keyed shuffle, a Python stage passing its batches on, stage 2 marks ids = 7 (mod 40)
+failed on their fresh attempt only (``failed`` is true only on fresh rows, whose identity
+has a location), and a ``df.write.parquet`` sink. Prints one JSON object: the ids written, the
 dead letters' ids and errors, what is pending.
 """
 
