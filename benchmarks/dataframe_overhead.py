@@ -17,13 +17,17 @@ order, after ``--warmup`` uncounted rounds):
 * ``df_parquet``: ``df_ft_on`` ending in ``df.write.parquet`` (a fresh directory each
   run); beside ``parquet``, the plain query writing the same Parquet.
 
-``ratio_<variant>_vs_<baseline>`` is the median of the per-round ratios of the baseline's
-time to the variant's (paired), with quartiles. Goals: ``df_ft_on`` >= 0.9,
+``ratio_df_ft_on_vs_dataframe``, ``ratio_df_ft_on_failing_vs_dataframe`` and
+``ratio_df_parquet_vs_plain`` are medians of the per-round ratios of the baseline's time
+to the variant's (paired), with quartiles. Goals: ``df_ft_on`` >= 0.9,
 ``df_ft_on_failing`` >= 0.8, ``df_parquet`` >= 0.9. ``redis_bytes_per_record``: what a
 ``df_ft_on`` batch sent Redis (its own counters), per record.
 
     python -m benchmarks.dataframe_overhead [--records 1000000] [--payload-bytes 1024]
         [--repeat 7] [--warmup 2] [--json]
+
+(``python -m benchmarks.pipeline_overhead --dataframe ...`` runs the same.) Each run
+writes ``dataframe_overhead_<W>.json`` and its ratios into ``pipeline_overhead.json``.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import machine, median, redis_for_benchmark, save
+from benchmarks._common import RESULTS, machine, median, redis_for_benchmark, save
 from benchmarks._wide import net_input_bytes, read_events, write_events
 from benchmarks.pipeline_overhead import PARTITIONS, _quartiles, _session, _time
 from ftlayer import FTConfig
@@ -49,6 +53,9 @@ FAIL_RATE = 0.05
 SCHEMA = "id long, key long, payload string"
 GOALS = {"df_ft_on": 0.9, "df_ft_on_failing": 0.8, "df_parquet": 0.9}
 PAIRS = {"df_ft_on": "dataframe", "df_ft_on_failing": "dataframe", "df_parquet": "parquet"}
+RATIOS = {"df_ft_on": "ratio_df_ft_on_vs_dataframe",
+          "df_ft_on_failing": "ratio_df_ft_on_failing_vs_dataframe",
+          "df_parquet": "ratio_df_parquet_vs_plain"}  # fmt: skip
 
 
 def parse(df: Any) -> Any:
@@ -177,7 +184,7 @@ def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> 
         "repeat": repeat,
         "warmup": warmup,
         "records_per_s": {k: round(records / median(v)) for k, v in times.items() if v},
-        **{f"ratio_{k}_vs_{b}": round(median(ratios[k]), 3) for k, b in PAIRS.items()},
+        **{RATIOS[k]: round(median(ratios[k]), 3) for k in PAIRS},
         "ratio_quartiles": {k: [round(q, 3) for q in _quartiles(v)] for k, v in ratios.items()},
         "redis_bytes_per_record": round(median(runs.sent), 3) if runs.sent else None,
         "goals": GOALS,
@@ -190,8 +197,23 @@ def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> 
 
 def verdict(r: dict[str, Any]) -> list[str]:
     """The goals not met, one line each (empty: all met)."""
-    return [f"{k}: {r[f'ratio_{k}_vs_{PAIRS[k]}']} < {g}" for k, g in GOALS.items()
-            if r[f"ratio_{k}_vs_{PAIRS[k]}"] < g]  # fmt: skip
+    return [f"{RATIOS[k]}: {r[RATIOS[k]]} < {g}" for k, g in GOALS.items() if r[RATIOS[k]] < g]
+
+
+def merge(r: dict[str, Any]) -> None:
+    """Put a run's goal figures into pipeline_overhead.json, where every pipeline goal is
+    read: under ``dataframe_stages[W]``, and at the top the lowest of each ratio over the
+    widths recorded (the goals hold at every width)."""
+    path = RESULTS / "pipeline_overhead.json"
+    main = json.loads(path.read_text()) if path.exists() else {}
+    width = str(r["payload_bytes"])
+    runs = main.setdefault("dataframe_stages", {})
+    runs[width] = {"source": f"dataframe_overhead_{width}.json", "date": r["date"],
+                   **{key: r[key] for key in RATIOS.values()},
+                   "ratio_quartiles": r["ratio_quartiles"]}  # fmt: skip
+    for key in RATIOS.values():
+        main[key] = min(run[key] for run in runs.values())
+    path.write_text(json.dumps(main, indent=2, sort_keys=True) + "\n")
 
 
 def main() -> None:
@@ -205,19 +227,20 @@ def main() -> None:
     args = ap.parse_args()
     r = run(args.records, args.payload_bytes, args.repeat, args.warmup, args.redis_url)
     save(f"dataframe_overhead_{args.payload_bytes}", r)
-    if args.json:
-        print(json.dumps(r))
-        return
-    print(f"{r['records']:,} records, {r['payload_bytes']} B payloads, {r['repeat']} rounds")
-    for k, v in r["records_per_s"].items():
-        print(f"  {k:18s} {v:>12,} records/s")
+    merge(r)
+    print(json.dumps(r) if args.json else text(r))
+
+
+def text(r: dict[str, Any]) -> str:
+    """The run as a table, the goals not met last."""
+    lines = [f"{r['records']:,} records, {r['payload_bytes']} B payloads, {r['repeat']} rounds"]
+    lines += [f"  {k:18s} {v:>12,} records/s" for k, v in r["records_per_s"].items()]
     for k, b in PAIRS.items():
         q = r["ratio_quartiles"][k]
-        print(f"  {k} / {b}: {r[f'ratio_{k}_vs_{b}']} (quartiles {q[0]}-{q[1]}; "
-              f"goal {GOALS[k]})")  # fmt: skip
-    print(f"  Redis bytes per record: {r['redis_bytes_per_record']}")
-    for line in verdict(r):
-        print(f"  goal not met: {line}")
+        lines.append(f"  {k} / {b}: {r[RATIOS[k]]} (quartiles {q[0]}-{q[1]}; "
+                     f"goal {GOALS[k]})")  # fmt: skip
+    lines.append(f"  Redis bytes per record: {r['redis_bytes_per_record']}")
+    return "\n".join(lines + [f"  goal not met: {line}" for line in verdict(r)])
 
 
 if __name__ == "__main__":

@@ -92,6 +92,11 @@ SCHEMA_WIDE = "id long, key long, payload string"
 FT_VARIANTS = ["ft_off", "ft_on", "ft_on_failing", "ft_on_failing_late"]
 KEYED = ["ft_on_keyed", "ft_on_keyed_failing"]
 PAIRED = [*FT_VARIANTS, *KEYED, "arrow_idcol"]  # each run beside an arrow run of its own
+KEPT = ("wide_events", "ratio_stream_failing_late_vs_arrow", "redis_bytes_per_record",
+        "dataframe_stages", "ratio_df_ft_on_vs_dataframe",
+        "ratio_df_ft_on_failing_vs_dataframe", "ratio_df_parquet_vs_plain")
+"""Figures other runs merged into pipeline_overhead.json (the wide events', the DataFrame
+stages'): a narrow run keeps them."""
 
 
 # -- the work, shared by every variant that runs Python -----------------------------------
@@ -608,8 +613,21 @@ def main() -> None:
                     help="with --payload-bytes: replay latency on a quiet stream")
     ap.add_argument("--stream-only", action="store_true",
                     help="with --payload-bytes: only the streaming rounds (and --latency)")
+    ap.add_argument("--dataframe", action="store_true",
+                    help="DataFrame stages beside plain DataFrame code instead "
+                         "(benchmarks.dataframe_overhead; --payload-bytes defaults to 1024)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.dataframe:  # imported here: it builds on this module
+        from benchmarks import dataframe_overhead
+
+        width = 1024 if args.payload_bytes is None else args.payload_bytes
+        r = dataframe_overhead.run(args.records, width, args.repeat, args.warmup,
+                                   args.redis_url)  # fmt: skip
+        save(f"dataframe_overhead_{width}", r)
+        dataframe_overhead.merge(r)
+        print(json.dumps(r) if args.json else dataframe_overhead.text(r))
+        return
     if args.payload_bytes is not None:
         wide = run_wide(args.records, args.repeat, args.redis_url, args.payload_bytes,
                         args.warmup, args.stream_batches, args.stream_rounds, args.latency,
@@ -626,8 +644,7 @@ def main() -> None:
     path = RESULTS / "pipeline_overhead.json"  # the wide runs' figures stay (merge_wide)
     if path.exists():
         kept = json.loads(path.read_text())
-        result.update({k: kept[k] for k in ("wide_events", "ratio_stream_failing_late_vs_arrow",
-                                            "redis_bytes_per_record") if k in kept})  # fmt: skip
+        result.update({k: kept[k] for k in KEPT if k in kept})
     save("pipeline_overhead", result)
     rates = result["records_per_s"]
 
