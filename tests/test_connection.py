@@ -11,7 +11,7 @@ import pytest
 
 from ftlayer import ConfigError, FTConfig
 from ftlayer.connection import BufferPacker, connect
-from ftlayer.spark.vector_tasks import _segment_bytes
+from ftlayer.spark.vector_tasks import segment_bytes
 
 
 def test_a_memoryview_argument_is_sent_as_it_is_and_other_commands_by_hiredis() -> None:
@@ -60,10 +60,10 @@ def test_a_segment_is_stored_with_its_codec_and_reads_back(codec: str) -> None:
     ids = rng.permutation(200_000)
     batch = pa.RecordBatch.from_arrays([pa.array(ids), pa.array(ids % 64)], names=["id", "key"])
     parts = [batch.slice(i, 10_000) for i in range(0, len(ids), 10_000)]
-    blob = _segment_bytes(parts, codec)
+    blob = segment_bytes(parts, codec)
     assert isinstance(blob, memoryview)
     assert pa.ipc.open_stream(blob).read_all().equals(pa.Table.from_batches(parts))
-    raw = len(_segment_bytes(parts, "none"))
+    raw = len(segment_bytes(parts, "none"))
     assert (len(blob) < raw * 0.8) == (codec != "none"), (codec, len(blob), raw)
 
 
