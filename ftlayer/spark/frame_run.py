@@ -104,10 +104,10 @@ class FrameRun(VectorRun):
         and the batch's replays through the stages, identity kept, failures observed and
         filtered out. None: the batch has no rows at all.
 
-        Observations cost: each one cuts Spark's generated code for its stage (about 5 %
-        of a pipeline of 1 KB events each, measured), so there is one per stage with
+        Observations cost: each one cuts Spark's generated code for its stage (5-10 % of
+        a pipeline of 1 KB events each, measured), so there is one per stage with
         ``failed=`` and none elsewhere on the fresh rows' path (the replays' branch has
-        its own: replays are few)."""
+        its own: replays are few; no stage has one: a count at the sink's input)."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F  # noqa: N812
 
