@@ -63,5 +63,6 @@ def interrupted(exc: BaseException) -> bool:
         if isinstance(e, KeyboardInterrupt):
             return True
         seen.add(id(e))
-        e = e.__cause__ or e.__context__
+        e = e.__cause__ if e.__cause__ is not None else (
+            None if e.__suppress_context__ else e.__context__)  # fmt: skip
     return False

@@ -306,3 +306,27 @@ def test_bash_completion_completes_commands_and_options(tmp_path) -> None:
     assert set(complete("ftlayer", "dlq", "")) >= {"list", "replay", "purge"}
     assert "--log-format" in complete("ftlayer", "stats", "--log-f")
     assert _run([*FTLAYER, "completion", "zsh"]).stdout.startswith("#compdef ftlayer")
+
+
+def test_an_interrupt_re_raised_as_another_error_is_still_an_interrupt() -> None:
+    """py4j re-raises a Ctrl-C that lands inside a gateway call as a Py4JError whose
+    context is the KeyboardInterrupt: commands exit 130 for it (ftlayer.errors)."""
+    from py4j.protocol import Py4JError
+
+    from ftlayer.errors import interrupted
+
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise Py4JError("Gateway must be connected to send cancel cmd.") from None
+    except Py4JError as e:
+        assert not interrupted(e), "from None hides the interrupt: not ours to claim"
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise Py4JError("Gateway must be connected to send cancel cmd.")  # noqa: B904
+    except Py4JError as e:
+        assert interrupted(e)
+    assert not interrupted(ValueError("a plain error"))

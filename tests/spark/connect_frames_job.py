@@ -6,8 +6,9 @@ Two JSON files (600 events) streamed with ``trigger(availableNow=True)``: stage 
 ``amount`` with ``try_cast`` (ids with ``amount = "n/a"`` fail every attempt: dead letters),
 a keyed shuffle, a Python stage passing its batches on, stage 2 marks ids = 7 (mod 40)
 failed on their fresh attempt only (``failed`` is true only on fresh rows, whose identity
-has a location), and a ``df.write.parquet`` sink. Prints one JSON object: the ids written, the
-dead letters' ids and errors, what is pending.
+has a location), and a ``df.write.parquet`` sink; then a DataFrame kept as copies (one
+Python pass stores them) with rows failing every time, drained. Prints one JSON object:
+the ids written, the dead letters' ids and errors, what is pending.
 """
 
 from __future__ import annotations
@@ -64,6 +65,20 @@ def main() -> None:
     out.update(written=[r["id"] for r in written], pending=st.pending,
                dead=letters.column("id").to_pylist(), errors=letters.column("error").to_pylist(),
                columns=sorted(spark.read.parquet(dest).columns))  # fmt: skip
+    # a source that cannot be read again (a DataFrame): copies stored by one Python pass,
+    # ids = 4 (mod 30) fail every time (replayed from their copies once, then dead letters)
+    dest2 = tempfile.mkdtemp() + "/copies"
+    copies = (ft.pipeline(source=1, name="connect-copies")
+              .transform(lambda df: df, failed="id % 30 = 4", errors="never fits")
+              .sink_dataframe(lambda df, _: df.write.mode("append").parquet(dest2)))  # fmt: skip
+    first = ft.run_batch(copies, spark.range(300).selectExpr("id", "id % 5 AS key"), "c")
+    drained = ft.drain(timeout_s=60, pipeline=copies)
+    out["copies"] = {
+        "fresh": first.fresh, "failed": first.failed, "drained": drained.drained,
+        "written": sorted(r["id"] for r in spark.read.parquet(dest2).collect()),
+        "dead": sorted(copies.dead_letters(spark).column("id").to_pylist()),
+        "segments": ft.layer.stats().unsettled_segments,  # type: ignore[union-attr]
+    }
     ft.close()
     spark.stop()
     print("RESULT " + json.dumps(out))
