@@ -42,13 +42,15 @@ class Pipeline:
     sink. Immutable: each builder method returns a new Pipeline. Call it as
     ``pipeline(df, batch_id)`` (it *is* a foreachBatch function).
 
-    Two kinds of stages, one pipeline each: *batch stages* (``map_batches``,
-    ``map_pandas``, ``sink_batches``) take an Arrow batch; *row stages* (``map``,
-    ``flat_map``, ``filter``, ``sink``) take one record (a dict) at a time. Both run in
+    Three kinds of stages: *DataFrame stages* (``transform``, ``sink_dataframe``) are
+    Spark code run as the batch's own plan (ftlayer.spark.frame_run); *batch stages*
+    (``map_batches``, ``map_pandas``, ``sink_batches``) take an Arrow batch, and mix with
+    DataFrame stages; *row stages* (``map``, ``flat_map``, ``filter``, ``sink``) take one
+    record (a dict) at a time, in a pipeline of their own. Batch and row stages run in
     ``mapInArrow`` tasks with Spark's own shuffle and batch-scope acking (row stages are
-    compiled to batch stages by ftlayer.spark.row_stages), so both run under Spark
-    Connect. ``ack_scope="task"`` runs row stages the older way instead: over ``df.rdd``,
-    each task acking its records in Redis (see ``docs/vectorized.md`` for when).
+    compiled to batch stages by ftlayer.spark.row_stages); all run under Spark Connect.
+    ``ack_scope="task"`` runs row stages the older way instead: over ``df.rdd``, each
+    task acking its records in Redis (see ``docs/vectorized.md`` for when).
 
     Vectorized placement: ``partition_by(cols, n)`` is ``repartition(n, *cols)`` in the
     JVM, and replays enter the source stage as rows like any other, so every record of a
@@ -216,8 +218,10 @@ class Pipeline:
         expression string, or a function of fn's output giving one. Failed rows leave the
         batch and are replayed later, or dead-lettered past ``max_replays``, with their
         error: ``errors``, a Column of fn's output or one text (default: the stage's
-        name). Rows ``fn`` filters out are complete. Needs ``reads=`` (a source kept by
-        reference); see docs/dataframe-stages.md."""
+        name). Rows ``fn`` filters out are complete. The batch runs as one Spark plan
+        (ftlayer.spark.frame_run): a source kept by reference (``reads=``) adds no Python;
+        one that cannot be read again is copied by one Python pass. Python batch stages
+        mix in; see docs/dataframe-stages.md."""
         if not callable(fn):
             raise ConfigError(f"transform takes a function of a DataFrame, not {fn!r}")
         if isinstance(failed, bool) or (failed is not None and not (
