@@ -62,6 +62,12 @@ def redis_for_benchmark(url: str | None, *, cluster: bool = False) -> Iterator[r
             client.close()
 
 
+def url_of(client: redis.Redis, url: str | None) -> str:
+    """``url``, or the URL of the server ``redis_for_benchmark`` started (``client``'s)."""
+    kw = client.connection_pool.connection_kwargs
+    return url or f"redis://{kw['host']}:{kw['port']}/0"
+
+
 def server_usec(client: redis.Redis, command: str) -> tuple[int, int]:
     """(calls, usec) that Redis has spent on ``command`` so far (INFO commandstats)."""
     stats = client.info("commandstats").get(f"cmdstat_{command}")

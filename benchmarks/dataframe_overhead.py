@@ -43,7 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import RESULTS, machine, median, redis_for_benchmark, save
+from benchmarks._common import RESULTS, machine, median, redis_for_benchmark, save, url_of
 from benchmarks._wide import net_input_bytes, read_events, write_events
 from benchmarks.pipeline_overhead import PARTITIONS, _quartiles, _session, _time
 from ftlayer import FTConfig
@@ -147,8 +147,7 @@ def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> 
     tmp = Path(tempfile.mkdtemp(prefix="ftbench-df-"))
     try:
         with redis_for_benchmark(url) as client:
-            kw = client.connection_pool.connection_kwargs
-            redis_url = url or f"redis://{kw['host']}:{kw['port']}/0"
+            redis_url = url_of(client, url)
             source_bytes = write_events(tmp / "in", records, width, 8)
             runs = Runs(spark, redis_url, client, FileSource("json", str(tmp / "in"), SCHEMA),
                         tmp)  # fmt: skip

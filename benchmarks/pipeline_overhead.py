@@ -64,7 +64,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from benchmarks._common import RESULTS, machine, median, redis_for_benchmark, save, save_chart
+from benchmarks._common import (
+    RESULTS,
+    machine,
+    median,
+    redis_for_benchmark,
+    save,
+    save_chart,
+    url_of,
+)
 from benchmarks._wide import (
     RedisMemory,
     arrow_parse,
@@ -364,8 +372,7 @@ def run(records: int, repeat: int, url: str | None, scale: list[int], row: bool,
     spark = _session()
     try:
         with redis_for_benchmark(url) as client:
-            kw = client.connection_pool.connection_kwargs
-            ft = FTRunner(url or f"redis://{kw['host']}:{kw['port']}/0")
+            ft = FTRunner(url_of(client, url))
             variants: dict[str, Callable[[Any, int], Callable[[], Any]]] = {
                 "dataframe": partial(partial, run_dataframe), "arrow": partial(partial, run_arrow),
                 "pandas": partial(partial, run_pandas), "rdd": partial(partial, run_rdd),
@@ -477,8 +484,7 @@ def run_wide(records: int, repeat: int, url: str | None, width: int, warmup: int
     tmp = Path(tempfile.mkdtemp(prefix="ftbench-wide-"))
     try:
         with redis_for_benchmark(url) as client:
-            kw = client.connection_pool.connection_kwargs
-            redis_url = url or f"redis://{kw['host']}:{kw['port']}/0"
+            redis_url = url_of(client, url)
             source_bytes = write_events(tmp / "in", records, width, 8)
             files = FileSource("json", str(tmp / "in"), SCHEMA_WIDE)
             ft = FTRunner(redis_url, client, files)

@@ -26,7 +26,7 @@ import uuid
 
 import psutil
 
-from benchmarks._common import machine, median, redis_for_benchmark, save
+from benchmarks._common import machine, median, redis_for_benchmark, save, url_of
 from ftlayer import FTConfig, FTHandler, FTLayer
 
 PAYLOAD = b"\xc4\x62" + b"p" * 98  # msgpack bin8 of 98 bytes: 100 bytes in all
@@ -37,8 +37,7 @@ def run(
 ) -> dict:
     ns = f"rot-{uuid.uuid4().hex[:6]}"
     with redis_for_benchmark(url) as client:
-        kw = client.connection_pool.connection_kwargs
-        redis_url = url or f"redis://{kw['host']}:{kw['port']}/0"
+        redis_url = url_of(client, url)
         cfg = FTConfig(namespace=ns, timeout_s=timeout_s, buckets=buckets,
                        script_mode=script_mode)  # type: ignore[arg-type]  # fmt: skip
         layer = FTLayer(client, cfg)

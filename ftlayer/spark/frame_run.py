@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 
 from ftlayer.errors import ConfigError, FTLayerError
-from ftlayer.ids import is_local
+from ftlayer.ids import LOCAL_BIT
 from ftlayer.limits import DEAD_NOW
 from ftlayer.segments import frames_of_rows
 from ftlayer.spark.batch_scope import Failure, Summary, VectorRun, arrow_schema, spark_schema
@@ -62,7 +62,7 @@ from ftlayer.spark.frame_tasks import (
 from ftlayer.spark.plan import MAX_MESSAGES, BatchStage, FrameStage, error_text, stage_name
 from ftlayer.spark.references import with_references
 from ftlayer.spark.results import StageCounts
-from ftlayer.spark.vector_tasks import LOC_COL, POS_COL, SRC_COL, stage_label
+from ftlayer.spark.vector_tasks import LOC_COL, POS_COL, SRC_COL, segment_bytes, stage_label
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -391,11 +391,12 @@ class FrameRun(VectorRun):
             mine = refs[shard::n]
             if not mine and shard:
                 continue
-            table = pa.table({
+            table = pa.RecordBatch.from_pydict({
                 LOC_COL: pa.array([loc for (loc, _), _ in mine], pa.int64()),
                 POS_COL: pa.array([pos for (_, pos), _ in mine], pa.int64())})  # fmt: skip
             member = store.member(plan.source, plan.batch_key, shard, store.new_token(shard))
-            store.put(shard, member, _ipc(table), 0, b"", plan.salt, batch)
+            blob = segment_bytes([table], cfg.segment_codec)
+            store.put(shard, member, blob, 0, b"", plan.salt, batch)
             frames = frames_of_rows(table, np.arange(len(mine)), shard=shard,
                                     source=plan.source, partition=shard,
                                     max_replays=cfg.max_replays,
@@ -436,7 +437,7 @@ def _metrics_kept(spark: Any) -> Iterator[None]:
 def _replay(loc: int | None, pos: int) -> bool:
     """A replay's identity: no location, and a persisted record id (not a batch-local
     id, which names a copied row of this batch's source pass)."""
-    return loc is None and not bool(is_local(np.array([pos & _U64], np.uint64))[0])
+    return loc is None and not pos & _U64 & _LOCAL
 
 
 def _column(spec: Any, df: DataFrame) -> Column | None:
@@ -468,11 +469,5 @@ def _metrics(obs: Any) -> dict[str, Any] | None:
     return dict(got) if got else None
 
 
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
 _U64 = (1 << 64) - 1
+_LOCAL = int(LOCAL_BIT)

@@ -570,7 +570,8 @@ def segment_bytes(batches: list[pa.RecordBatch], codec: str) -> memoryview:
     if batches[0].schema.names[:2] == list(REF_COLS):  # references: a location stored once
         refs = pa.Table.from_batches(batches).combine_chunks()
         loc = refs.column(0).dictionary_encode()
-        batches = refs.set_column(0, LOC_COL, loc).to_batches()
+        encoded = refs.set_column(0, LOC_COL, loc)  # (no rows: no batches; one empty)
+        batches = encoded.to_batches() or [pa.RecordBatch.from_pylist([], encoded.schema)]
 
     def write(sink: Any) -> None:
         with pa.ipc.new_stream(sink, batches[0].schema, options=options) as writer:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -98,3 +100,12 @@ def first_seen(probe: Probe, tag: str, ids: Any, where: Any) -> Any:
         for i in ids[cand].tolist():
             p.sadd(f"{probe.prefix}:{tag}", i)
         return cand[np.array(p.execute(), dtype=bool)]
+
+
+def wait_for(check: Callable[[], Any], timeout_s: float, what: str, pause: float = 0.25) -> None:
+    """Poll ``check`` until it is true; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(pause)

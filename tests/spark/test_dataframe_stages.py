@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from probe import wait_for
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812
@@ -44,13 +45,6 @@ def write_regions(path: Path, keys: range, skip: set[int]) -> None:
     rows = [{"key": k, "region": f"r{k % 3}"} for k in keys if k not in skip]
     (path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-
-def wait_for(check: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.25)
 
 
 def parse(df: DataFrame) -> DataFrame:

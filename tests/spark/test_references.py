@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
-from probe import Probe, first_seen
+from probe import Probe, first_seen, wait_for
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
@@ -53,13 +52,6 @@ def write_parquet(path: Path, ids: range) -> None:
     pq.write_table(table, tmp, row_group_size=50)
     tmp.rename(path)
 
-
-def wait_for(check: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.25)
 
 
 def build(ft: FaultTolerance, probe: Probe, source: FileSource, fail_mod: int, unc_mod: int,

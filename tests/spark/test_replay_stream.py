@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from probe import Probe, first_seen
+from probe import Probe, first_seen, wait_for
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
@@ -43,13 +43,6 @@ def write_json(path: Path, ids: range, keys: int = 29) -> None:
     tmp.write_text("".join(json.dumps({"id": i, "key": i % keys}) + "\n" for i in ids))
     tmp.rename(path)
 
-
-def wait_for(check: Any, timeout_s: float, what: str, pause: float = 0.25) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(pause)
 
 
 def pipeline_of(ft: FaultTolerance, probe: Probe, fail_mod: int, unc_mod: int = 0) -> Any:
