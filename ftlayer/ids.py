@@ -28,6 +28,7 @@ __all__ = [
     "edge_hashes",
     "fold_sum",
     "is_local",
+    "local_ids",
     "marker_id",
     "mix64",
     "new_ids",
@@ -99,7 +100,13 @@ def batch_source_ids(partition: int, start: int, n: int) -> np.ndarray:
     reads its input in the same order; never stored in Redis as ids."""
     if not 0 <= partition < MARKER_PARTITION or start + n > 1 << _ROW_BITS:
         raise ValueError(f"partition {partition} or row {start + n} out of range for ids")
-    return np.arange(start, start + n, dtype=np.uint64) | _U((partition << 40) | (1 << 63))
+    return local_ids(partition, np.arange(start, start + n, dtype=np.uint64))
+
+
+def local_ids(partition: int, rows: np.ndarray) -> np.ndarray:
+    """The batch-local ids of rows ``rows`` (their indices in the segment) of source
+    ``partition`` (see batch_source_ids)."""
+    return np.asarray(rows, np.uint64) | _U((partition << _ROW_BITS) | (1 << 63))
 
 
 def marker_id(token: int) -> int:

@@ -11,10 +11,11 @@ from redis.crc import key_slot
 __all__ = ["LAYOUT_VERSION", "Keyspace", "ShardKeys", "shard_tag"]
 
 _SLOTS = 16384
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 """The version of the storage layout (docs/storage-layout.md), kept in a namespace's
 settings as ``frame_version``: 1 whole frames, 2 stored records (serialization.stored),
-3 failure histories per bucket. A namespace written by another layout is refused."""
+3 failure histories per bucket, 4 a lineage id in every stored record. A namespace
+written by another layout is refused."""
 
 
 @cache

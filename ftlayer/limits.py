@@ -9,6 +9,8 @@ truncated when it is written.
 
 from __future__ import annotations
 
+from serialization.stored import STORED_HEADER_SIZE
+
 __all__ = [
     "BUCKET_MAX_BYTES",
     "BUCKET_SLOTS",
@@ -86,6 +88,7 @@ def lua_constants() -> str:
     are spelled out: Lua's number-to-string conversion costs about 0.5 µs each, and the
     prelude runs on every script call."""
     lines = [f"local {name} = {globals()[name]}" for name in _LUA]
+    lines.append(f"local STORED_HEAD = {STORED_HEADER_SIZE}")
     lines.append(f"local LATENCY_BOUNDS_MS = {_lua_list(LATENCY_BOUNDS_MS)}")
     names = tuple(f"latency_le_{b}" for b in LATENCY_BOUNDS_MS)
     lines.append(f"local LATENCY_NAMES = {_lua_list(names)}")

@@ -26,8 +26,9 @@ from typing import Any, cast
 import numpy as np
 
 from ftlayer.connection import is_cluster
-from ftlayer.ids import new_ids, persisted_ids
+from ftlayer.ids import local_ids, new_ids, persisted_ids
 from ftlayer.limits import MAX_ERROR_BYTES as _MAX_ERROR
+from ftlayer.lineage import LINEAGE_META, copy_lineage, reference_lineage
 from ftlayer.payloads import arrow_codecs, encode_record
 from ftlayer.scripts import NamespacePart
 from ftlayer.tally import Tally
@@ -51,18 +52,35 @@ def frames_of_rows(
     max_replays: int,
     max_payload: int,
 ) -> list[bytes]:
-    """Stored records for ``rows`` of an Arrow table, each as a unit (its new source id
-    then its stored form, serialization.stored): the row as a msgpack map, the id in
-    ``shard`` (low 16 bits; the rows share buckets)."""
+    """Stored records for ``rows`` of a segment (an Arrow table of source ``partition``),
+    each as a unit (its new source id then its stored form, serialization.stored): the
+    row as a msgpack map, the id in ``shard`` (low 16 bits; the rows share buckets), the
+    lineage id its batch gave it (the segment's LINEAGE_META says how)."""
     codecs = arrow_codecs(table.schema)
     payloads = [encode_record(rec, codecs) for rec in table.take(rows).to_pylist()]
+    lineages = segment_lineage(table, rows, source, partition)
     heads = encode_stored_many(payloads, 0, source, partitions=partition,
-                               max_replays=max_replays, max_payload=max_payload)  # fmt: skip
+                               max_replays=max_replays, max_payload=max_payload,
+                               lineages=lineages)  # fmt: skip
     ids = persisted_ids(heads["payload_len"].astype(np.int64) + STORED_HEADER_SIZE, shard)
     unit = np.empty(len(payloads), [("id", ">u8"), ("head", STORED_DTYPE)])
     unit["id"], unit["head"] = ids, heads
     return [u + p for u, p in zip(unit.view(f"V{unit.itemsize}").tolist(), payloads,
                                   strict=True)]  # fmt: skip
+
+
+def segment_lineage(table: Any, rows: np.ndarray, source: int, partition: int) -> np.ndarray:
+    """The lineage ids of ``rows`` of a segment of source ``partition`` (ftlayer.lineage),
+    as its schema's LINEAGE_META says they were made."""
+    meta = (table.schema.metadata or {}).get(LINEAGE_META, b"")
+    if meta.startswith(b"key:"):
+        return np.asarray(table.column(meta[4:].decode()).take(rows)).astype(np.int64)
+    if meta == b"ref":  # a segment of references holds (location, position) first
+        loc, pos = (np.asarray(table.column(i).take(rows).cast("int64")) for i in (0, 1))
+        return reference_lineage(source, loc, pos)
+    if meta.startswith(b"seed:"):
+        return copy_lineage(int(meta[5:]), local_ids(partition, np.asarray(rows)))
+    raise ValueError(f"segment without {LINEAGE_META.decode()} metadata: {meta!r}")
 
 
 @dataclass

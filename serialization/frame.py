@@ -78,6 +78,9 @@ class Frame(NamedTuple):
     payload: bytes
     partition: int = -1
     max_replays: int = 0
+    lineage: int = 0
+    """The record's lineage id (int64): the same for its first attempt, every replay and
+    every re-drive (ftlayer.lineage)."""
 
     def describe(self) -> str:
         return describe_record(self.source_id, self.current_id, self.source)

@@ -1,6 +1,6 @@
 """The stored form of a frame: what Redis keeps of a pending record (docs/storage-layout.md).
 
-Layout (big-endian, 24-byte header)::
+Layout (big-endian, 32-byte header)::
 
     0  payload_len  I
     4  hash_code    i    int32 hash of the key
@@ -8,7 +8,9 @@ Layout (big-endian, 24-byte header)::
    12  source       H    source index
    14  max_replays  H    the record's replay budget
    16  checksum     Q    xxh64(payload, seed=0)
-   24  payload      payload_len bytes
+   24  lineage      q    the record's lineage id (ftlayer.lineage): set at the source,
+                         never changed by a replay or a re-drive
+   32  payload      payload_len bytes
 
 A frame (serialization.frame) minus what Redis knows without it: magic, version and flags
 (the namespace's settings name the layout: ``STORED_VERSION``), the source id (the key and
@@ -56,15 +58,15 @@ __all__ = [
     "frame_of_stored",
 ]
 
-STORED = struct.Struct(">IiiHHQ")
-STORED_HEADER_SIZE = STORED.size  # 24
+STORED = struct.Struct(">IiiHHQq")
+STORED_HEADER_SIZE = STORED.size  # 32
 _unpack = STORED.unpack_from
 _xxh64 = xxhash.xxh64_intdigest
-STORED_VERSION = 2
-"""The stored layout's version, kept in a namespace's settings (1: whole frames)."""
+STORED_VERSION = 3
+"""The stored layout's version (1: whole frames, 2: no lineage id)."""
 STORED_DTYPE = np.dtype(
     [("payload_len", ">u4"), ("hash_code", ">i4"), ("partition", ">i4"), ("source", ">u2"),
-     ("max_replays", ">u2"), ("checksum", ">u8")]
+     ("max_replays", ">u2"), ("checksum", ">u8"), ("lineage", ">i8")]
 )  # fmt: skip
 assert STORED_DTYPE.itemsize == STORED_HEADER_SIZE
 
@@ -78,6 +80,7 @@ def encode_stored(
     max_replays: int = 0,
     max_payload: int = DEFAULT_MAX_PAYLOAD,
     source_id: int = 0,
+    lineage: int = 0,
 ) -> bytes:
     """The stored form of a payload (``source_id`` only names it in errors); raises
     OversizedFrameError past ``max_payload``, CorruptFrameError for a field out of range."""
@@ -88,10 +91,11 @@ def encode_stored(
         )
     try:
         head = STORED.pack(len(payload), hash_code, partition, source, max_replays,
-                           xxhash.xxh64_intdigest(payload))  # fmt: skip
+                           xxhash.xxh64_intdigest(payload), lineage)  # fmt: skip
     except struct.error as e:
         raise CorruptFrameError(
-            f"cannot store record: {e} (hash_code and partition int32, source and max_replays u16)",
+            f"cannot store record: {e} (hash_code and partition int32, source and max_replays "
+            "u16, lineage int64)",
             record=describe_record(source_id, 0, source),
         ) from e
     return head + payload
@@ -105,11 +109,12 @@ def encode_stored_many(
     partitions: np.ndarray | int = -1,
     max_replays: int = 0,
     max_payload: int = DEFAULT_MAX_PAYLOAD,
+    lineages: np.ndarray | int = 0,
 ) -> np.ndarray:
     """The stored headers of many payloads as one STORED_DTYPE array: ``encode_stored``
-    with no Python call per record but the checksum (``hash_codes`` and ``partitions``
-    aligned arrays or one value for all). Raises OversizedFrameError or CorruptFrameError
-    naming the index of the first bad record."""
+    with no Python call per record but the checksum (``hash_codes``, ``partitions`` and
+    ``lineages`` aligned arrays or one value for all). Raises OversizedFrameError or
+    CorruptFrameError naming the index of the first bad record."""
     n = len(payloads)
     lens = np.fromiter(map(len, payloads), np.int64, n)
     hcs = np.broadcast_to(np.asarray(hash_codes, np.int64), (n,))
@@ -132,6 +137,7 @@ def encode_stored_many(
     h["hash_code"], h["partition"] = hcs, parts
     h["source"], h["max_replays"] = source, max_replays
     h["checksum"] = np.fromiter(map(xxhash.xxh64_intdigest, payloads), np.uint64, n)
+    h["lineage"] = np.asarray(lineages).astype(np.int64, copy=False)
     return h
 
 
@@ -142,11 +148,11 @@ def decode_stored(
     handed out with; 0 for a record at rest). Raises a FrameError naming the record for
     a short or oversized record, trailing bytes, or a payload whose checksum fails."""
     if len(stored) >= STORED_HEADER_SIZE:  # the path of every good record: no string made
-        n, hc, part, source, budget, ck = _unpack(stored)
+        n, hc, part, source, budget, ck, lineage = _unpack(stored)
         if n <= max_payload and len(stored) == STORED_HEADER_SIZE + n:
             payload = bytes(stored[STORED_HEADER_SIZE:])
             if _xxh64(payload) == ck:
-                return Frame(source_id, current_id, hc, source, payload, part, budget)
+                return Frame(source_id, current_id, hc, source, payload, part, budget, lineage)
     raise _why(stored, source_id, current_id, max_payload)
 
 
@@ -171,7 +177,7 @@ def decode_stored_many(
     starts = ends - size
     whole = size >= STORED_HEADER_SIZE  # a short one's header is not read
     at = np.where(whole, starts, 0)[:, None] + np.arange(STORED_HEADER_SIZE)
-    # a record that is not whole reads the blob's first 24 bytes (or zeros), unused
+    # a record that is not whole reads the blob's first header's bytes (or zeros), unused
     big = len(blob) >= STORED_HEADER_SIZE
     buf = np.frombuffer(blob, np.uint8) if big else np.zeros(STORED_HEADER_SIZE, np.uint8)
     heads = buf[at].view(STORED_DTYPE)[:, 0]
@@ -180,15 +186,16 @@ def decode_stored_many(
     out: list[Frame | FrameError] = []
     add = out.append
     new = tuple.__new__  # a named tuple without its __new__'s argument handling
-    for ok, start, end, src, cur, hc, part, source, budget, ck in zip(
+    for ok, start, end, src, cur, hc, part, source, budget, ck, lin in zip(
         good.tolist(), starts.tolist(), ends.tolist(), source_ids, current_ids,
         heads["hash_code"].tolist(), heads["partition"].tolist(), heads["source"].tolist(),
-        heads["max_replays"].tolist(), heads["checksum"].tolist(), strict=True,
+        heads["max_replays"].tolist(), heads["checksum"].tolist(), heads["lineage"].tolist(),
+        strict=True,
     ):  # fmt: skip
         if ok:
             payload = blob[start + STORED_HEADER_SIZE : end]
             if _xxh64(payload) == ck:
-                add(new(Frame, (src, cur, hc, source, payload, part, budget)))
+                add(new(Frame, (src, cur, hc, source, payload, part, budget, lin)))
                 continue
         add(_why(blob[start:end], src, cur, max_payload))
     return out
@@ -199,7 +206,7 @@ def _why(stored: bytes, source_id: int, current_id: int, max_payload: int) -> Fr
     if len(stored) < STORED_HEADER_SIZE:
         return TruncatedFrameError(f"stored record of {len(stored)} bytes: header cut short",
                                    record=describe_record(source_id, current_id, 0))  # fmt: skip
-    n, _hc, _part, source, _budget, _ck = _unpack(stored)
+    n, _hc, _part, source, _budget, _ck, _lin = _unpack(stored)
     desc = describe_record(source_id, current_id, source)
     if n > max_payload:
         return OversizedFrameError(f"payload of {n} bytes exceeds the limit of {max_payload} "

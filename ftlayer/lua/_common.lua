@@ -105,10 +105,11 @@ local function tmo_key(deadline)
 end
 
 -- A stored record (serialization/stored.py): payload_len u32 | hash_code i32 | partition
--- i32 | source u16 | max_replays u16 | checksum u64 | payload.
+-- i32 | source u16 | max_replays u16 | checksum u64 | lineage i64 | payload; its header is
+-- STORED_HEAD bytes (a constant of the prelude, from Python). Scripts copy a stored record
+-- whole, so its lineage id stays with it through every replay and re-drive.
 -- The readers below take the stored record at byte ``off`` (0-based, default 0) of a
 -- string, so a record inside a bucket's frames is read in place.
-local STORED_HEAD = 24
 local function source_of(frame, off)
   return (sunpack('>I2', frame, (off or 0) + 13))
 end

@@ -43,6 +43,7 @@ from ftlayer.connection import is_cluster
 from ftlayer.errors import ConfigError
 from ftlayer.ids import RecordId, batch_source_ids, is_local, new_ids, shard_of, split_local
 from ftlayer.limits import DEAD_NOW
+from ftlayer.lineage import copy_seed
 from ftlayer.persistence import ClaimedRecord
 from ftlayer.segments import frames_of_rows
 from ftlayer.spark.plan import MAX_MESSAGES, Segment
@@ -53,7 +54,7 @@ from ftlayer.spark.results import BatchResult, StageCounts
 from ftlayer.spark.vector_tasks import (
     ATT_COL,
     CUR_COL,
-    ID_FIELDS,
+    LIN_COL,
     LOC_COL,
     REF_COLS,
     REPLAY_COLS,
@@ -86,7 +87,8 @@ def with_replay_columns(df: DataFrame) -> DataFrame:
 
     return df.select("*", F.lit(None).cast("long").alias(SRC_COL),
                      F.lit(None).cast("int").alias(ATT_COL),
-                     F.lit(None).cast("long").alias(CUR_COL))  # fmt: skip
+                     F.lit(None).cast("long").alias(CUR_COL),
+                     F.lit(None).cast("long").alias(LIN_COL))  # fmt: skip
 
 
 def without_replay_columns(schema: Any) -> Any:
@@ -126,6 +128,7 @@ def plan_batch(
     immediate_replays: int | None = None,
     errors: ErrorPolicy = DEFAULT_POLICY,
     record_key: str | None = None,
+    lineage_seed: int = 0,
 ) -> VectorPlan:
     """The plan of one run of a vectorized batch (a fresh salt per run)."""
     inputs = [arrow_schema(input_schema, spark)]
@@ -156,7 +159,22 @@ def plan_batch(
     budget = config.max_replays if immediate_replays is None else immediate_replays
     return VectorPlan(config, source, batch_key, salt, segments, on_error,
                       min(budget, config.max_replays), tuple(inputs), tuple(outputs),
-                      errors, record_key)  # fmt: skip
+                      errors, record_key, lineage_seed)  # fmt: skip
+
+
+def lineage_seed(df: DataFrame, source: int, batch_id: Any) -> int:
+    """The seed of a batch's copied rows' lineage ids (ftlayer.lineage.copy_seed): from
+    the streaming query's id (Spark keeps it in the checkpoint, so a batch re-run after a
+    crash gets the same seed) when ``df`` is a micro-batch of a classic session's query;
+    random otherwise (a pipeline called on a DataFrame, a Spark Connect session)."""
+    query = None
+    sc = getattr(df.sparkSession, "sparkContext", None)
+    if sc is not None:
+        try:
+            query = sc.getLocalProperty("sql.streaming.queryId")
+        except Exception:  # Spark Connect: no SparkContext behind the session
+            query = None
+    return copy_seed(query, source, batch_id)
 
 
 def new_salt() -> int:
@@ -204,6 +222,8 @@ class VectorRun:
     spark: Any = None
     references: dict[int, tuple[int, int]] = field(default_factory=dict)
     """Replays kept by reference in the plan: source id -> (current id, location id)."""
+    replay_lineage: pa.Table | None = None
+    """The replays this run runs: (source id, lineage id) each."""
     calls: int = 0
 
     # -- building the DataFrame ------------------------------------------------------------
@@ -252,10 +272,9 @@ class VectorRun:
         plan = self.plan
         if i == len(plan.segments) - 1:
             return spark_schema(pa.schema([pa.field(SUMMARY_COL, pa.binary())]))
-        fields = list(plan.inputs[i + 1])
-        if plan.config.enabled and not plan.record_key:
-            fields += ID_FIELDS
-        return spark_schema(pa.schema(fields))
+        if plan.config.enabled:
+            return spark_schema(plan.id_schemas[i])
+        return spark_schema(plan.inputs[i + 1])
 
     def _replays(self, df: DataFrame, limit: int, reads: Any) -> DataFrame | None:
         """Claim this source's replays and make them a DataFrame with their ids."""
@@ -303,6 +322,7 @@ class VectorRun:
         src = replays.column(SRC_COL).to_numpy().view(np.uint64).tolist()
         cur = replays.column(CUR_COL).to_numpy().view(np.uint64).tolist()
         self.injected = dict(zip(src, cur, strict=True))
+        self.replay_lineage = replays.select([SRC_COL, LIN_COL])
 
     def _reject(self, bad: list[tuple[RecordId, str]]) -> None:
         """Dead-letter replays that no replay can fix, each with its own error."""

@@ -50,6 +50,7 @@ from ftlayer.sources import claim_source, source_identity
 from ftlayer.spark.batch_scope import (
     VectorRun,
     arrow_schema,
+    lineage_seed,
     new_salt,
     plan_batch,
     with_replay_columns,
@@ -370,6 +371,7 @@ class FaultTolerance:
             batch_key=str(batch_id), on_error=pipeline.on_error,
             immediate_replays=pipeline.immediate_replays, errors=pipeline.errors,
             record_key=pipeline.record_key,
+            lineage_seed=lineage_seed(df, pipeline.source, batch_id),
         )  # fmt: skip
         run = VectorRun(plan, self.layer, result)
         with run.keepalive():  # a live driver keeps its batch from timing out
@@ -390,7 +392,8 @@ class FaultTolerance:
         spark = df.sparkSession
         plan = VectorPlan(self.task_config, pipeline.source, str(batch_id), new_salt(),
                           pipeline.segments, pipeline.on_error, 0,
-                          (arrow_schema(schema, spark),), (), pipeline.errors)  # fmt: skip
+                          (arrow_schema(schema, spark),), (), pipeline.errors,
+                          lineage_seed=lineage_seed(df, pipeline.source, batch_id))  # fmt: skip
         run = FrameRun(plan, self.layer, result)
         with run.keepalive():
             out = run.frame(df, pipeline.key, pipeline.partitions, self.replay_limit,

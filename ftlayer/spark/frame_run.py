@@ -124,7 +124,8 @@ class FrameRun(VectorRun):
                     rows = with_references(reads, rows)
             elif self.layer is not None:  # copies: the one Python pass, storing them
                 self.copies = True
-                copy = CopySource(plan.config, plan.source, plan.batch_key, plan.salt)
+                copy = CopySource(plan.config, plan.source, plan.batch_key, plan.salt,
+                                  plan.lineage_seed)  # fmt: skip
                 fields = [*plan.inputs[0], pa.field(LOC_COL, pa.int64()),
                           pa.field(POS_COL, pa.int64())]  # fmt: skip
                 rows = rows.select(*names).mapInArrow(copy, spark_schema(pa.schema(fields)))
@@ -251,6 +252,8 @@ class FrameRun(VectorRun):
         user_sink = seg.sink
         assert user_sink is not None
         out = self._counted(out)
+        if seg.sink_lineage is not None:
+            out = self._with_lineage(out, seg.sink_lineage)
         if seg.sink_per == "dataframe":
             given = out if seg.sink_ids else out.drop(LOC_COL, POS_COL)
             name = f"sink_dataframe {stage_name(user_sink)}"
@@ -275,6 +278,28 @@ class FrameRun(VectorRun):
             self._fail_everything(text)
             return
         self._settle_observed(name)
+
+    def _with_lineage(self, out: DataFrame, name: str) -> DataFrame:
+        """``out`` with each row's lineage id in column ``name`` (ftlayer.lineage),
+        computed in the JVM from its identity: a reference's hash, a copy's batch-local
+        id's, a replay's stored one (a broadcast join with the batch's replays; FT off:
+        a hash of Spark's row id)."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        plan = self.plan
+        loc, pos = F.col(LOC_COL), F.col(POS_COL)
+        if self.layer is None:
+            return out.withColumn(name, F.xxhash64(F.lit(plan.lineage_seed).cast("long"),
+                                                   F.monotonically_increasing_id()))
+        lin = (F.when(loc.isNotNull(), F.xxhash64(F.lit(plan.source).cast("long"), loc, pos))
+               .when(pos < 0, F.xxhash64(F.lit(plan.lineage_seed).cast("long"), pos)))
+        if self.replay_lineage is not None and self.replay_lineage.num_rows:
+            rid, rlin = "__ft_replay_id", "__ft_replay_lin"
+            known = self.replay_lineage.rename_columns([rid, rlin])
+            out = out.join(F.broadcast(out.sparkSession.createDataFrame(known)),
+                           pos == F.col(rid), "left")  # fmt: skip
+            return out.withColumn(name, lin.otherwise(F.col(rlin))).drop(rid, rlin)
+        return out.withColumn(name, lin)
 
     def _settle_observed(self, sink: str) -> None:
         """Read the observations (the counts, the failed rows, the replays read) and
@@ -395,7 +420,7 @@ class FrameRun(VectorRun):
                 LOC_COL: pa.array([loc for (loc, _), _ in mine], pa.int64()),
                 POS_COL: pa.array([pos for (_, pos), _ in mine], pa.int64())})  # fmt: skip
             member = store.member(plan.source, plan.batch_key, shard, store.new_token(shard))
-            blob = segment_bytes([table], cfg.segment_codec)
+            blob = segment_bytes([table], cfg.segment_codec, b"ref")
             store.put(shard, member, blob, 0, b"", plan.salt, batch)
             frames = frames_of_rows(table, np.arange(len(mine)), shard=shard,
                                     source=plan.source, partition=shard,

@@ -123,6 +123,8 @@ class CopySource:
     source: int
     batch_key: str
     salt: int
+    lineage_seed: int
+    """The seed of the rows' lineage ids (ftlayer.lineage.copy_lineage of their ids)."""
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -136,7 +138,9 @@ class CopySource:
             token = store.new_token(store.shard_of_partition(partition))
             member = store.member(self.source, self.batch_key, partition, token)
             summary = msgpack.packb({"partition": partition, "segment": member, "rows": rows})
-            store.put(partition, member, segment_bytes(held, self.config.segment_codec),
+            blob = segment_bytes(held, self.config.segment_codec,
+                                 f"seed:{self.lineage_seed}".encode())  # fmt: skip
+            store.put(partition, member, blob,
                       token, summary, self.salt,
                       store.batch_prefix(self.source, self.batch_key))  # fmt: skip
         ids = batch_source_ids(partition, 0, rows).view(np.int64)

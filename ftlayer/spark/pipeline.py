@@ -189,19 +189,26 @@ class Pipeline:
         return self._add(("batches", BatchStage(fn, schema, pandas=True, errors=errors)))
 
     def sink_batches(
-        self, fn: Callable[..., Any], pandas: bool = False, errors: ErrorPolicy | None = None
+        self,
+        fn: Callable[..., Any],
+        pandas: bool = False,
+        errors: ErrorPolicy | None = None,
+        lineage: str | None = None,
     ) -> Pipeline:
         """The last stage, vectorized: ``fn(batch)`` writes a batch (a pandas DataFrame
         with ``pandas=True``). Its rows are acked when ``fn`` returns; it may return an
         ``Outcome(failed=..., unconfirmed=...)`` for rows whose writes failed or were not
-        confirmed (those stay pending, time out and replay)."""
+        confirmed (those stay pending, time out and replay). ``lineage``: a column name;
+        each row is given its record's lineage id (int64) in it -- the same in every
+        replay, for a sink that keeps one row per record (ftlayer.sinks). Default: the
+        sink's own ``ft_lineage`` attribute (the sinks ftlayer ships have one)."""
         self._open()
         if self.ack_scope == "task":
             raise ConfigError("ack_scope='task' runs row stages only: end it with sink()")
         if self.segments[-1].ops and not self.vectorized and not self.frames:
             raise ConfigError("sink_batches ends a pipeline of batch stages; use sink()")
         last = replace(self.segments[-1], sink=fn, sink_per="batch", sink_pandas=pandas,
-                       sink_errors=errors)  # fmt: skip
+                       sink_errors=errors, sink_lineage=_lineage_of(fn, lineage))  # fmt: skip
         return replace(self, segments=(*self.segments[:-1], last), sunk=True)
 
     def transform(
@@ -316,6 +323,15 @@ class Pipeline:
 
 
 _KINDS = {"batches": "batch", "frame": "DataFrame"}
+
+
+def _lineage_of(fn: Any, lineage: str | None) -> str | None:
+    """The lineage column a sink asks for: ``lineage=``, else its ``ft_lineage``."""
+    name = lineage if lineage is not None else getattr(fn, "ft_lineage", None)
+    if name is not None and (not isinstance(name, str) or not name or name.startswith("__ft_")):
+        raise ConfigError(f"lineage= takes a column name (not one of ftlayer's __ft_ "
+                          f"columns), not {name!r}")  # fmt: skip
+    return name
 
 
 def _is_column(x: Any) -> bool:

@@ -113,6 +113,9 @@ class Segment:
     sink_errors: ErrorPolicy | None = None
     sink_ids: bool = False
     """A DataFrame sink is given ftlayer's identity columns too."""
+    sink_lineage: str | None = None
+    """The column the sink is given each row's lineage id in (ftlayer.lineage; None:
+    not given)."""
 
     @property
     def vectorized(self) -> bool:

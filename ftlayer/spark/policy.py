@@ -135,7 +135,10 @@ class BatchContext:
     source segment, ``None`` after a shuffle (the shuffle carries no extra column for it).
     ``task_attempt``: Spark's attempt number of this task (0 first). ``reset_timeout()``:
     give the records of this batch a fresh deadline (a long-running stage; the driver does
-    the same while it is alive, so this matters only when a stage outlives timeout_s)."""
+    the same while it is alive, so this matters only when a stage outlives timeout_s).
+    ``lineage``: each row's lineage id (int64, the same in every replay of its record:
+    ftlayer.lineage) -- known in the source segment, and past a shuffle when the sink asks
+    for it (``lineage=``); else ``None``."""
 
     record_ids: np.ndarray
     attempts: np.ndarray | None
@@ -143,6 +146,7 @@ class BatchContext:
     task_attempt: int
     stage: int
     _reset: Callable[[], object] | None = field(default=None, repr=False)
+    lineage: np.ndarray | None = None
 
     def reset_timeout(self) -> None:
         if self._reset is not None:
@@ -151,16 +155,18 @@ class BatchContext:
     def take(self, rows: np.ndarray) -> BatchContext:
         """The context of the rows ``rows`` of this batch (in that order)."""
         att = None if self.attempts is None else self.attempts[rows]
+        lin = None if self.lineage is None else self.lineage[rows]
         return BatchContext(self.record_ids[rows], att, self.partition, self.task_attempt,
-                            self.stage, self._reset)  # fmt: skip
+                            self.stage, self._reset, lin)  # fmt: skip
 
     def slice(self, start: int, size: int) -> BatchContext:
         return self.take(np.arange(start, start + size))
 
     def record(self, i: int) -> RecordContext:
         att = None if self.attempts is None else int(self.attempts[i])
+        lin = None if self.lineage is None else int(self.lineage[i])
         return RecordContext(int(self.record_ids[i]), att, self.partition, self.task_attempt,
-                             self.stage, self._reset)  # fmt: skip
+                             self.stage, self._reset, lin)  # fmt: skip
 
 
 @dataclass
@@ -173,6 +179,7 @@ class RecordContext:
     task_attempt: int
     stage: int
     _reset: Callable[[], object] | None = field(default=None, repr=False)
+    lineage: int | None = None
 
     def reset_timeout(self) -> None:
         if self._reset is not None:

@@ -19,7 +19,7 @@ import pyarrow as pa
 from ftlayer.ids import RecordId
 from ftlayer.payloads import arrow_codecs, decode_record
 from ftlayer.persistence import ClaimedRecord
-from ftlayer.spark.vector_tasks import ATT_COL, CUR_COL, LOC_COL, POS_COL, SRC_COL
+from ftlayer.spark.vector_tasks import ATT_COL, CUR_COL, LIN_COL, LOC_COL, POS_COL, SRC_COL
 
 __all__ = ["replay_schema", "replay_table", "stored_schema"]
 
@@ -36,9 +36,10 @@ def stored_schema(schema: pa.Schema, by_reference: bool) -> pa.Schema:
 
 
 def replay_schema(schema: pa.Schema) -> pa.Schema:
-    """The source's schema with the replay columns (source id, attempts, current id)."""
+    """The source's schema with the replay columns (source id, attempts, current id,
+    lineage id)."""
     return pa.schema([*schema, pa.field(SRC_COL, pa.int64()), pa.field(ATT_COL, pa.int32()),
-                      pa.field(CUR_COL, pa.int64())])  # fmt: skip
+                      pa.field(CUR_COL, pa.int64()), pa.field(LIN_COL, pa.int64())])  # fmt: skip
 
 
 def replay_table(
@@ -74,5 +75,6 @@ def replay_table(
     src = np.array([c.record_id[0] for c in kept], np.uint64).view(np.int64)
     cur = np.array([c.record_id[1] for c in kept], np.uint64).view(np.int64)
     att = pa.array([c.attempts for c in kept], pa.int32())
+    lin = pa.array([c.frame.lineage for c in kept], pa.int64())
     table = table.append_column(SRC_COL, pa.array(src)).append_column(ATT_COL, att)
-    return table.append_column(CUR_COL, pa.array(cur)), bad
+    return table.append_column(CUR_COL, pa.array(cur)).append_column(LIN_COL, lin), bad

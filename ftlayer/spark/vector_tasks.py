@@ -47,9 +47,11 @@ from ftlayer.ids import (
     is_local,
     marker_id,
     mix64,
+    new_ids,
     split_local,
 )
 from ftlayer.limits import DEAD_NOW
+from ftlayer.lineage import LINEAGE_META, copy_lineage, reference_lineage
 from ftlayer.spark.outcome import StageContractError, run_stage
 from ftlayer.spark.plan import MAX_MESSAGES, Segment, stage_name
 from ftlayer.spark.policy import DEFAULT_POLICY, BatchContext, ErrorPolicy, wants_context
@@ -66,7 +68,10 @@ CUR_COL = "__ft_cur"
 """... and with the current id their claim inited them with (int64): the source task
 reports (source id, current id) of every replay it ran, and the batch's settlement
 completes or fails exactly those (the replays of the attempt that counted)."""
-REPLAY_COLS = (SRC_COL, ATT_COL, CUR_COL)
+LIN_COL = "__ft_lin"
+"""... and with its lineage id (int64, ftlayer.lineage). Past the source stage the
+column carries every row's lineage id when the sink asked for it (Segment.sink_lineage)."""
+REPLAY_COLS = (SRC_COL, ATT_COL, CUR_COL, LIN_COL)
 """The columns a replay carries into the source stage (null in fresh rows)."""
 LOC_COL = "__ft_loc"
 POS_COL = "__ft_pos"
@@ -76,6 +81,7 @@ position (int64 each). When the source stage's input has them, its segment holds
 instead of the rows."""
 SUMMARY_COL = "__ft_summary"
 ID_FIELDS = [pa.field(SRC_COL, pa.int64())]
+LIN_FIELD = pa.field(LIN_COL, pa.int64())
 _U8 = np.dtype(">u8")
 
 
@@ -101,6 +107,22 @@ class VectorPlan:
     record_key: str | None = None
     """The pipeline's record key column (Pipeline.record_key): folded and reported after
     a shuffle instead of ``__ft_src``, which then is not added."""
+    lineage_seed: int = 0
+    """The seed of the lineage ids of this batch's fresh copied rows (ftlayer.lineage)."""
+
+    @property
+    def lineage(self) -> str | None:
+        """The column the sink is given every row's lineage id in (None: not asked)."""
+        return self.segments[-1].sink_lineage
+
+    @cached_property
+    def wants_lineage(self) -> tuple[bool, ...]:
+        """Whether each segment's tasks know their rows' lineage ids: all of them when the
+        sink asks for them (the ids cross every shuffle), else the source segment when one
+        of its stages takes a context."""
+        if self.lineage is not None:
+            return (True,) * len(self.segments)
+        return (self.wants_context[0],) + (False,) * (len(self.segments) - 1)
 
     @cached_property
     def wants_context(self) -> tuple[bool, ...]:
@@ -122,6 +144,8 @@ class VectorPlan:
     def id_schemas(self) -> tuple[pa.Schema, ...]:
         """The schema of the rows leaving each segment through a shuffle, ids included."""
         ids = [] if self.record_key else ID_FIELDS
+        if self.lineage is not None and not self.record_key:
+            ids = [*ids, LIN_FIELD]
         return tuple(pa.schema([*s, *ids]) for s in (*self.inputs[1:], pa.schema([])))
 
 
@@ -258,10 +282,13 @@ def _run_chain(
     batch: pa.RecordBatch,
     src: np.ndarray | None,
     ctx: BatchContext | None = None,
+    lin: np.ndarray | None = None,
 ) -> _Chain:
     """Run one segment's stages over one input batch. ``origin`` maps each row to the
     input row it derives from (for its source id and for replays at the source).
-    ``ctx``: the input rows' context, for stages that declare one."""
+    ``ctx``: the input rows' context, for stages that declare one; ``lin``: the input
+    rows' lineage ids (int64; None: not known here), sent on with them and given to the
+    sink when it asked for them."""
     seg = plan.segments[stage]
     bisect = plan.on_error != "fail_batch"
     origin: np.ndarray | None = None  # None: row i derives from input row i
@@ -321,9 +348,18 @@ def _run_chain(
             return done(batch)
         out = src if origin is None else src[origin]
         task.fold += fold_sum(edge_hashes(out, plan.edge_salts[stage]))  # sent
-        return done(pa.RecordBatch.from_arrays([*batch.columns, pa.array(out.view(np.int64))],
+        ids = [pa.array(out.view(np.int64))]
+        if plan.lineage is not None:
+            assert lin is not None
+            ids.append(pa.array(lin if origin is None else lin[origin]))
+        return done(pa.RecordBatch.from_arrays([*batch.columns, *ids],
                                                schema=plan.id_schemas[stage]))  # fmt: skip
     label = stage_label(stage, len(seg.ops), seg.sink, sink=True)
+    if seg.sink_lineage is not None:
+        if lin is None:  # FT off: ids unique to this call, for sinks that need the column
+            lin = new_ids(given.num_rows).view(np.int64)
+        batch = batch.append_column(seg.sink_lineage, pa.array(lin if origin is None else
+                                                               lin[origin]))  # fmt: skip
     res = run_stage(seg.sink, batch, label, schema=None, pandas=seg.sink_pandas,
                     is_sink=True, bisect=bisect, policy=seg.sink_errors or plan.errors,
                     ctx=context(seg.sink))  # fmt: skip
@@ -342,18 +378,20 @@ def _run_with_replays(
     src: np.ndarray,
     budget: int,
     before: np.ndarray | None = None,
+    lin: np.ndarray | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Run the source segment over ``batch`` and replay its failed rows at once, in this
     task, up to ``budget`` times (Storm's spout re-emitting a failed tuple): a replay
     takes the same path as its first attempt, so it lands where Spark places its key.
     Rows still failing become residues with the number of attempts they used; rows to
     dead-letter now are not replayed. ``before``: attempts each row failed already (a
-    claimed replay's), for stage contexts (None: fresh rows, 0)."""
+    claimed replay's), for stage contexts (None: fresh rows, 0). ``lin``: each row's
+    lineage id (None: not wanted)."""
     ctx = None
     if plan.wants_context[0]:
         prior = np.zeros(len(src), np.int32) if before is None else before
-        ctx = _context(plan, task, 0, src, prior + 1)
-    chain = _run_chain(plan, 0, task, batch, src, ctx)
+        ctx = _context(plan, task, 0, src, prior + 1, lin)
+    chain = _run_chain(plan, 0, task, batch, src, ctx, lin)
     attempts = 1
     while True:
         if chain.out is not None:
@@ -368,9 +406,10 @@ def _run_with_replays(
         rows = np.unique(chain.failed)
         task.immediate_replays += len(rows)
         sub = None
+        sub_lin = None if lin is None else lin[rows]
         if plan.wants_context[0]:
-            sub = _context(plan, task, 0, src[rows], prior[rows] + attempts + 1)
-        retry = _run_chain(plan, 0, task, batch.take(pa.array(rows)), src[rows], sub)
+            sub = _context(plan, task, 0, src[rows], prior[rows] + attempts + 1, sub_lin)
+        retry = _run_chain(plan, 0, task, batch.take(pa.array(rows)), src[rows], sub, sub_lin)
         chain = _Chain(retry.out, rows[retry.failed], retry.texts, retry.dead)
         attempts += 1
     _residue(task, src[chain.failed], chain.texts, attempts)
@@ -383,6 +422,25 @@ def _note_replays(plan: VectorPlan, task: _Task, batch: pa.RecordBatch, keep: np
     task.rep_cur.append(_u64(batch.column(CUR_COL))[keep])
     if plan.record_key:
         task.rep_key.append(_u64(batch.column(plan.record_key).fill_null(-1))[keep])
+
+
+def _key_lineage(plan: VectorPlan, batch: pa.RecordBatch) -> np.ndarray:
+    """With ``record_key``: the lineage id is the key."""
+    assert plan.record_key is not None
+    return _u64(batch.column(plan.record_key)).view(np.int64)
+
+
+def _fresh_lineage(
+    plan: VectorPlan, part: pa.RecordBatch, ids: np.ndarray, refs: pa.RecordBatch | None
+) -> np.ndarray:
+    """The lineage ids of fresh rows (ftlayer.lineage): their key, their reference's hash
+    or their batch-local id's."""
+    if plan.record_key:
+        return _key_lineage(plan, part)
+    if refs is not None:
+        loc, pos = (_u64(refs.column(c)).view(np.int64) for c in REF_COLS)
+        return reference_lineage(plan.source, loc, pos)
+    return copy_lineage(plan.lineage_seed, ids)
 
 
 def _first_of_each(src: np.ndarray, replays: np.ndarray) -> np.ndarray:
@@ -398,7 +456,12 @@ def _first_of_each(src: np.ndarray, replays: np.ndarray) -> np.ndarray:
 
 
 def _context(
-    plan: VectorPlan, task: _Task, stage: int, src: np.ndarray, attempts: np.ndarray | None
+    plan: VectorPlan,
+    task: _Task,
+    stage: int,
+    src: np.ndarray,
+    attempts: np.ndarray | None,
+    lin: np.ndarray | None = None,
 ) -> BatchContext:
     """The context of one input batch (cheap: no copies until a stage asks for one)."""
 
@@ -409,7 +472,7 @@ def _context(
         if len(stored):
             layer.reset_timeout([int(x) for x in stored])
 
-    return BatchContext(src, attempts, task.partition, task.attempt, stage, reset)
+    return BatchContext(src, attempts, task.partition, task.attempt, stage, reset, lin)
 
 
 def _residue(task: _Task, src: np.ndarray, texts: list[str], attempts: int) -> None:
@@ -485,8 +548,11 @@ def run_vector_task(
                                  refs.filter(pa.array(is_fresh)))  # fmt: skip
                 else:  # the segment holds every fresh row, bad keys too
                     fresh.append(part)
+                refs_now = fresh[-1] if by_ref else None
                 part, ids, _ = _valid_keys(plan, task, part, ids, None)
-                yield from _run_with_replays(plan, task, part, ids, plan.immediate_replays)
+                lin = _fresh_lineage(plan, part, ids, refs_now) if plan.wants_lineage[0] else None
+                yield from _run_with_replays(plan, task, part, ids, plan.immediate_replays,
+                                             None, lin)  # fmt: skip
             if n_fresh < batch.num_rows:  # claimed replays: their budget is in Redis
                 keep = _first_of_each(src, ~is_fresh)
                 task.replayed += int(keep.sum())
@@ -497,18 +563,28 @@ def run_vector_task(
                     before = np.asarray(att, np.int32)[keep]
                 part, ids, before = _valid_keys(plan, task, user.filter(pa.array(keep)),
                                                 src[keep], before)  # fmt: skip
-                yield from _run_with_replays(plan, task, part, ids, 0, before)
+                lin = None
+                if plan.wants_lineage[0]:
+                    lin = (_key_lineage(plan, part) if plan.record_key else
+                           _u64(batch.column(LIN_COL))[keep].view(np.int64))  # fmt: skip
+                yield from _run_with_replays(plan, task, part, ids, 0, before, lin)
             continue
         src = _u64(batch.column(plan.record_key or SRC_COL))
+        lin = None
+        if plan.wants_lineage[stage]:
+            lin = (src.view(np.int64) if plan.record_key else
+                   _u64(batch.column(LIN_COL)).view(np.int64))  # fmt: skip
         if _may_hold_markers(user, plan.record_key) and (markers := _markers(src)).any():
             task.upstream.extend(split_local(src[markers])[1].tolist())
             keep = ~markers
             user, src = user.filter(pa.array(keep)), src[keep]
+            lin = None if lin is None else lin[keep]
             if user.num_rows == 0:
                 continue
         task.fold -= fold_sum(edge_hashes(src, plan.edge_salts[stage - 1]))  # received
-        ctx = _context(plan, task, stage, src, None) if plan.wants_context[stage] else None
-        chain = _run_chain(plan, stage, task, user, src, ctx)
+        ctx = (_context(plan, task, stage, src, None, lin) if plan.wants_context[stage]
+               else None)  # fmt: skip
+        chain = _run_chain(plan, stage, task, user, src, ctx, lin)
         _residues(task, src, chain, 1)
         if chain.out is not None:
             yield chain.out
@@ -532,7 +608,7 @@ def _finish(
         rows = sum(b.num_rows for b in fresh)
         if rows:
             member = store.member(plan.source, plan.batch_key, task.partition, token)
-            blob = segment_bytes(fresh, plan.config.segment_codec)
+            blob = segment_bytes(fresh, plan.config.segment_codec, _lineage_meta(plan))
         summary = task.pack(token, member, rows)
         batch = store.batch_prefix(plan.source, plan.batch_key)
         # without a shuffle the summary travels as the task's result, else through Redis
@@ -554,17 +630,28 @@ def _finish(
         arrays = [marker if f.name == plan.record_key else pa.nulls(1, f.type) for f in fields]
     else:
         arrays = [*(pa.nulls(1, f.type) for f in fields), marker]
+        if plan.lineage is not None:
+            arrays.append(pa.nulls(1, pa.int64()))
     yield pa.RecordBatch.from_arrays(arrays, schema=plan.id_schemas[stage])
 
 
-def segment_bytes(batches: list[pa.RecordBatch], codec: str) -> memoryview:
+def _lineage_meta(plan: VectorPlan) -> bytes:
+    """How the rows of this batch's segments got their lineage ids (LINEAGE_META)."""
+    if plan.record_key:
+        return f"key:{plan.record_key}".encode()
+    return f"seed:{plan.lineage_seed}".encode()
+
+
+def segment_bytes(batches: list[pa.RecordBatch], codec: str, lineage: bytes = b"ref") -> memoryview:
     """A segment: the fresh rows as one Arrow IPC stream (``pa.ipc.open_stream`` reads it
     back), compressed by ``codec`` (FTConfig.segment_codec), as a view that the connection
     sends without copying (ftlayer.connection.BufferPacker). Uncompressed, the stream is
     sized first (a mock stream counts bytes without copying any) and written once into a
     buffer of that size: no growing buffer's copies (half the CPU). Compression runs on
     this thread: the task's cores are busy with Spark's own work, a handoff to Arrow's
-    pool costs more than it saves (measured: 8.8 vs 10.5 ms per 250,000 rows, one core)."""
+    pool costs more than it saves (measured: 8.8 vs 10.5 ms per 250,000 rows, one core).
+    ``lineage``: how its rows' lineage ids are made (LINEAGE_META; a segment of
+    references says ``ref`` whatever it is given, unless it names a key)."""
     options = pa.ipc.IpcWriteOptions(compression=None if codec == "none" else codec,
                                      use_threads=False)  # fmt: skip
     if batches[0].schema.names[:2] == list(REF_COLS):  # references: a location stored once
@@ -572,6 +659,10 @@ def segment_bytes(batches: list[pa.RecordBatch], codec: str) -> memoryview:
         loc = refs.column(0).dictionary_encode()
         encoded = refs.set_column(0, LOC_COL, loc)  # (no rows: no batches; one empty)
         batches = encoded.to_batches() or [pa.RecordBatch.from_pylist([], encoded.schema)]
+        if not lineage.startswith(b"key:"):
+            lineage = b"ref"
+    meta = {LINEAGE_META: lineage}
+    batches = [b.replace_schema_metadata(meta) for b in batches]
 
     def write(sink: Any) -> None:
         with pa.ipc.new_stream(sink, batches[0].schema, options=options) as writer:
