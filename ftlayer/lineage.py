@@ -78,12 +78,12 @@ def _hash_long(value: np.ndarray, seed: np.ndarray) -> np.ndarray:
 def spark_xxhash64(*columns: np.ndarray | int, seed: int = SPARK_SEED) -> np.ndarray:
     """Spark's ``xxhash64(c1, c2, ...)`` of int64 columns (no nulls) as an int64 array:
     each column's hash seeds the next (Spark's HashExpression over LongType)."""
-    arrays = [np.asarray(c).astype(np.int64, copy=False) for c in columns]
-    n = max((a.size for a in arrays), default=0)
-    h = np.full(n, np.int64(seed).view(np.uint64), np.uint64)
+    arrays = [np.atleast_1d(np.asarray(c).astype(np.int64, copy=False)) for c in columns]
+    shape = np.broadcast_shapes(*(a.shape for a in arrays))
+    h = np.full(shape, np.int64(seed).view(np.uint64), np.uint64)
     with np.errstate(over="ignore"):
         for a in arrays:
-            h = _hash_long(np.broadcast_to(a, (n,)).view(np.uint64), h)
+            h = _hash_long(np.broadcast_to(a, shape).view(np.uint64), h)
     return h.view(np.int64)
 
 

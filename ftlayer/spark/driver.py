@@ -74,6 +74,7 @@ from ftlayer.spark.row_tasks import (
 from ftlayer.spark.vector_tasks import (
     ATT_COL,
     CUR_COL,
+    LIN_COL,
     LOC_COL,
     POS_COL,
     SRC_COL,
@@ -286,8 +287,9 @@ class FaultTolerance:
                 table = pa.concat_tables([found, rest])
         why = {d.source_id: (d.history[-1].error if d.history else "") for d in letters}
         src = table.column(SRC_COL).to_numpy().view("uint64")
-        names = [n for n in table.schema.names if n not in (ATT_COL, CUR_COL)]
+        names = [n for n in table.schema.names if n not in (ATT_COL, CUR_COL, LIN_COL)]
         return table.select(names).append_column(
+            "lineage", table.column(LIN_COL)).append_column(
             "attempts", table.column(ATT_COL)).append_column(
             "error", pa.array([why.get(int(s), "") for s in src], pa.string()))  # fmt: skip
 

@@ -49,6 +49,7 @@ import pyarrow as pa
 from ftlayer.errors import ConfigError, FTLayerError
 from ftlayer.ids import LOCAL_BIT
 from ftlayer.limits import DEAD_NOW
+from ftlayer.lineage import LINEAGE_META
 from ftlayer.segments import frames_of_rows
 from ftlayer.spark.batch_scope import Failure, Summary, VectorRun, arrow_schema, spark_schema
 from ftlayer.spark.frame_tasks import (
@@ -418,9 +419,10 @@ class FrameRun(VectorRun):
                 continue
             table = pa.RecordBatch.from_pydict({
                 LOC_COL: pa.array([loc for (loc, _), _ in mine], pa.int64()),
-                POS_COL: pa.array([pos for (_, pos), _ in mine], pa.int64())})  # fmt: skip
+                POS_COL: pa.array([pos for (_, pos), _ in mine], pa.int64())},
+                metadata={LINEAGE_META: b"ref"})  # fmt: skip
             member = store.member(plan.source, plan.batch_key, shard, store.new_token(shard))
-            blob = segment_bytes([table], cfg.segment_codec, b"ref")
+            blob = segment_bytes([table], cfg.segment_codec)
             store.put(shard, member, blob, 0, b"", plan.salt, batch)
             frames = frames_of_rows(table, np.arange(len(mine)), shard=shard,
                                     source=plan.source, partition=shard,

@@ -240,7 +240,10 @@ class Pipeline:
         return self._add(("frame", FrameStage(fn, failed, errors)))
 
     def sink_dataframe(
-        self, fn: Callable[[DataFrame, Any], Any], with_ids: bool = False
+        self,
+        fn: Callable[[DataFrame, Any], Any],
+        with_ids: bool = False,
+        lineage: str | None = None,
     ) -> Pipeline:
         """The last stage, a DataFrame writer: ``fn(df, batch_id)`` writes ``df`` (the
         rows that reached the sink, the pipeline's columns only; ftlayer's identity
@@ -248,8 +251,11 @@ class Pipeline:
         ``saveAsTable``, JDBC, a ``MERGE``. The rows are acked when ``fn`` returns; if it
         raises, every record of the batch fails and replays (Spark retried the write's
         failed tasks first: ``spark.task.maxFailures``). A batch run again after a crash
-        writes its rows again: make the write idempotent (e.g. Delta's ``txnAppId`` /
-        ``txnVersion`` with ``batch_id``) or accept duplicates (at least once)."""
+        writes its rows again, and a replayed record comes back in a later batch: give
+        the rows their lineage ids (``lineage="lineage_id"``: a long column, the same in
+        every replay of a record) and write them idempotently, keeping one row per
+        lineage id (a ``MERGE ... ON t.lineage_id = s.lineage_id WHEN NOT MATCHED THEN
+        INSERT``: docs/effectively-once.md), or accept duplicates (at least once)."""
         self._open()
         if not callable(fn):
             raise ConfigError(f"sink_dataframe takes a function (df, batch_id), not {fn!r}")
@@ -258,7 +264,8 @@ class Pipeline:
                               "not of row stages (map, flat_map, filter): end it with sink()")
         if self.ack_scope != "batch":
             raise ConfigError("sink_dataframe needs the default ack_scope='batch'")
-        last = replace(self.segments[-1], sink=fn, sink_per="dataframe", sink_ids=with_ids)
+        last = replace(self.segments[-1], sink=fn, sink_per="dataframe", sink_ids=with_ids,
+                       sink_lineage=_lineage_of(fn, lineage))  # fmt: skip
         return replace(self, segments=(*self.segments[:-1], last), sunk=True)
 
     def map(self, fn: Callable[..., Any], errors: ErrorPolicy | None = None) -> Pipeline:
@@ -302,20 +309,27 @@ class Pipeline:
         fn: Callable[..., Any],
         per: Literal["record", "partition"] = "record",
         errors: ErrorPolicy | None = None,
+        lineage: str | None = None,
     ) -> Pipeline:
         """The last stage. ``per="record"``: ``fn(record)``; ``per="partition"``:
         ``fn(list_of_records)`` once per Arrow batch of a task (up to
         ``spark.sql.execution.arrow.maxRecordsPerBatch`` records, 10,000 by default; once
         per task with ``ack_scope="task"``). Records are acked after ``fn`` returns; if it
         raises, the records it was given fail (and are replayed); if it returns an
-        :class:`Unconfirmed`, those records stay pending until they time out."""
+        :class:`Unconfirmed`, those records stay pending until they time out.
+        ``lineage``: a key each record is given its lineage id under (see
+        ``sink_batches``; not with ``ack_scope="task"``)."""
         self._open()
         self._not_frames()
+        name = _lineage_of(fn, lineage)
+        if name is not None and self.ack_scope == "task":
+            raise ConfigError("lineage= takes the default ack_scope='batch'")
         if self.vectorized:
             raise ConfigError("a pipeline of batch stages ends with sink_batches()")
         if per not in ("record", "partition"):
             raise ConfigError(f"per must be 'record' or 'partition', not {per!r}")
-        last = replace(self.segments[-1], sink=fn, sink_per=per, sink_errors=errors)
+        last = replace(self.segments[-1], sink=fn, sink_per=per, sink_errors=errors,
+                       sink_lineage=name)  # fmt: skip
         return replace(self, segments=(*self.segments[:-1], last), sunk=True)
 
     def __call__(self, df: DataFrame, batch_id: Any) -> None:
