@@ -19,6 +19,7 @@ import pytest
 import redis
 from pyspark.sql import SparkSession
 
+from benchmarks._postgres import LocalPostgres
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer
 from ftlayer.connection import connect
 from ftlayer.embedded import EmbeddedCluster, find_redis_server
@@ -30,6 +31,14 @@ def redis_server() -> Iterator[EmbeddedRedis]:
     server = EmbeddedRedis().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[LocalPostgres]:
+    """A real PostgreSQL server (Debian's ``postgresql`` package, which .ci/run installs)
+    in a temporary directory, for the idempotent sink's tests."""
+    with LocalPostgres() as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,118 @@
+"""Delta Lake through delta-rs (the ``deltalake`` package): a merge that inserts the rows
+whose key the table does not hold, one commit a write.
+
+Concurrent writers are Delta's business: a commit that conflicts with one that landed
+first fails (delta-rs' conflict checker, Delta's optimistic concurrency) and the write is
+tried again, with backoff, against the new version -- where the rows the other writer
+committed now match and are skipped.
+
+Invariant: a write commits all of its new rows or none (one Delta commit); a row is
+skipped only when a row with its key was committed before. A write that cannot commit
+within ``attempts`` raises, and its rows fail and replay (ftlayer never acks them).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from ftlayer.backoff import jittered
+from ftlayer.errors import ConfigError
+
+__all__ = ["DeltaSink"]
+
+log = logging.getLogger(__name__)
+
+
+class DeltaSink:
+    """A ``sink_batches`` function merging each batch into the Delta table at ``path``
+    (created from the first batch's columns if absent), one row per key
+    ``(lineage, *key)``. ``storage_options``: delta-rs' (object store credentials);
+    ``partition_by``: the table's partition columns when this sink creates it;
+    ``attempts``: commits tried per write (conflicts with concurrent writers)."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        lineage: str = "lineage_id",
+        key: Sequence[str] = (),
+        partition_by: Sequence[str] = (),
+        storage_options: Mapping[str, str] | None = None,
+        attempts: int = 20,
+    ) -> None:
+        self.path, self.ft_lineage = str(path), lineage
+        self.key = (lineage, *key)
+        self.partition_by = list(partition_by)
+        self.storage_options = dict(storage_options or {})
+        self.attempts = attempts
+        self.inserted = self.skipped = 0
+        """Rows this object inserted and skipped (as duplicates) in this process."""
+
+    def __repr__(self) -> str:
+        return f"DeltaSink({self.path!r}, key={list(self.key)})"
+
+    @property
+    def __name__(self) -> str:  # a stage's name in counts and errors
+        return f"DeltaSink {self.path}"
+
+    @property
+    def predicate(self) -> str:
+        """The merge's join condition: the key's columns equal (null-safe)."""
+        return " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in self.key)
+
+    def __call__(self, batch: pa.RecordBatch) -> None:
+        from deltalake.exceptions import CommitFailedError
+
+        if batch.num_rows == 0:
+            return
+        missing = [k for k in self.key if k not in batch.schema.names]
+        if missing:
+            raise ConfigError(f"{self!r}: the batch has no column {missing} (its columns: "
+                              f"{batch.schema.names})")  # fmt: skip
+        rows = pa.Table.from_batches([batch])
+        backoff = jittered(0.02, 2.0)
+        for attempt in range(self.attempts):
+            try:
+                inserted = self._merge(rows)
+                break
+            except CommitFailedError as e:  # a concurrent commit landed first
+                if attempt + 1 >= self.attempts:
+                    raise
+                log.info("Delta commit conflict, retrying attempt=%d path=%s error=%s",
+                         attempt + 1, self.path, e)  # fmt: skip
+                time.sleep(backoff.compute(attempt))
+        self.inserted += inserted
+        self.skipped += rows.num_rows - inserted
+        if inserted < rows.num_rows:
+            log.info("Delta rows already written, skipped path=%s skipped=%d",
+                     self.path, rows.num_rows - inserted)  # fmt: skip
+
+    def _merge(self, rows: pa.Table) -> int:
+        """One commit: the rows whose key the table does not hold, inserted. Returns how
+        many (a new table: all of them, its first commit)."""
+        from deltalake import DeltaTable, write_deltalake
+        from deltalake.exceptions import DeltaError, TableNotFoundError
+
+        options = self.storage_options or None
+        try:
+            table = DeltaTable(self.path, storage_options=options)
+        except TableNotFoundError:
+            try:  # version 0 holds these rows: no other writer can have written them
+                write_deltalake(self.path, rows, mode="error", storage_options=options,
+                                partition_by=self.partition_by or None)  # fmt: skip
+                return rows.num_rows
+            except DeltaError as e:  # a concurrent writer created it first: merge
+                if "already exists" not in str(e):
+                    raise
+            table = DeltaTable(self.path, storage_options=options)
+        metrics: dict[str, Any] = (
+            table.merge(rows, self.predicate, source_alias="s", target_alias="t")
+            .when_not_matched_insert_all()
+            .execute()
+        )
+        return int(metrics.get("num_target_rows_inserted", 0))

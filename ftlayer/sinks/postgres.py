@@ -1,0 +1,162 @@
+"""PostgreSQL: ``INSERT ... ON CONFLICT (lineage) DO NOTHING``, one transaction a write.
+
+A write copies its rows into a temporary table of the session (``COPY``, the fast path
+into PostgreSQL) and inserts them into the target in the same transaction, skipping the
+rows whose key the table holds: the key's unique constraint decides, so concurrent
+writers and a write retried after a lost reply insert a record once.
+
+Invariant: a write either commits all of its new rows or none (one transaction); a row
+is skipped only when a row with its key was committed before. A write that cannot commit
+raises, and its rows fail and replay (ftlayer never acks them).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+import xxhash
+
+from ftlayer.backoff import jittered
+from ftlayer.errors import ConfigError
+
+__all__ = ["PostgresSink"]
+
+log = logging.getLogger(__name__)
+
+_TYPES = {
+    "int8": "smallint", "int16": "smallint", "int32": "integer", "int64": "bigint",
+    "uint8": "smallint", "uint16": "integer", "uint32": "bigint", "float": "real",
+    "double": "double precision", "bool": "boolean", "string": "text",
+    "large_string": "text", "binary": "bytea", "large_binary": "bytea", "date32[day]": "date",
+}  # fmt: skip
+"""Arrow type -> PostgreSQL column type, for ``create=True``."""
+
+_CONNECTIONS: dict[tuple[int, int, str], Any] = {}
+"""One connection per (process, thread, URL): a Python worker reuses it for every write."""
+
+
+def _pg_type(t: pa.DataType) -> str:
+    if pa.types.is_timestamp(t):
+        return "timestamptz" if t.tz else "timestamp"
+    if pa.types.is_decimal(t):
+        return f"numeric({t.precision},{t.scale})"
+    name = _TYPES.get(str(t))
+    if name is None:
+        raise ConfigError(f"PostgresSink(create=True) cannot map the Arrow type {t}: create "
+                          "the table yourself, with a unique key on the lineage column")
+    return name
+
+
+class PostgresSink:
+    """A ``sink_batches`` function writing each batch into ``table`` of the PostgreSQL at
+    ``url`` (``postgresql://user@host:port/db``), one row per key: ``(lineage, *key)``.
+
+    ``create=True`` creates the table from the first batch's columns if it does not
+    exist, with the key as its primary key; otherwise the table must exist with a unique
+    constraint on exactly the key's columns (the ``ON CONFLICT`` target). ``attempts``:
+    how many times a write that lost its connection is tried (a new connection each
+    time; the whole transaction again, harmless: it skips what committed)."""
+
+    def __init__(
+        self,
+        url: str,
+        table: str,
+        *,
+        lineage: str = "lineage_id",
+        key: Sequence[str] = (),
+        create: bool = False,
+        attempts: int = 5,
+    ) -> None:
+        if not table or not all(part for part in table.split(".")):
+            raise ConfigError(f"PostgresSink needs a table name, not {table!r}")
+        self.url, self.table, self.ft_lineage = url, table, lineage
+        self.key = (lineage, *key)
+        self.create, self.attempts = create, attempts
+        self.inserted = self.skipped = 0
+        """Rows this object inserted and skipped (as duplicates) in this process."""
+
+    def __repr__(self) -> str:
+        return f"PostgresSink({self.table!r}, key={list(self.key)})"
+
+    @property
+    def __name__(self) -> str:  # a stage's name in counts and errors
+        return f"PostgresSink {self.table}"
+
+    def __call__(self, batch: pa.RecordBatch) -> None:
+        import psycopg
+
+        if batch.num_rows == 0:
+            return
+        missing = [k for k in self.key if k not in batch.schema.names]
+        if missing:
+            raise ConfigError(f"{self!r}: the batch has no column {missing} (its columns: "
+                              f"{batch.schema.names})")  # fmt: skip
+        backoff = jittered(0.05, 2.0)
+        # two sessions creating one table at once: one of them sees a unique violation
+        retried = (psycopg.OperationalError, *((psycopg.errors.UniqueViolation,)
+                                              if self.create else ()))  # fmt: skip
+        for attempt in range(self.attempts):
+            try:
+                inserted = self._write(batch)
+                break
+            except retried as e:
+                _CONNECTIONS.pop((os.getpid(), threading.get_ident(), self.url), None)
+                if attempt + 1 >= self.attempts:
+                    raise
+                log.warning("PostgreSQL write failed, retrying attempt=%d table=%s error=%s",
+                            attempt + 1, self.table, e)  # fmt: skip
+                time.sleep(backoff.compute(attempt))
+        self.inserted += inserted
+        self.skipped += batch.num_rows - inserted
+        if inserted < batch.num_rows:
+            log.info("PostgreSQL rows already written, skipped table=%s skipped=%d",
+                     self.table, batch.num_rows - inserted)  # fmt: skip
+
+    def _connection(self) -> Any:
+        import psycopg
+
+        k = (os.getpid(), threading.get_ident(), self.url)
+        conn = _CONNECTIONS.get(k)
+        if conn is None or conn.closed or conn.broken:
+            conn = _CONNECTIONS[k] = psycopg.connect(self.url, autocommit=False)
+        return conn
+
+    def _write(self, batch: pa.RecordBatch) -> int:
+        """One transaction: the rows copied into a session table, then inserted where
+        their key is new. Returns how many were inserted."""
+        from psycopg import sql
+
+        conn = self._connection()
+        target = sql.Identifier(*self.table.split("."))
+        stage = sql.Identifier(f"ftlayer_stage_{xxhash.xxh32_hexdigest(self.table.encode())}")
+        cols = sql.SQL(", ").join(map(sql.Identifier, batch.schema.names))
+        key = sql.SQL(", ").join(map(sql.Identifier, self.key))
+        rows = zip(*(c.to_pylist() for c in batch.columns), strict=True)
+        with conn.transaction(), conn.cursor() as cur:
+            if self.create:
+                self._create(cur, target, batch.schema)
+            cur.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {}) "
+                                "ON COMMIT DELETE ROWS").format(stage, target))  # fmt: skip
+            with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(stage, cols)) as copy:
+                for row in rows:
+                    copy.write_row(row)
+            cur.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) "
+                                "DO NOTHING").format(target, cols, cols, stage, key))  # fmt: skip
+            return int(cur.rowcount)
+
+    def _create(self, cur: Any, target: Any, schema: pa.Schema) -> None:
+        from psycopg import sql
+
+        columns = sql.SQL(", ").join(
+            sql.SQL("{} {}").format(sql.Identifier(f.name), sql.SQL(_pg_type(f.type)))
+            for f in schema
+        )
+        key = sql.SQL(", ").join(map(sql.Identifier, self.key))
+        cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({}))")
+                    .format(target, columns, key))  # fmt: skip
