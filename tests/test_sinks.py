@@ -59,17 +59,19 @@ def overlapping_writers(sink: Any, writers: int = 8) -> list[str]:
 
 
 def test_postgres_sink_writes_each_lineage_once(postgres: LocalPostgres) -> None:
-    """A batch written again, and a batch overlapping it, leave one row per lineage id;
-    the sink counts what it skipped. Catches: a replay written twice, a row lost because
-    another row of its batch was a duplicate."""
+    """A batch written again, a batch overlapping it and one holding a record twice leave
+    one row per lineage id; the sink counts what it skipped. Catches: a replay written
+    twice, a row lost because another row of its batch was a duplicate."""
     table = f"t{uuid.uuid4().hex[:8]}"
     sink = PostgresSink(postgres.url, table, create=True)
     sink(rows(0, 100))
     sink(rows(0, 100))
     sink(rows(50, 150))
+    twice = pa.Table.from_batches([rows(150, 160), rows(155, 165)]).combine_chunks()
+    sink(twice.to_batches()[0])  # one write holding a record twice
     got = pg_rows(postgres.url, table)
-    assert [r[0] for r in got] == list(range(150))
-    assert sink.inserted == 150 and sink.skipped == 150
+    assert [r[0] for r in got] == list(range(165))
+    assert sink.inserted == 165 and sink.skipped == 155
 
 
 def test_postgres_sink_concurrent_writers(postgres: LocalPostgres) -> None:
@@ -127,16 +129,19 @@ def test_postgres_sink_key_columns_keep_several_rows_of_one_record(
 
 
 def test_delta_sink_writes_each_lineage_once(tmp_path: Path) -> None:
-    """The first write creates the table; a repeat and an overlapping write add only
-    the new lineage ids. Catches: the merge inserting matched rows, the creating write
-    and the merges disagreeing on the key."""
+    """The first write creates the table; a repeat, an overlapping write and a write
+    holding a record twice add only the new lineage ids, once. Catches: the merge
+    inserting matched rows or a source row twice (a record's re-run and its replay in one
+    batch), the creating write and the merges disagreeing on the key."""
     path = tmp_path / "t"
     sink = DeltaSink(str(path))
     sink(rows(0, 100))
     sink(rows(0, 100))
     sink(rows(50, 150))
-    assert delta_ids(path) == list(range(150))
-    assert sink.inserted == 150 and sink.skipped == 150
+    twice = pa.Table.from_batches([rows(150, 160), rows(155, 165)]).combine_chunks()
+    sink(twice.to_batches()[0])  # one write holding a record twice: its first row kept
+    assert delta_ids(path) == list(range(165))
+    assert sink.inserted == 165 and sink.skipped == 155
 
 
 def test_delta_sink_concurrent_writers(tmp_path: Path) -> None:
@@ -144,6 +149,7 @@ def test_delta_sink_concurrent_writers(tmp_path: Path) -> None:
     by whichever commits version 0: each conflicting commit is retried against the new
     version and skips what landed. Catches: duplicates from two merges that both read
     the table before either committed, a writer failing on the creation race."""
-    path = tmp_path / "t"
-    assert overlapping_writers(DeltaSink(str(path))) == []
-    assert delta_ids(path) == list(range(850))
+    for round_ in range(4):  # a race: several rounds, each on a new table
+        path = tmp_path / f"t{round_}"
+        assert overlapping_writers(DeltaSink(str(path))) == []
+        assert delta_ids(path) == list(range(850))

@@ -1,10 +1,12 @@
 """Delta Lake through delta-rs (the ``deltalake`` package): a merge that inserts the rows
 whose key the table does not hold, one commit a write.
 
-Concurrent writers are Delta's business: a commit that conflicts with one that landed
-first fails (delta-rs' conflict checker, Delta's optimistic concurrency) and the write is
-tried again, with backoff, against the new version -- where the rows the other writer
-committed now match and are skipped.
+Concurrent writers: a commit whose table version another writer took first fails, and
+the whole merge runs again, with backoff, against the new version -- where the rows the
+other writer committed now match and are skipped. The sink never lets delta-rs rebase a
+commit onto a newer version (``max_commit_retries=0``): its conflict checker compares
+files, not keys, and lets two insert-only merges of one key both land (measured here:
+8 overlapping writers left duplicates in about 1 run of 5 until rebasing was off).
 
 Invariant: a write commits all of its new rows or none (one Delta commit); a row is
 skipped only when a row with its key was committed before. A write that cannot commit
@@ -18,6 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from ftlayer.backoff import jittered
@@ -26,6 +29,30 @@ from ftlayer.errors import ConfigError
 __all__ = ["DeltaSink"]
 
 log = logging.getLogger(__name__)
+
+
+def _no_rebase() -> Any:
+    from deltalake import CommitProperties
+
+    return CommitProperties(max_commit_retries=0)
+
+
+def _first_of_each_key(rows: pa.Table, key: tuple[str, ...]) -> pa.Table:
+    """``rows`` keeping the first row of each key: one write may hold a record twice (its
+    fresh attempt in a batch re-run after a crash, and its replay), and a merge inserts
+    every unmatched source row."""
+    if rows.num_rows < 2:
+        return rows
+    if len(key) == 1:
+        col = rows.column(key[0])
+        if col.null_count == 0 and pa.types.is_integer(col.type):
+            _, first = np.unique(col.to_numpy(), return_index=True)
+            return rows if len(first) == rows.num_rows else rows.take(np.sort(first))
+    at = rows.select(list(key)).append_column("__ft_row", pa.array(np.arange(rows.num_rows)))
+    first = at.group_by(list(key), use_threads=False).aggregate([("__ft_row", "min")])
+    if first.num_rows == rows.num_rows:
+        return rows
+    return rows.take(np.sort(first.column("__ft_row_min").to_numpy()))
 
 
 class DeltaSink:
@@ -74,7 +101,7 @@ class DeltaSink:
         if missing:
             raise ConfigError(f"{self!r}: the batch has no column {missing} (its columns: "
                               f"{batch.schema.names})")  # fmt: skip
-        rows = pa.Table.from_batches([batch])
+        rows = _first_of_each_key(pa.Table.from_batches([batch]), self.key)
         backoff = jittered(0.02, 2.0)
         for attempt in range(self.attempts):
             try:
@@ -87,10 +114,10 @@ class DeltaSink:
                          attempt + 1, self.path, e)  # fmt: skip
                 time.sleep(backoff.compute(attempt))
         self.inserted += inserted
-        self.skipped += rows.num_rows - inserted
-        if inserted < rows.num_rows:
+        self.skipped += batch.num_rows - inserted
+        if inserted < batch.num_rows:
             log.info("Delta rows already written, skipped path=%s skipped=%d",
-                     self.path, rows.num_rows - inserted)  # fmt: skip
+                     self.path, batch.num_rows - inserted)  # fmt: skip
 
     def _merge(self, rows: pa.Table) -> int:
         """One commit: the rows whose key the table does not hold, inserted. Returns how
@@ -104,15 +131,20 @@ class DeltaSink:
         except TableNotFoundError:
             try:  # version 0 holds these rows: no other writer can have written them
                 write_deltalake(self.path, rows, mode="error", storage_options=options,
-                                partition_by=self.partition_by or None)  # fmt: skip
+                                partition_by=self.partition_by or None,
+                                commit_properties=_no_rebase())  # fmt: skip
                 return rows.num_rows
             except DeltaError as e:  # a concurrent writer created it first: merge
                 if "already exists" not in str(e):
                     raise
             table = DeltaTable(self.path, storage_options=options)
+        # no rebase onto a version committed meanwhile: delta-rs' conflict checker lets
+        # two insert-only merges of one key both commit (it checks files, not keys), so a
+        # commit that finds its version taken fails and the merge runs again, reading it
         metrics: dict[str, Any] = (
-            table.merge(rows, self.predicate, source_alias="s", target_alias="t")
+            table.merge(rows, self.predicate, source_alias="s", target_alias="t",
+                        commit_properties=_no_rebase())
             .when_not_matched_insert_all()
             .execute()
-        )
+        )  # fmt: skip
         return int(metrics.get("num_target_rows_inserted", 0))

@@ -3,7 +3,7 @@ kills it with ``kill -9`` (its whole session: Python driver, JVM, Python workers
 middle of a batch and then starts it again on the same checkpoint.
 
     python crash_driver_job.py <redis_url> <namespace> <input dir> <checkpoint dir> <mode> \
-        <replays>
+        <replays> [<sink>]
 
 The query reads JSON files of ``id, key`` rows one file per batch. Pipeline: stage 1 ->
 partition_by(key, 4) -> stage 2 -> sink. Stage 2 fails ids = 7 (mod 61) in every attempt
@@ -23,6 +23,10 @@ claimed, and mode ``finish`` waits with the query running until nothing is pendi
 drain). ``reference``: the same, with the files kept by reference (``FileSource``): the
 replays are read back from the files. ``frames``: the same as DataFrame stages ending in a
 ``sink_dataframe`` whose write (``foreachPartition``) is the one killed.
+
+Sink ``delta:<path>`` / ``postgres:<url>``: the sink also writes its rows, with their
+lineage ids, through ftlayer's idempotent sink (``DeltaSink`` / ``PostgresSink`` on table
+``events``) before it holds; ``<ns>:sink`` still lists every row written, duplicates too.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from pyspark.sql import SparkSession
 
 from ftlayer import FTConfig
 from ftlayer.connection import connect
+from ftlayer.sinks import DeltaSink, PostgresSink
 from ftlayer.spark import FaultTolerance, FileSource, Outcome
 
 HOLD_BATCH = 2
@@ -60,13 +65,26 @@ class Stage2:
         return Outcome(b, failed=sorted({*always.tolist(), *once}), errors="stage 2 fails")
 
 
+def idempotent(target: str) -> Any:
+    """The idempotent sink named by ``delta:<path>`` / ``postgres:<url>`` (None: none)."""
+    kind, _, where = target.partition(":")
+    if kind == "delta":
+        return DeltaSink(where)
+    if kind == "postgres":
+        return PostgresSink(where, "events", create=True)
+    return None
+
+
 class Sink:
-    def __init__(self, url: str, ns: str, hold: bool) -> None:
-        self.url, self.ns, self.hold = url, ns, hold
+    def __init__(self, url: str, ns: str, hold: bool, target: str = "redis") -> None:
+        self.url, self.ns, self.hold, self.target = url, ns, hold, target
 
     def __call__(self, b: pa.RecordBatch) -> None:
         r = connect(self.url)
         ids = b.column("id").to_pylist()
+        table = idempotent(self.target)
+        if table is not None and b.num_rows:
+            table(b.select(["id", "key", "lineage_id"]))
         if ids:
             r.rpush(f"{self.ns}:sink", *ids)
         if self.hold and int(r.get(f"{self.ns}:batch") or -1) == HOLD_BATCH:
@@ -78,8 +96,8 @@ class ArrowSink:
     """``sink_dataframe``'s writer for ``frames``: a ``mapInArrow`` pushing ids, holding
     in batch 2 like :class:`Sink`, inside a ``df.write`` (killed inside the write's job)."""
 
-    def __init__(self, url: str, ns: str, hold: bool) -> None:
-        self.sink = Sink(url, ns, hold)
+    def __init__(self, url: str, ns: str, hold: bool, target: str = "redis") -> None:
+        self.sink = Sink(url, ns, hold, target)
 
     def __call__(self, batches: Any) -> Any:
         for b in batches:
@@ -87,12 +105,12 @@ class ArrowSink:
             yield pa.RecordBatch.from_pydict({"n": [b.num_rows]})
 
     def write(self, df: Any, _: Any) -> None:
-        out = df.select("id").mapInArrow(self, "n long")
+        out = df.mapInArrow(self, "n long")
         out.write.format("noop").mode("overwrite").save()
 
 
 def frames_pipeline(ft: FaultTolerance, files: FileSource, url: str, ns: str,
-                    hold: bool) -> Any:  # fmt: skip
+                    hold: bool, target: str) -> Any:  # fmt: skip
     """The same pipeline as DataFrame stages: ids = 3 (mod 13) fail fresh (their replays,
     whose identity has no location, pass), ids = 7 (mod 61) every time."""
     failed = "id % 61 = 7 OR (id % 13 = 3 AND __ft_loc IS NOT NULL)"
@@ -101,11 +119,13 @@ def frames_pipeline(ft: FaultTolerance, files: FileSource, url: str, ns: str,
         .transform(lambda df: df)
         .partition_by(["key"], 4)
         .transform(lambda df: df, failed=failed, errors="stage 2 fails")
-        .sink_dataframe(ArrowSink(url, ns, hold).write)
+        .sink_dataframe(ArrowSink(url, ns, hold, target).write,
+                        lineage="lineage_id" if target != "redis" else None)
     )  # fmt: skip
 
 
-def main(url: str, ns: str, input_dir: str, checkpoint: str, mode: str, replays: str) -> None:
+def main(url: str, ns: str, input_dir: str, checkpoint: str, mode: str, replays: str,
+         target: str = "redis") -> None:  # fmt: skip
     spark = (
         SparkSession.builder.master("local[2]")
         .appName("ftlayer-crash-driver")
@@ -122,10 +142,11 @@ def main(url: str, ns: str, input_dir: str, checkpoint: str, mode: str, replays:
         .map_batches(lambda b: b, "id long, key long")
         .partition_by(["key"], 4)
         .map_batches(Stage2(url, ns), "id long, key long")
-        .sink_batches(Sink(url, ns, hold=mode == "crash"))
+        .sink_batches(Sink(url, ns, hold=mode == "crash", target=target),
+                      lineage="lineage_id" if target != "redis" else None)
     )
     if replays == "frames":
-        pipeline = frames_pipeline(ft, files, url, ns, hold=mode == "crash")
+        pipeline = frames_pipeline(ft, files, url, ns, hold=mode == "crash", target=target)
     r = connect(url)
 
     def each_batch(df: Any, batch_id: int) -> None:
@@ -171,4 +192,4 @@ def main(url: str, ns: str, input_dir: str, checkpoint: str, mode: str, replays:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:7])
+    main(*sys.argv[1:8])

@@ -21,8 +21,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from deltalake import DeltaTable
 
+from benchmarks._postgres import LocalPostgres
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer
 from tests.faults import kill_session, session_pids
 
@@ -43,9 +46,14 @@ def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
         )
 
 
-@pytest.fixture(scope="module", params=["claim", "stream", "reference", "frames"])
+MODES = ["claim", "stream", "reference", "frames",
+         "claim+postgres", "stream+delta", "reference+postgres", "frames+delta"]  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=MODES)
 def run(
     redis_server: EmbeddedRedis,
+    postgres: LocalPostgres,
     tmp_path_factory: pytest.TempPathFactory,
     request: pytest.FixtureRequest,
 ) -> dict[str, Any]:
@@ -53,8 +61,19 @@ def run(
     replays ride the replay stream (batch 2 re-run reads the replays its offset claimed),
     and the job waits for nothing pending with its query running; ``reference``: the same
     with the files kept by reference (replays read back from them); ``frames``: that as
-    DataFrame stages, killed inside the write of a ``sink_dataframe``."""
+    DataFrame stages, killed inside the write of a ``sink_dataframe``. ``+delta`` /
+    ``+postgres``: the sink also writes through ftlayer's idempotent sink into a Delta
+    table / a PostgreSQL table, read back at the end."""
     tmp = tmp_path_factory.mktemp("crash-driver")
+    replays, _, kind = request.param.partition("+")
+    target = "redis"
+    if kind == "delta":
+        target = f"delta:{tmp / 'delta'}"
+    elif kind == "postgres":
+        db = f"crash_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(postgres.url, autocommit=True) as c:
+            c.execute(f"CREATE DATABASE {db}")
+        target = f"postgres:{postgres.url.rsplit('/', 1)[0]}/{db}"
     ns = f"cd{uuid.uuid4().hex[:10]}"
     inputs = tmp / "in"
     inputs.mkdir()
@@ -63,9 +82,10 @@ def run(
         text = "".join(json.dumps({"id": i, "key": i % 17}) + "\n" for i in rows)
         (inputs / f"part-{f:02d}.json").write_text(text)
     args = [redis_server.url, ns, str(inputs), str(tmp / "checkpoint")]
+    tail = [replays, target]
     r = redis_server.client()
     log = tmp / "job.log"
-    first = _start([*args, "crash", request.param], log)
+    first = _start([*args, "crash", *tail], log)
     deadline = time.monotonic() + 240
     try:
         while not r.exists(f"{ns}:holding"):
@@ -84,7 +104,7 @@ def run(
         if first.poll() is None:
             kill_session(first.pid)
     sink_at_kill = len(r.lrange(f"{ns}:sink", 0, -1))
-    second = _start([*args, "finish", request.param], log)
+    second = _start([*args, "finish", *tail], log)
     try:
         second.wait(timeout=300)
     finally:
@@ -96,7 +116,7 @@ def run(
     layer = FTLayer(r, FTConfig(namespace=ns, timeout_s=3.0), create=False)
     result = json.loads(lines[-1][len("RESULT ") :])
     dead = result.pop("dead_ids")  # read back by the job (references hold no id)
-    if request.param not in ("reference", "frames"):
+    if replays not in ("reference", "frames"):
         assert sorted(dead) == sorted(d.frame.decode()["id"]
                                       for d in layer.persistence.dead_letters() if d.frame)
     out = {
@@ -107,12 +127,24 @@ def run(
         "batches": [int(x) for x in r.lrange(f"{ns}:batches", 0, -1)],
         "dead": dead,
         "stats": layer.stats(),
-        "replays": request.param,
+        "replays": replays,
+        "table": _table_ids(target),
     }
     layer.clear()
     for k in r.scan_iter(f"{ns}:*"):
         r.delete(k)
     return out
+
+
+def _table_ids(target: str) -> list[int] | None:
+    """The ids in the idempotent sink's table, one per row (None: no such sink)."""
+    kind, _, where = target.partition(":")
+    if kind == "delta":
+        return DeltaTable(where).to_pyarrow_table().column("id").to_pylist()
+    if kind == "postgres":
+        with psycopg.connect(where) as c:
+            return [row[0] for row in c.execute("SELECT id FROM events")]
+    return None
 
 
 def test_the_driver_died_mid_batch_and_spark_reran_that_batch(run: dict[str, Any]) -> None:
@@ -131,6 +163,23 @@ def test_sink_and_dead_letters_hold_every_source_record(run: dict[str, Any]) -> 
     assert sink | dead == source, f"lost: {sorted(source - sink - dead)[:20]}"
     assert dead == {i for i in source if i % 61 == 7}, "only the always-failing ids"
     assert not sink & dead
+
+
+def test_rewritten_records_are_in_the_idempotent_sink_once(run: dict[str, Any]) -> None:
+    """The sink wrote some records twice (the killed batch's rows, written again by its
+    re-run: at least once). Into Delta / PostgreSQL through ftlayer's idempotent sinks
+    (``+delta``, ``+postgres``) the table holds the source minus the dead letters, each
+    record once. Catches: a re-run batch or a replay given new lineage ids (duplicates),
+    a row skipped that was never written (loss)."""
+    written = Counter(run["sink"])
+    assert any(n > 1 for n in written.values()), "the sink never wrote a record twice"
+    if run["table"] is None:
+        return
+    table = Counter(run["table"])
+    want = set(range(FILES * ROWS)) - set(run["dead"])
+    assert set(table) == want, f"lost: {sorted(want - set(table))[:20]}"
+    dups = {i: n for i, n in table.items() if n > 1}
+    assert not dups, f"duplicates in the table: {len(dups)}, e.g. {sorted(dups)[:10]}"
 
 
 def test_nothing_is_pending_after_the_drain(run: dict[str, Any]) -> None:
