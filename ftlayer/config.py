@@ -65,6 +65,12 @@ class FTConfig:
     flush may take its last writes with it."""
     replica_wait_s: float = 2.0
     """How long a ``"replicated"`` flush waits for the replica before it fails."""
+    driver_wait_s: float = 120.0
+    """How long a write the driver makes (settling a batch, completing and failing
+    replays, claiming, dead-lettering) waits out a Redis it cannot reach, or a master with
+    no replica yet (``"replicated"``, a failover), before its batch fails. Retried with
+    backoff, logged. Executors do not wait this long: their task fails after
+    ``flush_retries`` and Spark runs it again; the driver has no one to run it again."""
     segment_codec: SegmentCodec = "none"
     """Compression of the vectorized path's segments (a source task's fresh rows, Arrow
     IPC, in Redis until their batch settles). ``"none"`` costs the least CPU (the rows'
@@ -118,6 +124,8 @@ class FTConfig:
             raise ConfigError(
                 f"durability must be 'local' or 'replicated', not {self.durability!r}"
             )
+        if self.driver_wait_s < 0:
+            raise ConfigError(f"driver_wait_s must be >= 0, not {self.driver_wait_s}")
         if not self.replica_wait_s > 0:
             raise ConfigError(f"replica_wait_s must be > 0, not {self.replica_wait_s}")
         if self.segment_codec not in ("none", "lz4", "zstd"):

@@ -126,6 +126,14 @@ class FTLayer:
         self.segments = SegmentStore(client, self.keyspace, self.scripts, self.config)
         self.embedded: EmbeddedRedis | None = None
 
+    def be_patient(self, wait_s: float) -> FTLayer:
+        """Make this layer's idempotent writes wait out an unavailable Redis (or a master
+        with no replica) up to ``wait_s`` before failing: the driver's layer
+        (FTConfig.driver_wait_s), whose failed write no one would run again."""
+        for part in (self.acker, self.persistence, self.timeouts, self.segments):
+            part.patience_s = wait_s
+        return self
+
     @classmethod
     def open(cls, config: FTConfig | None = None, create: bool = True) -> FTLayer:
         config = config or FTConfig()

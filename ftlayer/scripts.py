@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
+import logging
+import time
 from collections.abc import Callable
 from functools import cache
 from importlib.resources import files
@@ -20,9 +23,10 @@ from typing import Any, NamedTuple, TypeVar
 
 import redis
 
+from ftlayer.backoff import jittered
 from ftlayer.config import FTConfig, ScriptMode
 from ftlayer.connection import masters, with_retries
-from ftlayer.errors import ConfigError
+from ftlayer.errors import ConfigError, FTLayerError, RedisUnavailableError
 from ftlayer.keys import Keyspace
 from ftlayer.limits import lua_constants
 
@@ -30,6 +34,8 @@ __all__ = [
     "SCRIPTS", "LoadedLibrary", "NamespacePart", "Scripts", "library_source", "loaded_libraries",
     "prune_libraries", "script_source",
 ]  # fmt: skip
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -230,10 +236,37 @@ class NamespacePart:
         self.scripts = scripts
         self.config = config
 
+    patience_s: float = 0.0
+    """How long ``retried`` waits out an unavailable Redis beyond its quick retries: the
+    driver's parts get ``driver_wait_s`` (FTLayer.be_patient); executors' none."""
+
     def retried(self, call: Callable[[], T], what: str) -> T:
         """``call`` retried with backoff on a lost connection (``flush_retries``,
         ``flush_backoff_s``); only for calls that are idempotent, by a token or by the
-        state they retire. RedisUnavailableError naming ``what`` when Redis stays away."""
+        state they retire. RedisUnavailableError naming ``what`` when Redis stays away
+        (a FlushError: a replicated write no replica acknowledged). With ``patience_s``
+        (the driver), such errors are waited out that long, with backoff, logged; past it
+        an FTLayerError says what to check."""
         cfg = self.config
-        return with_retries(call, retries=cfg.flush_retries, backoff_s=cfg.flush_backoff_s,
-                            what=what)  # fmt: skip
+        if self.patience_s <= 0:
+            return with_retries(call, retries=cfg.flush_retries, backoff_s=cfg.flush_backoff_s,
+                                what=what)  # fmt: skip
+        deadline = time.monotonic() + self.patience_s
+        backoff = jittered(0.25, 5.0)
+        for attempt in itertools.count():
+            try:
+                return with_retries(call, retries=cfg.flush_retries,
+                                    backoff_s=cfg.flush_backoff_s, what=what)  # fmt: skip
+            except RedisUnavailableError as e:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise FTLayerError(
+                        f"{what}: the driver's write did not land within driver_wait_s="
+                        f"{self.patience_s:g}s ({e}); check that every shard's master is up "
+                        "and, with durability='replicated', has a replica attached (INFO "
+                        "replication): the batch fails and runs again when the query restarts"
+                    ) from e
+                log.warning("driver write waiting for Redis what=%s attempt=%d left_s=%.1f "
+                            "error=%s", what, attempt + 1, left, e)  # fmt: skip
+                time.sleep(min(left, backoff.compute(attempt)))
+        raise AssertionError("unreachable")

@@ -265,15 +265,18 @@ class SegmentStore(NamespacePart):
             )  # fmt: skip
 
         shards = sorted(jobs)
-        if is_cluster(self.client) or len(shards) == 1:
-            replies = [call(k) for k in shards]
-        else:
+
+        def run() -> list[Any]:
+            if is_cluster(self.client) or len(shards) == 1:
+                return [call(k) for k in shards]
 
             def fill(pipe: Any) -> None:
                 for k in shards:
                     call(k, pipe)
 
-            replies = self.scripts.execute(fill)
+            return self.scripts.execute(fill)
+
+        replies = self.retried(run, "segment settle")
         return {k: [int(x) for x in r] for k, r in zip(shards, replies, strict=True)}
 
     def indexed(self) -> list[tuple[int, str, float]]:

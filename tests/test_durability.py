@@ -3,6 +3,7 @@ failover loses no record that a task counted as persisted."""
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import replace
 
@@ -10,7 +11,7 @@ import pytest
 import redis
 from redis.exceptions import ClusterDownError
 
-from ftlayer import EmbeddedRedis, FlushError, FTConfig, FTLayer
+from ftlayer import EmbeddedRedis, FlushError, FTConfig, FTLayer, FTLayerError
 from ftlayer.connection import connect
 from ftlayer.embedded import EmbeddedCluster
 from ftlayer.ids import shard_of
@@ -106,3 +107,52 @@ def test_a_command_to_a_killed_master_waits_for_its_replica() -> None:
         waited = time.monotonic() - started
         assert client.get_node_from_key("k").name != victim_name
         assert waited > 1.0, f"answered after {waited:.1f} s: the failover was not waited for"
+
+
+def _await_link(rep: EmbeddedRedis) -> None:
+    end = time.monotonic() + 15
+    while rep.client().info("replication").get("master_link_status") != "up":
+        assert time.monotonic() < end
+        time.sleep(0.05)
+
+
+def test_the_drivers_write_waits_for_a_replica_to_attach() -> None:
+    """The driver's layer (``be_patient``) settling a batch on a master with no replica
+    yet (a failover's promoted replica): its replicated write is retried until a replica
+    attaches (started 1.5 s later, a real ``redis-server --replicaof``), then lands once.
+    Catches: the driver's FlushError ending the streaming query in a failover."""
+    with EmbeddedRedis() as master:
+        cfg = FTConfig(namespace="dur", durability="replicated", replica_wait_s=0.2)
+        driver = FTLayer(master.client(), cfg).be_patient(30)
+        h = driver.handler()
+        rids = [h.persist_record(i, source=0) for i in range(50)]
+        extra = ("--replicaof", "127.0.0.1", str(master.port))
+        late = EmbeddedRedis(extra_args=extra)
+        timer = threading.Timer(1.5, late.start)
+        timer.start()
+        try:
+            t0 = time.monotonic()
+            h.flush()  # waits for the replica
+            assert time.monotonic() - t0 >= 1.0, "it did not wait"
+            _await_link(late)
+            assert FTLayer(late.client(), FTConfig(namespace="dur")).stats().pending == 50
+            sink = driver.handler()
+            for r in rids:
+                sink.ack(r)
+            assert sink.flush().completed == 50, "applied once: every record completes"
+        finally:
+            timer.join()
+            late.stop()
+
+
+def test_the_drivers_write_gives_up_after_driver_wait_s_naming_what_to_check() -> None:
+    """No replica ever: past its bound the driver's write fails with one line saying what
+    to check. Catches: a driver that waits forever, or fails with a task's message."""
+    with EmbeddedRedis() as lonely:
+        cfg = FTConfig(namespace="dur", durability="replicated", replica_wait_s=0.1)
+        h = FTLayer(lonely.client(), cfg).be_patient(1.0).handler()
+        h.persist_record("x", source=0)
+        t0 = time.monotonic()
+        with pytest.raises(FTLayerError, match="driver_wait_s=1s.*has a replica attached"):
+            h.flush()
+        assert 1.0 <= time.monotonic() - t0 < 10

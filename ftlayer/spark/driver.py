@@ -143,7 +143,7 @@ class FaultTolerance:
         self._owned: set[tuple[int, str]] = set()  # (source, identity) checked in Redis
         self.task_config = config
         if config.enabled:
-            self.layer = layer or FTLayer.open(config)
+            self.layer = (layer or FTLayer.open(config)).be_patient(config.driver_wait_s)
             url = config.redis_url or (self.layer.embedded.url if self.layer.embedded else None)
             if not url:
                 raise ConfigError("executors need config.redis_url to reach Redis")

@@ -1,0 +1,198 @@
+"""What an idempotent sink costs: records/s into Delta Lake and PostgreSQL through
+ftlayer's ``DeltaSink`` / ``PostgresSink`` (one row per lineage id), beside a plain append
+of the same rows by the same pipeline, in one local[2] Spark session.
+
+The pipeline: events read from JSON files (``id``, ``key``, ``payload``: a JSON string of
+``--payload-bytes`` W bytes, kept by reference) -> a DataFrame stage takes the amount out
+of the payload -> a keyed shuffle into 4 partitions -> a Python sink given each row's
+lineage id (``sink_batches(..., lineage="lineage_id")``), writing ``id, key, total,
+lineage_id``. Sinks, each into a table of its own that grows over the rounds (as a real
+table does):
+
+* ``delta_append``: ``write_deltalake(mode="append")`` of each batch;
+  ``delta_merge``: ``DeltaSink`` (a merge inserting the rows whose lineage id is new);
+* ``pg_append``: ``COPY`` of each batch into a table without a key;
+  ``pg_merge``: ``PostgresSink`` (``COPY`` into a session table, ``INSERT ... ON CONFLICT
+  (lineage_id) DO NOTHING``, one transaction).
+
+Each merge variant runs beside its append (ABBA order, after ``--warmup`` uncounted
+rounds); ``ratio_delta_merge_vs_append`` / ``ratio_pg_merge_vs_append`` are medians of the
+per-round ratios of the append's time to the merge's, with quartiles. Goal: Delta >= 0.8;
+PostgreSQL reported.
+
+    python -m benchmarks.sink_overhead [--records 300000] [--payload-bytes 1024]
+        [--repeat 5] [--warmup 1] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from benchmarks._common import machine, median, redis_for_benchmark, save, url_of
+from benchmarks._postgres import LocalPostgres
+from benchmarks._wide import write_events
+from benchmarks.dataframe_overhead import SCHEMA, parse
+from benchmarks.pipeline_overhead import PARTITIONS, _quartiles, _session, _time
+from ftlayer import FTConfig
+from ftlayer.sinks import DeltaSink, PostgresSink
+from ftlayer.spark import FaultTolerance, FileSource
+
+GOALS = {"delta_merge": 0.8}
+PAIRS = {"delta_merge": "delta_append", "pg_merge": "pg_append"}
+RATIOS = {"delta_merge": "ratio_delta_merge_vs_append", "pg_merge": "ratio_pg_merge_vs_append"}
+COLUMNS = ["id", "key", "total", "lineage_id"]
+
+
+class DeltaAppend:
+    """The plain append: each batch written as it is (duplicates and all)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, b: pa.RecordBatch) -> None:
+        from deltalake import write_deltalake
+
+        write_deltalake(self.path, pa.Table.from_batches([b.select(COLUMNS)]), mode="append")
+
+
+class PostgresAppend:
+    """The plain append: ``COPY`` of each batch into a table without a key."""
+
+    def __init__(self, url: str, table: str) -> None:
+        self.url, self.table = url, table
+
+    def __call__(self, b: pa.RecordBatch) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url) as conn, conn.cursor() as cur:
+            with cur.copy(f"COPY {self.table} ({', '.join(COLUMNS)}) FROM STDIN") as copy:
+                for row in zip(*(b.column(c).to_pylist() for c in COLUMNS), strict=True):
+                    copy.write_row(row)
+
+
+class Selected:
+    """A sink given the benchmark's columns only (the merge sinks take what they get)."""
+
+    def __init__(self, sink: Any) -> None:
+        self.sink, self.ft_lineage = sink, "lineage_id"
+
+    def __call__(self, b: pa.RecordBatch) -> None:
+        self.sink(b.select(COLUMNS))
+
+
+def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> dict[str, Any]:
+    import psycopg
+
+    spark = _session()
+    tmp = Path(tempfile.mkdtemp(prefix="ftbench-sink-"))
+    try:
+        with redis_for_benchmark(url) as client, LocalPostgres() as pg:
+            with psycopg.connect(pg.url, autocommit=True) as c:
+                c.execute("CREATE TABLE plain (id bigint, key bigint, total double precision, "
+                          "lineage_id bigint)")  # fmt: skip
+                c.execute("CREATE TABLE keyed (id bigint, key bigint, total double precision, "
+                          "lineage_id bigint PRIMARY KEY)")  # fmt: skip
+            write_events(tmp / "in", records, width, 8)
+            files = FileSource("json", str(tmp / "in"), SCHEMA)
+            ft = FaultTolerance(FTConfig(namespace=f"sink{uuid.uuid4().hex[:6]}",
+                                         redis_url=url_of(client, url), timeout_s=60.0))
+            sinks = {
+                "delta_append": DeltaAppend(str(tmp / "delta_append")),
+                "delta_merge": Selected(DeltaSink(str(tmp / "delta_merge"))),
+                "pg_append": PostgresAppend(pg.url, "plain"),
+                "pg_merge": Selected(PostgresSink(pg.url, "keyed")),
+            }
+
+            def variant(name: str) -> Callable[[], Any]:
+                pipeline = (ft.pipeline(reads=files, name="bench")
+                            .transform(parse).partition_by(["key"], PARTITIONS)
+                            .sink_batches(sinks[name], lineage="lineage_id"))  # fmt: skip
+                df = spark.read.schema(SCHEMA).json(str(tmp / "in"))
+
+                def job() -> None:
+                    result = ft.run_batch(pipeline, df, uuid.uuid4().hex[:8])
+                    assert result.fresh == records and result.failed == 0, result
+
+                return job
+
+            times: dict[str, list[float]] = {k: [] for k in sinks}
+            ratios: dict[str, list[float]] = {k: [] for k in PAIRS}
+            for rnd in range(warmup + repeat):
+                for i, (name, base) in enumerate(PAIRS.items()):
+                    order = (base, name) if (rnd + i) % 2 == 0 else (name, base)
+                    dt = {k: _time(lambda k=k: variant(k)) for k in order}
+                    if rnd >= warmup:
+                        for k in order:
+                            times[k].append(dt[k])
+                        ratios[name].append(dt[base] / dt[name])
+            with psycopg.connect(pg.url) as c:
+                rows = {t: c.execute(f"SELECT count(*) FROM {t}").fetchone()[0]  # type: ignore[index]
+                        for t in ("plain", "keyed")}  # fmt: skip
+            assert rows["keyed"] == rows["plain"], rows  # each round: new lineage ids
+            if ft.layer is not None:
+                ft.layer.clear()
+            ft.close()
+    finally:
+        spark.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        "records": records,
+        "payload_bytes": width,
+        "source": "JSON files kept by reference, read each run",
+        "table_rows_at_end": rows["keyed"],
+        "repeat": repeat,
+        "warmup": warmup,
+        "records_per_s": {k: round(records / median(v)) for k, v in times.items() if v},
+        **{RATIOS[k]: round(median(ratios[k]), 3) for k in PAIRS},
+        "ratio_quartiles": {k: [round(q, 3) for q in _quartiles(v)] for k, v in ratios.items()},
+        "goals": GOALS,
+        "runs_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
+        "command": "python -m benchmarks.sink_overhead " + " ".join(sys.argv[1:]),
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def verdict(r: dict[str, Any]) -> list[str]:
+    """The goals not met, one line each (empty: all met)."""
+    return [f"{RATIOS[k]}: {r[RATIOS[k]]} < {g}" for k, g in GOALS.items() if r[RATIOS[k]] < g]
+
+
+def text(r: dict[str, Any]) -> str:
+    lines = [f"{r['records']:,} records a round, {r['payload_bytes']} B payloads, "
+             f"{r['repeat']} rounds; tables end with {r['table_rows_at_end']:,} rows"]  # fmt: skip
+    lines += [f"  {k:14s} {v:>10,} records/s" for k, v in r["records_per_s"].items()]
+    for k, b in PAIRS.items():
+        q = r["ratio_quartiles"][k]
+        goal = f"; goal {GOALS[k]}" if k in GOALS else ""
+        lines.append(f"  {k} / {b}: {r[RATIOS[k]]} (quartiles {q[0]}-{q[1]}{goal})")
+    return "\n".join(lines + [f"  goal not met: {line}" for line in verdict(r)])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--records", type=int, default=300_000)
+    ap.add_argument("--payload-bytes", type=int, default=1024)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--redis-url", default=None)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    r = run(args.records, args.payload_bytes, args.repeat, args.warmup, args.redis_url)
+    save("sink_overhead", r)
+    print(json.dumps(r) if args.json else text(r))
+
+
+if __name__ == "__main__":
+    main()
