@@ -11,6 +11,12 @@ task dies in its first attempt and Spark retries it). The ``availableNow`` query
 nothing is pending, replays included; then it reports; ``lost``
 is counted from the sink's contents -- source records whose effect never arrived and that
 are not dead-lettered.
+
+``sink="delta"`` / ``"postgres"``: the sink also writes every batch -- its unconfirmed rows
+too (their write landed, its confirmation was lost) -- through ftlayer's idempotent sink
+(``DeltaSink`` into a table in the demo's directory, or ``PostgresSink`` into table
+``ftlayer_demo`` of ``sink_url``), and ``lost`` and ``duplicates`` are counted from that
+table: records are written again (``rewrites``), the table holds each once.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import redis
 from ftlayer.config import FTConfig
 from ftlayer.connection import connect
 from ftlayer.embedded import EmbeddedRedis
+from ftlayer.errors import ConfigError
 from ftlayer.service.process import ServeProcess
 from partitioners import HashPartitioner
 
@@ -59,10 +66,15 @@ class DemoReport:
     pending: int
     sink_rows: int
     duplicates: int
+    """Rows in the sink beyond one per record (the table's, with a table sink)."""
+    rewrites: int
+    """Writes of a record beyond its first: what the sink was sent again."""
     misplaced: int
     crashed_tasks: int
     micro_batches: int
     elapsed_s: float
+    sink: str = "redis"
+    """Where the rows went: ``redis`` (a list), ``delta`` or ``postgres`` (a table)."""
 
 
 class TaskCrash(BaseException):  # noqa: N818 -- a simulated crash, not an error to handle
@@ -140,17 +152,27 @@ class _PlacementCheck:
 @dataclass(frozen=True)
 class _Sink:
     """Appends each batch's order ids to a Redis list; a share of the writes is never
-    confirmed (lost in flight), so those records time out and are replayed."""
+    confirmed (lost in flight), so those records time out and are replayed. With a table
+    (``table``: an idempotent sink of ftlayer.sinks), every row is written to it first,
+    the unconfirmed ones too."""
 
     url: str
     prefix: str
     drop_rate: float
+    table: Any = None
+
+    @property
+    def ft_lineage(self) -> str | None:
+        return None if self.table is None else str(self.table.ft_lineage)
 
     def __call__(self, batch: Any) -> Any:
         import numpy as np
 
         from ftlayer.spark import Outcome
 
+        if self.table is not None:
+            self.table(batch)
+            _redis(self.url).rpush(f"{self.prefix}:written", *batch.column("id").to_pylist())
         dropped = np.random.default_rng().random(batch.num_rows) < self.drop_rate
         ids = [str(i) for i, d in zip(batch.column("id").to_pylist(), dropped, strict=True)
                if not d]  # fmt: skip
@@ -309,6 +331,8 @@ def run_demo(
     spark_conf: dict[str, str] | None = None,
     sidecar: bool = True,
     config: dict[str, Any] | None = None,
+    sink: str = "redis",
+    sink_url: str | None = None,
 ) -> DemoReport:
     """Run the demo (see the module docstring). ``progress`` gets a DemoProgress every
     half second; ``on_status_page`` the sidecar's status page URL once it serves;
@@ -316,7 +340,13 @@ def run_demo(
     page stays up until it returns). ``spark_conf`` overrides the Spark settings
     (``spark.master`` of a cluster, ...); ``sidecar=False`` starts no sidecar (the caller
     runs its own, for the namespace ``config["namespace"]``); ``config`` holds more FTConfig
-    fields (``durability``, ``shards``, ...)."""
+    fields (``durability``, ``shards``, ...). ``sink``: ``redis``, ``delta`` or
+    ``postgres`` (``sink_url`` names the PostgreSQL server; see the module docstring)."""
+    if sink not in ("redis", "delta", "postgres"):
+        raise ConfigError(f"sink must be redis, delta or postgres, not {sink!r}")
+    if sink == "postgres" and not sink_url:
+        raise ConfigError("the postgres sink needs a server: sink_url (--sink-url "
+                          "postgresql://user@host:5432/db)")  # fmt: skip
     from ftlayer.spark import FaultTolerance
 
     started = time.monotonic()
@@ -338,9 +368,10 @@ def run_demo(
             )
             spark = _spark(work / "spark.log", verbose, spark_conf)
             try:
+                table = _table(sink, sink_url, work, ns)
                 report = _run(spark, ft, url, prefix, work, records, batches, fail_rate,
                               drop_rate, crash_rate, drain_timeout_s, progress,
-                              started)  # fmt: skip
+                              started, table)  # fmt: skip
                 report.elapsed_s = round(time.monotonic() - started, 1)
                 if hold:
                     hold(report)
@@ -358,9 +389,40 @@ def run_demo(
     return report
 
 
+def _table(sink: str, sink_url: str | None, work: Path, ns: str) -> Any:
+    """The idempotent sink the demo writes through (None: the Redis list only)."""
+    if sink == "delta":
+        from ftlayer.sinks import DeltaSink
+
+        return DeltaSink(str(work / "orders-delta"))
+    if sink == "postgres":
+        import psycopg
+
+        from ftlayer.sinks import PostgresSink
+
+        table = f"ftlayer_demo_{ns.replace('-', '_')}"
+        with psycopg.connect(str(sink_url), autocommit=True) as c:
+            c.execute(f"DROP TABLE IF EXISTS {table}")
+        return PostgresSink(str(sink_url), table, create=True)
+    return None
+
+
+def _table_ids(table: Any) -> list[int]:
+    """The order ids in the demo's table, one per row."""
+    if hasattr(table, "predicate"):  # a DeltaSink
+        from deltalake import DeltaTable
+
+        return list(DeltaTable(table.path).to_pyarrow_table(columns=["id"]).column("id")
+                    .to_pylist())  # fmt: skip
+    import psycopg
+
+    with psycopg.connect(table.url) as c:
+        return [int(r[0]) for r in c.execute(f"SELECT id FROM {table.table}")]
+
+
 def _run(spark: Any, ft: Any, url: str, prefix: str, work: Path, records: int, batches: int,
          fail_rate: float, drop_rate: float, crash_rate: float, drain_timeout_s: float,
-         progress: Callable[[DemoProgress], None] | None, started: float,
+         progress: Callable[[DemoProgress], None] | None, started: float, table: Any = None,
          ) -> DemoReport:  # fmt: skip
     from ftlayer.spark import FileSource
 
@@ -372,7 +434,7 @@ def _run(spark: Any, ft: Any, url: str, prefix: str, work: Path, records: int, b
         .map_batches(_Injector(url, prefix, fail_rate, crash_rate), ORDER)
         .partition_by(["key"], PARTITIONS)
         .map_batches(_PlacementCheck(url, prefix), ORDER)
-        .sink_batches(_Sink(url, prefix, drop_rate))
+        .sink_batches(_Sink(url, prefix, drop_rate, table))
     )
     watch = _Watcher(ft, batches, progress, started) if progress else contextlib.nullcontext()
     with watch:
@@ -396,6 +458,8 @@ def _run(spark: Any, ft: Any, url: str, prefix: str, work: Path, records: int, b
     client = connect(url)
     try:
         sink = Counter(int(x) for x in client.lrange(f"{prefix}:sink", 0, -1))
+        sent = sink if table is None else Counter(
+            int(x) for x in client.lrange(f"{prefix}:written", 0, -1))  # fmt: skip
         misplaced = int(client.get(f"{prefix}:misplaced") or 0)
         crashed = int(client.scard(f"{prefix}:crashed"))
     finally:
@@ -404,6 +468,8 @@ def _run(spark: Any, ft: Any, url: str, prefix: str, work: Path, records: int, b
     # id: its record counts as lost)
     rows = pipeline.dead_letters(spark)
     dead = {i for i in rows.column("id").to_pylist() if i is not None}
+    if table is not None:  # the table is the sink: lost and duplicates counted from it
+        sink = Counter(_table_ids(table))
     st = layer.stats()
     return DemoReport(
         source_records=records,
@@ -416,10 +482,13 @@ def _run(spark: Any, ft: Any, url: str, prefix: str, work: Path, records: int, b
         pending=drained.pending,
         sink_rows=sum(sink.values()),
         duplicates=sum(n - 1 for n in sink.values()),
+        rewrites=sum(n - 1 for n in sent.values()),
         misplaced=misplaced,
         crashed_tasks=crashed,
         micro_batches=sum(1 for r in ft.results if r.fresh),
         elapsed_s=0.0,
+        sink="redis" if table is None else ("delta" if hasattr(table, "predicate")
+                                            else "postgres"),
     )
 
 

@@ -9,8 +9,10 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psutil
+import pytest
 
 from ftlayer.scripts import SCRIPTS
 
@@ -85,8 +87,8 @@ def test_demo_json_loses_nothing() -> None:
     r = json.loads(out.stdout)
     assert set(r) == {
         "source_records", "completed", "replayed", "failed_explicit", "timed_out",
-        "dead_lettered", "lost", "pending", "sink_rows", "duplicates", "misplaced",
-        "crashed_tasks", "micro_batches", "elapsed_s",
+        "dead_lettered", "lost", "pending", "sink_rows", "duplicates", "rewrites",
+        "misplaced", "crashed_tasks", "micro_batches", "elapsed_s", "sink",
     }  # fmt: skip
     assert r["lost"] == 0 and r["pending"] == 0 and r["misplaced"] == 0
     assert r["failed_explicit"] > 0 and r["timed_out"] > 0, "both failure kinds injected"
@@ -94,6 +96,29 @@ def test_demo_json_loses_nothing() -> None:
     assert r["replayed"] == r["failed_explicit"] + r["timed_out"] - r["dead_lettered"]
     assert r["completed"] + r["dead_lettered"] == r["source_records"] == 3000
     assert r["sink_rows"] - r["duplicates"] + r["dead_lettered"] == 3000
+
+
+@pytest.mark.parametrize("sink", ["delta", "postgres"])
+def test_demo_into_an_idempotent_table_counts_from_it(sink: str, postgres: Any) -> None:
+    """``--sink delta`` / ``--sink postgres``: the orders also go through ftlayer's
+    idempotent sink, the unconfirmed writes too (their rows landed): records are written
+    again, and the table -- where lost and duplicates are counted -- holds each once.
+    Catches: rewrites that become duplicates in the table, a report counted from the
+    Redis list instead of the table."""
+    extra = ["--sink-url", postgres.url] if sink == "postgres" else []
+    out = _run([*FTLAYER, "--log-level", "WARNING", "demo", "--records", "2000",
+                "--batches", "2", "--drop-rate", "0.05", "--timeout-s", "1.5", "--sink", sink,
+                *extra, "--json"])  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout)
+    assert r["sink"] == sink and r["lost"] == 0 and r["pending"] == 0
+    assert r["rewrites"] > 0, "unconfirmed writes landed and were written again"
+    assert r["duplicates"] == 0 and r["sink_rows"] + r["dead_lettered"] == 2000
+
+
+def test_demo_postgres_sink_without_a_server_says_so() -> None:
+    out = _run([*FTLAYER, "demo", "--records", "10", "--sink", "postgres"])
+    assert out.returncode != 0 and "--sink-url" in out.stderr, out.stderr[-2000:]
 
 
 def test_demo_reads_like_a_report_and_shows_logs_only_when_asked() -> None:

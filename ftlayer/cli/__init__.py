@@ -132,6 +132,13 @@ def _build_commands(sub: Any) -> None:
         help="share of tasks crashing in their first attempt (default: %(default)s)",
     )
     demo.add_argument("--timeout-s", type=float, default=3.0, help="default: %(default)s")
+    demo.add_argument("--sink", choices=["redis", "delta", "postgres"], default="redis",
+                      help="also write the orders through ftlayer's idempotent sink into a "
+                      "Delta table (in the demo's directory) or a PostgreSQL table, and count "
+                      "lost and duplicates from it (default: %(default)s: a Redis list)")
+    demo.add_argument("--sink-url", default=None,
+                      help="the PostgreSQL server of --sink postgres "
+                      "(postgresql://user@host:5432/db)")  # fmt: skip
     demo.add_argument("--json", action="store_true", help="print one JSON object")
     demo.add_argument(
         "-v",

@@ -28,7 +28,8 @@ _SHOWN = (  # (DemoReport field, label)
     ("completed", "completed"), ("replayed", "replays"),
     ("failed_explicit", "  failed by a stage"), ("timed_out", "  timed out (unconfirmed)"),
     ("crashed_tasks", "crashed tasks (Spark retried)"), ("dead_lettered", "dead-lettered"),
-    ("duplicates", "duplicates in the sink"), ("misplaced", "replays off their key's partition"),
+    ("rewrites", "records written again"), ("duplicates", "duplicates in the sink"),
+    ("misplaced", "replays off their key's partition"),
     ("pending", "pending after the drain"), ("lost", "lost"),
     ("micro_batches", "micro-batches"), ("elapsed_s", "seconds"),
 )  # fmt: skip
@@ -58,6 +59,8 @@ def _report_table(r: DemoReport) -> Table:
     t.add_column()
     t.add_column(justify="right")
     values = asdict(r)
+    if r.sink != "redis":
+        t.add_row("sink", f"{r.sink} table (counted from it)")
     for key, label in _SHOWN:
         v = values[key]
         t.add_row(label, f"{v:,}" if isinstance(v, int) else f"{v:g}")
@@ -133,7 +136,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
         records=args.records, fail_rate=args.fail_rate, drop_rate=args.drop_rate,
         crash_rate=args.crash_rate, timeout_s=args.timeout_s, redis_url=args.redis_url,
         batches=args.batches, progress=progress, verbose=args.verbose, on_status_page=on_page,
-        hold=hold if args.serve else None,
+        hold=hold if args.serve else None, sink=args.sink, sink_url=args.sink_url,
     )  # fmt: skip
     with live if live_ok else contextlib.nullcontext():
         report = run_demo(**kwargs)
