@@ -16,6 +16,15 @@ It prints a table (``--json``: one object with ``source_records``, ``lost``, ``p
 ``elapsed_s`` and ``capacity``) and exits 1 unless nothing was lost, nothing is pending and
 every fault was injected and recovered. Everything it started is stopped, also on Ctrl-C.
 
+``--sink delta`` / ``--sink postgres``: the demo's sink also writes through ftlayer's
+idempotent sink into a Delta table / a PostgreSQL table (a server this run starts), and
+``lost`` and ``duplicates`` are counted from the table; the run also fails unless
+``duplicates`` is 0. ``--master-kill-at settle`` kills the Redis master when the driver
+begins settling a micro-batch (``--master-kill-delay-s`` later): the driver's own writes
+meet the failover. ``--repeat N`` runs it N times (``--sweep``: with the master kill at
+``batch``, then at ``settle`` + 0, 0.2, 0.5 and 1 s, in turn) and fails unless every run
+passes; ``cluster_e2e_runs.json`` keeps each run's verdict figures.
+
 ``capacity`` checks the deployment guide's formulas (docs/deployment.md, capacity planning)
 against this run: the Redis command time per source record on the masters (INFO
 commandstats) beside what the guide predicts for this run -- batch scope: a fixed cost per
@@ -41,7 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import machine, save
-from benchmarks.cluster_faults import KINDS, FaultPlan, RedisWork
+from benchmarks._postgres import LocalPostgres
+from benchmarks.cluster_faults import KINDS, FaultPlan, RedisWork, SettleWatch
 from ftlayer.demo import DemoProgress, run_demo
 from ftlayer.embedded import EmbeddedCluster
 from ftlayer.errors import interrupted
@@ -60,13 +70,17 @@ GUIDE_PER_CORE = 375_000  # records/s per core, vectorized pipeline FT on, 1 M-r
 
 
 def run(records: int, batches: int, kinds: tuple[str, ...], timeout_s: float, log_dir: Path,
-        fail_rate: float = 0.02, drop_rate: float = 0.01,
-        crash_rate: float = 0.1) -> dict[str, Any]:  # fmt: skip
+        fail_rate: float = 0.02, drop_rate: float = 0.01, crash_rate: float = 0.1,
+        sink: str = "redis", master_kill_at: str = "batch",
+        master_kill_delay_s: float = 0.0) -> dict[str, Any]:  # fmt: skip
     """One run (see the module doc); the rates are the demo's."""
     started = time.monotonic()
     ns = f"e2e-{uuid.uuid4().hex[:8]}"
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # this process is the driver, on loopback
     with contextlib.ExitStack() as stack:
+        sink_url = None
+        if sink == "postgres":
+            sink_url = stack.enter_context(LocalPostgres()).url
         spark = stack.enter_context(StandaloneCluster(workers=2, cores=1, memory="1g"))
         cluster = stack.enter_context(EmbeddedCluster(masters=3, replicas=1))
         sidecars = [
@@ -78,7 +92,10 @@ def run(records: int, batches: int, kinds: tuple[str, ...], timeout_s: float, lo
         n = len(kinds)
         at = [max(1, round(batches * (k + 1) / (n + 2))) for k in range(n)]
         plan = FaultPlan(started, spark, cluster, sidecars, Keyspace(ns, SHARDS)[0].stats,
-                         kinds, at)  # fmt: skip
+                         kinds, at, master_kill_at=master_kill_at,
+                         master_kill_delay_s=master_kill_delay_s)  # fmt: skip
+        stack.callback(SettleWatch(plan).attach(("ftlayer.spark.batch_scope",
+                                                 "ftlayer.spark.frame_run")))  # fmt: skip
         phases: dict[str, float] = {}
 
         def progress(p: DemoProgress) -> None:
@@ -96,6 +113,7 @@ def run(records: int, batches: int, kinds: tuple[str, ...], timeout_s: float, lo
                             "spark.executor.memory": "768m", "spark.task.maxFailures": "8"},
                 config={"namespace": ns, "durability": "replicated", "shards": SHARDS,
                         "flush_retries": 8, "flush_backoff_s": 0.25},
+                sink=sink, sink_url=sink_url,
             )  # fmt: skip
             plan.join(timeout_s=180)
         failovers = sum(1 for m in masters_before if m not in _masters(cluster))
@@ -108,9 +126,13 @@ def run(records: int, batches: int, kinds: tuple[str, ...], timeout_s: float, lo
         "machine": machine(),
         "source_records": records,
         "micro_batches": report.micro_batches,
+        "sink": sink,
+        "master_kill_at": master_kill_at,
+        "master_kill_delay_s": master_kill_delay_s,
         "lost": report.lost,
         "pending": report.pending,
         "duplicates": report.duplicates,
+        "rewrites": report.rewrites,
         "replayed": report.replayed,
         "dead_lettered": report.dead_lettered,
         "crashed_tasks": report.crashed_tasks,
@@ -165,19 +187,23 @@ def _capacity(records: int, batches: int, replayed: int, streaming_s: float,
 
 
 def verdict(r: dict[str, Any]) -> tuple[bool, str]:
+    table = r.get("sink", "redis") != "redis"
     ok = (r["lost"] == 0 and r["pending"] == 0 and not r["fault_errors"]
-          and r["faults_recovered"] == len(r["faults_planned"]))  # fmt: skip
+          and r["faults_recovered"] == len(r["faults_planned"])
+          and (r["duplicates"] == 0 or not table))  # fmt: skip
     head = "OK" if ok else "FAILED"
+    dups = f", {r['duplicates']} duplicates in the {r['sink']} table" if table else ""
     return ok, (
-        f"{head}: {r['source_records']:,} records, {r['lost']} lost, {r['pending']} "
+        f"{head}: {r['source_records']:,} records, {r['lost']} lost{dups}, {r['pending']} "
         f"pending, {r['faults_recovered']}/{len(r['faults_planned'])} faults recovered"
     )
 
 
 def print_table(r: dict[str, Any]) -> None:
-    rows = [(k, r[k]) for k in ("source_records", "micro_batches", "lost", "pending",
-                                "duplicates", "replayed", "dead_lettered", "crashed_tasks",
-                                "misplaced", "failovers", "streaming_s", "elapsed_s")]  # fmt: skip
+    rows = [(k, r[k]) for k in ("sink", "source_records", "micro_batches", "lost", "pending",
+                                "duplicates", "rewrites", "replayed", "dead_lettered",
+                                "crashed_tasks", "misplaced", "failovers", "streaming_s",
+                                "elapsed_s")]  # fmt: skip
     print("ftlayer cluster end-to-end (Spark standalone 2 workers, Redis Cluster 3+3, 2 sidecars)")
     for k, v in rows:
         print(f"  {k:<16} {v:>12,}" if isinstance(v, int) else f"  {k:<16} {v:>12}")
@@ -219,6 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drop-rate", type=float, default=0.01, help="as in ftlayer demo")
     ap.add_argument("--crash-rate", type=float, default=0.1, help="as in ftlayer demo")
     ap.add_argument("--logs", default=None, help="directory for the sidecars' logs")
+    ap.add_argument("--sink", choices=["redis", "delta", "postgres"], default="redis",
+                    help="write through an idempotent sink into a table; count from it")
+    ap.add_argument("--master-kill-at", choices=["batch", "settle"], default="batch",
+                    help="when the Redis master dies (see the module doc)")
+    ap.add_argument("--master-kill-delay-s", type=float, default=0.0)
+    ap.add_argument("--repeat", type=int, default=1, help="runs, one after the other")
+    ap.add_argument("--sweep", action="store_true",
+                    help="vary the master kill's moment over the runs (see the module doc)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     kinds = tuple(k for k in args.faults.split(",") if k)
@@ -227,20 +261,49 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown fault {bad[0]!r}: choose from {', '.join(KINDS)}")
     log_dir = Path(args.logs or tempfile.mkdtemp(prefix="ftlayer-e2e-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
+    moments = [(args.master_kill_at, args.master_kill_delay_s)]
+    if args.sweep:
+        moments = [("batch", 0.0), *(("settle", d) for d in SWEEP_DELAYS_S)]
+    results = []
     try:
-        result = run(args.records, args.batches, kinds, args.timeout_s, log_dir,
-                     args.fail_rate, args.drop_rate, args.crash_rate)  # fmt: skip
+        for i in range(args.repeat):
+            at, delay = moments[i % len(moments)]
+            result = run(args.records, args.batches, kinds, args.timeout_s, log_dir,
+                         args.fail_rate, args.drop_rate, args.crash_rate, args.sink, at,
+                         delay)  # fmt: skip
+            results.append(result)
+            if args.json:
+                print(json.dumps(result), flush=True)
+            else:
+                print_table(result)
     except BaseException as e:
         if not interrupted(e):  # Ctrl-C inside a py4j call surfaces as a Py4JError
             raise
         print("interrupted: everything this run started is stopped", file=sys.stderr)
         return 130
-    save("cluster_e2e", result)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print_table(result)
-    return 0 if verdict(result)[0] else 1
+    save("cluster_e2e", results[-1])
+    if args.repeat > 1:
+        save("cluster_e2e_runs", {"command": "python -m benchmarks.cluster_e2e "
+                                  + " ".join(sys.argv[1:]), "runs": [_brief(r) for r in results],
+                                  "passed": sum(verdict(r)[0] for r in results),
+                                  "machine": machine(), "date": time.strftime("%Y-%m-%d")})
+        if not args.json:
+            print(f"{sum(verdict(r)[0] for r in results)}/{len(results)} runs passed")
+    return 0 if all(verdict(r)[0] for r in results) else 1
+
+
+SWEEP_DELAYS_S = (0.0, 0.2, 0.5, 1.0)
+"""``--sweep``: the master kill's delays after the driver begins settling a micro-batch."""
+
+
+def _brief(r: dict[str, Any]) -> dict[str, Any]:
+    """A run's verdict figures, for cluster_e2e_runs.json."""
+    master = next((f for f in r["faults"] if f["kind"] == "redis_master"), None)
+    return {k: r[k] for k in ("sink", "master_kill_at", "master_kill_delay_s", "lost",
+                              "pending", "duplicates", "rewrites", "fault_errors",
+                              "faults_recovered", "elapsed_s")} | {
+        "master_recovery_s": master["recovery_s"] if master else None,
+        "ok": verdict(r)[0]}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -13,7 +13,11 @@ operator would see it:
   have a new master); then, as a supervisor would, the killed node is started again on its
   own directory and rejoins as a replica (``rejoin_s``: its link to the new master is up).
   Until then ``durability="replicated"`` flushes to that shard fail (no replica) and Spark
-  retries those tasks. Recovered when the next micro-batch completes.
+  retries those tasks; the driver's writes wait (FTConfig.driver_wait_s). Recovered when
+  the next micro-batch completes. Its moment (``master_kill_at``): ``batch`` -- right
+  after micro-batch ``at`` is seen done, before the next one settles; ``settle`` -- when
+  the driver begins settling the next micro-batch (its log line ``batch settling``),
+  after ``master_kill_delay_s``: 0 lands the kill inside the settle's Redis writes.
 * ``sidecar``: the ``ftlayer serve`` holding the namespace's lease. Recovered when the
   other one says ``leader`` on its ``/readyz``.
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -52,10 +57,44 @@ class Fault:
     at_s: float  # since the run started
     at_batch: int  # micro-batches done when it was injected
     recovery_s: float | None = None  # None: never recovered
-    detail: dict[str, float | None] = field(default_factory=dict)
+    detail: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class SettleWatch(logging.Handler):
+    """Tells a FaultPlan when the driver (this process) begins settling a micro-batch:
+    the driver's own INFO line ``batch settling``, read from ftlayer's log."""
+
+    def __init__(self, plan: FaultPlan) -> None:
+        super().__init__(logging.INFO)
+        self.plan = plan
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("batch settling"):
+            self.plan.settling.set()
+        if record.levelno >= logging.WARNING:  # the watched loggers do not propagate
+            logging.getLogger().handle(record)
+
+    def attach(self, names: tuple[str, ...]) -> Callable[[], None]:
+        """Watch the loggers ``names`` (INFO on, not propagated: their INFO lines stay
+        out of the output); returns the function that detaches it."""
+        saved = []
+        for name in names:
+            logger = logging.getLogger(name)
+            saved.append((logger, logger.level, logger.propagate))
+            logger.setLevel(logging.INFO)
+            logger.propagate = False
+            logger.addHandler(self)
+
+        def detach() -> None:
+            for logger, level, propagate in saved:
+                logger.removeHandler(self)
+                logger.setLevel(level)
+                logger.propagate = propagate
+
+        return detach
 
 
 def _wait_for(cond: Callable[[], bool], timeout_s: float, poll_s: float = 0.1) -> bool:
@@ -81,6 +120,8 @@ class FaultPlan:
         kinds: tuple[str, ...],
         at_batches: list[int],
         recovery_timeout_s: float = 120.0,
+        master_kill_at: str = "batch",
+        master_kill_delay_s: float = 0.0,
     ) -> None:
         self.started = started
         self.spark, self.redis, self.sidecars = spark, redis_cluster, sidecars
@@ -92,6 +133,9 @@ class FaultPlan:
         self.batches_done = 0
         self.batch_seen: list[float] = []  # monotonic time each micro-batch was seen done
         self.phase = "streaming"
+        self.master_kill_at, self.master_kill_delay_s = master_kill_at, master_kill_delay_s
+        self.settling = threading.Event()
+        """Set by ``SettleWatch`` when the driver begins settling a micro-batch."""
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="faults", daemon=True)
 
@@ -142,7 +186,10 @@ class FaultPlan:
         return round(after[0] - t, 2) if after else None
 
     def _fault(self, kind: str, target: str, t: float, batch: int) -> Fault:
-        return Fault(kind, target, round(t - self.started, 2), batch)
+        f = Fault(kind, target, round(t - self.started, 2), batch)
+        if kind == "redis_master":
+            f.detail.update(kill_at=self.master_kill_at, delay_s=self.master_kill_delay_s)
+        return f
 
     def _kill_spark_worker(self, batch: int) -> Fault:
         i = len(self.spark.workers) - 1
@@ -156,6 +203,12 @@ class FaultPlan:
         return f
 
     def _kill_redis_master(self, batch: int) -> Fault:
+        if self.master_kill_at == "settle":
+            self.settling.clear()
+            if not self.settling.wait(self.recovery_timeout_s):
+                raise RuntimeError("the driver never began settling a micro-batch")
+        if self.master_kill_delay_s:
+            time.sleep(self.master_kill_delay_s)
         probe = self._any_live_node().client()
         slot = probe.cluster("keyslot", self.first_shard_key)
         victim = self._node_serving(slot)

@@ -371,6 +371,9 @@ class VectorRun:
 
     # -- settling --------------------------------------------------------------------------
     def settle(self, finals: list[bytes]) -> BatchResult:
+        """The batch's job ended: read its task summaries and settle them in Redis."""
+        log.info("batch settling batch_id=%s source=%d", self.result.batch_id,
+                 self.plan.source)  # fmt: skip
         summaries = [Summary(msgpack.unpackb(f, raw=False)) for f in finals]
         ok = self._gather(summaries)
         self._ran_replays(summaries)

@@ -365,6 +365,7 @@ class FrameRun(VectorRun):
     def _settle(self, ran: set[int], fresh: dict[tuple[int | None, int], Failure],
                 replays: dict[int, Failure]) -> None:  # fmt: skip
         r = self.result
+        log.info("batch settling batch_id=%s source=%d", r.batch_id, self.plan.source)
         r.failed = len(fresh) + len(replays)
         r.acked = r.fresh + r.replayed - r.failed
         for why in [*fresh.values(), *replays.values()][:MAX_MESSAGES]:
