@@ -167,13 +167,10 @@ def lineage_seed(df: DataFrame, source: int, batch_id: Any) -> int:
     the streaming query's id (Spark keeps it in the checkpoint, so a batch re-run after a
     crash gets the same seed) when ``df`` is a micro-batch of a classic session's query;
     random otherwise (a pipeline called on a DataFrame, a Spark Connect session)."""
-    query = None
-    sc = getattr(df.sparkSession, "sparkContext", None)
-    if sc is not None:
-        try:
-            query = sc.getLocalProperty("sql.streaming.queryId")
-        except Exception:  # Spark Connect: no SparkContext behind the session
-            query = None
+    try:
+        query = df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+    except Exception:  # Spark Connect: no SparkContext behind the session
+        query = None
     return copy_seed(query, source, batch_id)
 
 
