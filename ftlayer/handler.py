@@ -253,6 +253,7 @@ class FTHandler(AbstractFTHandler):
         except FrameError as e:
             raise RecordError(f"persist_many: {e} (max_record_bytes)") from e
         src = persisted_ids(headers["payload_len"].astype(np.int64) + STORED_HEADER_SIZE)
+        headers["lineage"] = src.view(np.int64)  # a record's lineage id: its first source id
         cur = new_ids(n)
         self._born_many.append(_BornMany(src, cur, headers, payloads))
         self._xors.append((src, cur))
@@ -472,6 +473,7 @@ class FTHandler(AbstractFTHandler):
                 max_replays=0 if src in rejected else budget,
                 max_payload=MAX_RECORD_BYTES if src in rejected else max_payload,
                 source_id=src,
+                lineage=src,  # its lineage id: its first source id (bit 63 is 0)
             )
             batch(src).add_persist(delta, src, stored)
         failed_ids = np.fromiter(failed.keys(), np.uint64, len(failed))
