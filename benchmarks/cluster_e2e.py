@@ -71,8 +71,8 @@ GUIDE_PER_CORE = 375_000  # records/s per core, vectorized pipeline FT on, 1 M-r
 
 def run(records: int, batches: int, kinds: tuple[str, ...], timeout_s: float, log_dir: Path,
         fail_rate: float = 0.02, drop_rate: float = 0.01, crash_rate: float = 0.1,
-        sink: str = "redis", master_kill_at: str = "batch",
-        master_kill_delay_s: float = 0.0) -> dict[str, Any]:  # fmt: skip
+        sink: str = "redis", master_kill_at: str = "batch", master_kill_delay_s: float = 0.0,
+        rejoin_delay_s: float = 0.0) -> dict[str, Any]:  # fmt: skip
     """One run (see the module doc); the rates are the demo's."""
     started = time.monotonic()
     ns = f"e2e-{uuid.uuid4().hex[:8]}"
@@ -93,9 +93,11 @@ def run(records: int, batches: int, kinds: tuple[str, ...], timeout_s: float, lo
         at = [max(1, round(batches * (k + 1) / (n + 2))) for k in range(n)]
         plan = FaultPlan(started, spark, cluster, sidecars, Keyspace(ns, SHARDS)[0].stats,
                          kinds, at, master_kill_at=master_kill_at,
-                         master_kill_delay_s=master_kill_delay_s)  # fmt: skip
+                         master_kill_delay_s=master_kill_delay_s,
+                         rejoin_delay_s=rejoin_delay_s)  # fmt: skip
         stack.callback(SettleWatch(plan).attach(("ftlayer.spark.batch_scope",
-                                                 "ftlayer.spark.frame_run")))  # fmt: skip
+                                                 "ftlayer.spark.frame_run",
+                                                 "ftlayer.scripts")))  # fmt: skip
         phases: dict[str, float] = {}
 
         def progress(p: DemoProgress) -> None:
@@ -129,6 +131,8 @@ def run(records: int, batches: int, kinds: tuple[str, ...], timeout_s: float, lo
         "sink": sink,
         "master_kill_at": master_kill_at,
         "master_kill_delay_s": master_kill_delay_s,
+        "rejoin_delay_s": rejoin_delay_s,
+        "driver_waits": plan.driver_waits,
         "lost": report.lost,
         "pending": report.pending,
         "duplicates": report.duplicates,
@@ -202,8 +206,8 @@ def verdict(r: dict[str, Any]) -> tuple[bool, str]:
 def print_table(r: dict[str, Any]) -> None:
     rows = [(k, r[k]) for k in ("sink", "source_records", "micro_batches", "lost", "pending",
                                 "duplicates", "rewrites", "replayed", "dead_lettered",
-                                "crashed_tasks", "misplaced", "failovers", "streaming_s",
-                                "elapsed_s")]  # fmt: skip
+                                "crashed_tasks", "misplaced", "failovers", "driver_waits",
+                                "streaming_s", "elapsed_s")]  # fmt: skip
     print("ftlayer cluster end-to-end (Spark standalone 2 workers, Redis Cluster 3+3, 2 sidecars)")
     for k, v in rows:
         print(f"  {k:<16} {v:>12,}" if isinstance(v, int) else f"  {k:<16} {v:>12}")
@@ -250,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--master-kill-at", choices=["batch", "settle"], default="batch",
                     help="when the Redis master dies (see the module doc)")
     ap.add_argument("--master-kill-delay-s", type=float, default=0.0)
+    ap.add_argument("--rejoin-delay-s", type=float, default=0.0,
+                    help="seconds before the killed master is restarted (a slow supervisor)")
     ap.add_argument("--repeat", type=int, default=1, help="runs, one after the other")
     ap.add_argument("--sweep", action="store_true",
                     help="vary the master kill's moment over the runs (see the module doc)")
@@ -270,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             at, delay = moments[i % len(moments)]
             result = run(args.records, args.batches, kinds, args.timeout_s, log_dir,
                          args.fail_rate, args.drop_rate, args.crash_rate, args.sink, at,
-                         delay)  # fmt: skip
+                         delay, args.rejoin_delay_s)  # fmt: skip
             results.append(result)
             if args.json:
                 print(json.dumps(result), flush=True)
@@ -299,7 +305,8 @@ SWEEP_DELAYS_S = (0.0, 0.2, 0.5, 1.0)
 def _brief(r: dict[str, Any]) -> dict[str, Any]:
     """A run's verdict figures, for cluster_e2e_runs.json."""
     master = next((f for f in r["faults"] if f["kind"] == "redis_master"), None)
-    return {k: r[k] for k in ("sink", "master_kill_at", "master_kill_delay_s", "lost",
+    return {k: r[k] for k in ("sink", "master_kill_at", "master_kill_delay_s",
+                              "rejoin_delay_s", "driver_waits", "lost",
                               "pending", "duplicates", "rewrites", "fault_errors",
                               "faults_recovered", "elapsed_s")} | {
         "master_recovery_s": master["recovery_s"] if master else None,

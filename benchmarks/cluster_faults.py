@@ -18,6 +18,8 @@ operator would see it:
   after micro-batch ``at`` is seen done, before the next one settles; ``settle`` -- when
   the driver begins settling the next micro-batch (its log line ``batch settling``),
   after ``master_kill_delay_s``: 0 lands the kill inside the settle's Redis writes.
+  ``rejoin_delay_s``: how long the supervisor takes to restart it (meanwhile the promoted
+  master has no replica: replicated writes to it fail, the driver's wait).
 * ``sidecar``: the ``ftlayer serve`` holding the namespace's lease. Recovered when the
   other one says ``leader`` on its ``/readyz``.
 
@@ -74,6 +76,8 @@ class SettleWatch(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.getMessage().startswith("batch settling"):
             self.plan.settling.set()
+        if record.getMessage().startswith("driver write waiting"):
+            self.plan.driver_waits += 1
         if record.levelno >= logging.WARNING:  # the watched loggers do not propagate
             logging.getLogger().handle(record)
 
@@ -122,6 +126,7 @@ class FaultPlan:
         recovery_timeout_s: float = 120.0,
         master_kill_at: str = "batch",
         master_kill_delay_s: float = 0.0,
+        rejoin_delay_s: float = 0.0,
     ) -> None:
         self.started = started
         self.spark, self.redis, self.sidecars = spark, redis_cluster, sidecars
@@ -134,6 +139,9 @@ class FaultPlan:
         self.batch_seen: list[float] = []  # monotonic time each micro-batch was seen done
         self.phase = "streaming"
         self.master_kill_at, self.master_kill_delay_s = master_kill_at, master_kill_delay_s
+        self.rejoin_delay_s = rejoin_delay_s
+        self.driver_waits = 0
+        """The driver's writes that met Redis unavailable and waited (``SettleWatch``)."""
         self.settling = threading.Event()
         """Set by ``SettleWatch`` when the driver begins settling a micro-batch."""
         self._cond = threading.Condition()
@@ -218,6 +226,8 @@ class FaultPlan:
         f.detail["failover_s"] = (
             self._since(t) if _wait_for(lambda: self._failed_over(slot, victim), 60) else None
         )
+        if self.rejoin_delay_s:  # a slow supervisor: the new master has no replica meanwhile
+            time.sleep(self.rejoin_delay_s)
         victim.start()  # a supervisor restarts it: it rejoins as a replica of the new master
         if _wait_for(lambda: _is_synced_replica(victim), 60):
             f.detail["rejoin_s"] = self._since(t)
