@@ -6,8 +6,9 @@ The pipeline: events read from JSON files (``id``, ``key``, ``payload``: a JSON 
 ``--payload-bytes`` W bytes, kept by reference) -> a DataFrame stage takes the amount out
 of the payload -> a keyed shuffle into 4 partitions -> a Python sink given each row's
 lineage id (``sink_batches(..., lineage="lineage_id")``), writing ``id, key, total,
-lineage_id``. Sinks, each into a table of its own that grows over the rounds (as a real
-table does):
+lineage_id``. Each run reads the events under a directory of its own (hard links: new
+files to ftlayer, so new lineage ids, every row inserted). Sinks, each into a table of its
+own that grows over the rounds (as a real table does):
 
 * ``delta_append``: ``write_deltalake(mode="append")`` of each batch;
   ``delta_merge``: ``DeltaSink`` (a merge inserting the rows whose lineage id is new);
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -87,8 +89,8 @@ class Selected:
     def __init__(self, sink: Any) -> None:
         self.sink, self.ft_lineage = sink, "lineage_id"
 
-    def __call__(self, b: pa.RecordBatch) -> None:
-        self.sink(b.select(COLUMNS))
+    def __call__(self, b: pa.RecordBatch, ctx: Any = None) -> None:
+        self.sink(b.select(COLUMNS), ctx)
 
 
 def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> dict[str, Any]:
@@ -104,7 +106,6 @@ def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> 
                 c.execute("CREATE TABLE keyed (id bigint, key bigint, total double precision, "
                           "lineage_id bigint PRIMARY KEY)")  # fmt: skip
             write_events(tmp / "in", records, width, 8)
-            files = FileSource("json", str(tmp / "in"), SCHEMA)
             ft = FaultTolerance(FTConfig(namespace=f"sink{uuid.uuid4().hex[:6]}",
                                          redis_url=url_of(client, url), timeout_s=60.0))
             sinks = {
@@ -115,10 +116,15 @@ def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> 
             }
 
             def variant(name: str) -> Callable[[], Any]:
+                where = tmp / f"in-{uuid.uuid4().hex[:8]}"  # new files: new lineage ids
+                where.mkdir()
+                for f in (tmp / "in").iterdir():
+                    os.link(f, where / f.name)
+                files = FileSource("json", str(where), SCHEMA)
                 pipeline = (ft.pipeline(reads=files, name="bench")
                             .transform(parse).partition_by(["key"], PARTITIONS)
                             .sink_batches(sinks[name], lineage="lineage_id"))  # fmt: skip
-                df = spark.read.schema(SCHEMA).json(str(tmp / "in"))
+                df = spark.read.schema(SCHEMA).json(str(where))
 
                 def job() -> None:
                     result = ft.run_batch(pipeline, df, uuid.uuid4().hex[:8])

@@ -165,13 +165,13 @@ class _Sink:
     def ft_lineage(self) -> str | None:
         return None if self.table is None else str(self.table.ft_lineage)
 
-    def __call__(self, batch: Any) -> Any:
+    def __call__(self, batch: Any, ctx: Any = None) -> Any:
         import numpy as np
 
         from ftlayer.spark import Outcome
 
         if self.table is not None:
-            self.table(batch)
+            self.table(batch, ctx)
             _redis(self.url).rpush(f"{self.prefix}:written", *batch.column("id").to_pylist())
         dropped = np.random.default_rng().random(batch.num_rows) < self.drop_rate
         ids = [str(i) for i, d in zip(batch.column("id").to_pylist(), dropped, strict=True)

@@ -202,6 +202,15 @@ class SegmentStore(NamespacePart):
         prefix = self.keyspace[self.shard_of_partition(partition)].prefix
         return self.client.get(f"{prefix}:seg:{member}")  # type: ignore[return-value]
 
+    def run_again(self, source: int, batch_key: str) -> bool:
+        """Note that a batch of ``source`` begins; True when the last batch that began was
+        this one (Spark running it again after its driver died: its rows may have reached
+        the sink already). Spark re-runs only the last batch it began, so one key per
+        source holds all that is needed."""
+        key = f"{self.keyspace.shards[0].prefix}:lastbatch:{source}"
+        before = self.retried(lambda: self.client.set(key, batch_key, get=True), "last batch")
+        return isinstance(before, bytes) and before.decode() == batch_key
+
     def drop_batch(self, source: int, batch_key: str) -> int:
         """Drop segments an earlier run of this batch id left."""
         return self._each_shard(self.batch_prefix(source, batch_key), "drop")

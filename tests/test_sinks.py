@@ -153,3 +153,14 @@ def test_delta_sink_concurrent_writers(tmp_path: Path) -> None:
         path = tmp_path / f"t{round_}"
         assert overlapping_writers(DeltaSink(str(path))) == []
         assert delta_ids(path) == list(range(850))
+
+
+def test_a_batch_run_again_is_told_from_a_new_one(layer: Any) -> None:
+    """The driver asks Redis whether a batch id began before (its rows may then have
+    reached a sink: ``BatchContext.written_before`` is True for all of them). Catches: a
+    batch re-run after a driver crash taken for a first run (its rows appended again)."""
+    seg = layer.segments
+    assert seg.run_again(0, "5") is False
+    assert seg.run_again(0, "5") is True, "the same batch id again: a re-run"
+    assert seg.run_again(0, "6") is False and seg.run_again(1, "6") is False
+    assert seg.run_again(0, "6") is True

@@ -18,10 +18,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import xxhash
 
 from ftlayer.backoff import jittered
 from ftlayer.errors import ConfigError
@@ -92,7 +95,7 @@ class DeltaSink:
         """The merge's join condition: the key's columns equal (null-safe)."""
         return " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in self.key)
 
-    def __call__(self, batch: pa.RecordBatch) -> None:
+    def __call__(self, batch: pa.RecordBatch, ctx: Any = None) -> None:
         from deltalake.exceptions import CommitFailedError
 
         if batch.num_rows == 0:
@@ -101,50 +104,125 @@ class DeltaSink:
         if missing:
             raise ConfigError(f"{self!r}: the batch has no column {missing} (its columns: "
                               f"{batch.schema.names})")  # fmt: skip
-        rows = _first_of_each_key(pa.Table.from_batches([batch]), self.key)
-        backoff = jittered(0.02, 2.0)
-        for attempt in range(self.attempts):
-            try:
-                inserted = self._merge(rows)
-                break
-            except CommitFailedError as e:  # a concurrent commit landed first
-                if attempt + 1 >= self.attempts:
-                    raise
-                log.info("Delta commit conflict, retrying attempt=%d path=%s error=%s",
-                         attempt + 1, self.path, e)  # fmt: skip
-                time.sleep(backoff.compute(attempt))
+        rows = pa.Table.from_batches([batch])
+        task = _TaskMark.of(ctx)
+        jobs = [(rows, False)]
+        if task is not None and task.first is not None:  # first writes may be appended
+            mask = pa.array(task.first)
+            jobs = [(rows.filter(mask), True), (rows.filter(pc.invert(mask)), False)]
+        inserted = 0
+        for part, first in jobs:
+            part = _first_of_each_key(part, self.key)
+            if not part.num_rows:
+                continue
+            backoff = jittered(0.02, 2.0)
+            for attempt in range(self.attempts):
+                try:
+                    inserted += self._write(part, first, task)
+                    break
+                except CommitFailedError as e:  # a concurrent commit landed first
+                    if attempt + 1 >= self.attempts:
+                        raise
+                    log.debug("Delta commit conflict, retrying attempt=%d path=%s error=%s",
+                              attempt + 1, self.path, e)  # fmt: skip
+                    time.sleep(backoff.compute(attempt))
         self.inserted += inserted
         self.skipped += batch.num_rows - inserted
         if inserted < batch.num_rows:
             log.info("Delta rows already written, skipped path=%s skipped=%d",
                      self.path, batch.num_rows - inserted)  # fmt: skip
 
-    def _merge(self, rows: pa.Table) -> int:
-        """One commit: the rows whose key the table does not hold, inserted. Returns how
-        many (a new table: all of them, its first commit)."""
-        from deltalake import DeltaTable, write_deltalake
+    def _write(self, rows: pa.Table, first: bool, task: _TaskMark | None) -> int:
+        """One commit of ``rows`` on the table as it is now (no rebase): appended when
+        they are first writes and no other attempt of this task wrote (_TaskMark), else
+        merged (inserting the rows whose key the table does not hold). Returns how many
+        were inserted (a new table: all of them, its first commit)."""
+        from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
         from deltalake.exceptions import DeltaError, TableNotFoundError
 
         options = self.storage_options or None
+        props = _no_rebase()
         try:
             table = DeltaTable(self.path, storage_options=options)
         except TableNotFoundError:
+            if task is not None:
+                props = CommitProperties(max_commit_retries=0,
+                                         app_transactions=[Transaction(*task.mark(None))])
             try:  # version 0 holds these rows: no other writer can have written them
                 write_deltalake(self.path, rows, mode="error", storage_options=options,
                                 partition_by=self.partition_by or None,
-                                commit_properties=_no_rebase())  # fmt: skip
+                                commit_properties=props)  # fmt: skip
                 return rows.num_rows
             except DeltaError as e:  # a concurrent writer created it first: merge
                 if "already exists" not in str(e):
                     raise
             table = DeltaTable(self.path, storage_options=options)
+        if task is not None:
+            app, version = task.mark(table.transaction_version(task.app))
+            props = CommitProperties(max_commit_retries=0,
+                                     app_transactions=[Transaction(app, version)])
+            if first and not task.contended(version):
+                write_deltalake(table, rows, mode="append", commit_properties=props)
+                return rows.num_rows
         # no rebase onto a version committed meanwhile: delta-rs' conflict checker lets
         # two insert-only merges of one key both commit (it checks files, not keys), so a
         # commit that finds its version taken fails and the merge runs again, reading it
         metrics: dict[str, Any] = (
             table.merge(rows, self.predicate, source_alias="s", target_alias="t",
-                        commit_properties=_no_rebase())
+                        commit_properties=props)
             .when_not_matched_insert_all()
             .execute()
         )  # fmt: skip
         return int(metrics.get("num_target_rows_inserted", 0))
+
+
+_ID_BITS = 20
+
+
+@dataclass(frozen=True)
+class _TaskMark:
+    """Which rows of a sink call may be appended without reading the table, and the mark
+    that keeps that safe.
+
+    A row is a *first write* when its record has certainly not reached a sink before:
+    its first attempt in the first run of its batch (``ctx.written_before`` False). Every
+    commit of a task -- Spark's task of partition p of batch b, any of its attempts --
+    carries a Delta app transaction ``ftlayer-sink-p<p>`` whose version is
+    ``b << 20 | writer``: ``writer`` names the task attempt (its run and task attempt id,
+    never 0), 0 once two attempts wrote (sticky). A task attempt appends its first writes
+    only while the mark says batch b was written by no one or by itself; it commits only
+    on the version whose mark it read (no rebase). So of two attempts of one task --
+    Spark's retry after a failure, a speculative copy, a stage run again, a batch run
+    again by a new driver -- the one that writes second sees the other's mark and merges
+    (skipping the rows the other committed), and one that read the mark before the other
+    committed fails its commit and reads again."""
+
+    app: str
+    batch_id: int
+    writer: int
+    first: np.ndarray | None
+
+    @classmethod
+    def of(cls, ctx: Any) -> _TaskMark | None:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        if ctx is None or ctx.batch_id is None or tc is None:
+            return None
+        seed = f"{getattr(ctx, 'run_id', 0)}:{tc.taskAttemptId()}".encode()
+        writer = xxhash.xxh64_intdigest(seed) % ((1 << _ID_BITS) - 1) + 1
+        first = None
+        if ctx.written_before is not None:
+            mask = ~np.asarray(ctx.written_before, bool)
+            first = mask if mask.any() else None
+        return cls(f"ftlayer-sink-p{tc.partitionId()}", int(ctx.batch_id), writer, first)
+
+    def mark(self, current: int | None) -> tuple[str, int]:
+        """(app id, version) this attempt's commit carries, given the table's mark."""
+        if current is not None and current >> _ID_BITS == self.batch_id:
+            if current & ((1 << _ID_BITS) - 1) != self.writer:  # another attempt wrote
+                return self.app, self.batch_id << _ID_BITS
+        return self.app, (self.batch_id << _ID_BITS) | self.writer
+
+    def contended(self, version: int) -> bool:
+        return version & ((1 << _ID_BITS) - 1) != self.writer

@@ -88,7 +88,9 @@ class PostgresSink:
     def __name__(self) -> str:  # a stage's name in counts and errors
         return f"PostgresSink {self.table}"
 
-    def __call__(self, batch: pa.RecordBatch) -> None:
+    def __call__(self, batch: pa.RecordBatch, ctx: Any = None) -> None:
+        """Write ``batch`` (``ctx``, a stage context, is accepted and not needed: the key
+        decides whatever the attempt)."""
         import psycopg
 
         if batch.num_rows == 0:

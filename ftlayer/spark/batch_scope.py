@@ -129,6 +129,7 @@ def plan_batch(
     errors: ErrorPolicy = DEFAULT_POLICY,
     record_key: str | None = None,
     lineage_seed: int = 0,
+    run_again: bool = True,
 ) -> VectorPlan:
     """The plan of one run of a vectorized batch (a fresh salt per run)."""
     inputs = [arrow_schema(input_schema, spark)]
@@ -159,7 +160,7 @@ def plan_batch(
     budget = config.max_replays if immediate_replays is None else immediate_replays
     return VectorPlan(config, source, batch_key, salt, segments, on_error,
                       min(budget, config.max_replays), tuple(inputs), tuple(outputs),
-                      errors, record_key, lineage_seed)  # fmt: skip
+                      errors, record_key, lineage_seed, run_again)  # fmt: skip
 
 
 def lineage_seed(df: DataFrame, source: int, batch_id: Any) -> int:

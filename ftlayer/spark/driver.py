@@ -374,6 +374,7 @@ class FaultTolerance:
             immediate_replays=pipeline.immediate_replays, errors=pipeline.errors,
             record_key=pipeline.record_key,
             lineage_seed=lineage_seed(df, pipeline.source, batch_id),
+            run_again=self._run_again(pipeline.source, batch_id),
         )  # fmt: skip
         run = VectorRun(plan, self.layer, result)
         with run.keepalive():  # a live driver keeps its batch from timing out
@@ -382,6 +383,13 @@ class FaultTolerance:
             finals = [row[0] for row in out.collect()]
         run.settle(finals)
         return self._done(result, started)
+
+    def _run_again(self, source: int, batch_id: Any) -> bool:
+        """Whether this batch id of ``source`` began before (its rows may have been
+        written): a drain's batches and FT off count as yes."""
+        if self.layer is None or self._draining:
+            return True
+        return self.layer.segments.run_again(source, str(batch_id))
 
     def _run_frames(self, pipeline: Pipeline, df: DataFrame, batch_id: Any, schema: Any,
                     started: float) -> BatchResult:  # fmt: skip
@@ -395,7 +403,8 @@ class FaultTolerance:
         plan = VectorPlan(self.task_config, pipeline.source, str(batch_id), new_salt(),
                           pipeline.segments, pipeline.on_error, 0,
                           (arrow_schema(schema, spark),), (), pipeline.errors,
-                          lineage_seed=lineage_seed(df, pipeline.source, batch_id))  # fmt: skip
+                          lineage_seed=lineage_seed(df, pipeline.source, batch_id),
+                          run_again=self._run_again(pipeline.source, batch_id))  # fmt: skip
         run = FrameRun(plan, self.layer, result)
         with run.keepalive():
             out = run.frame(df, pipeline.key, pipeline.partitions, self.replay_limit,

@@ -212,7 +212,11 @@ class FrameRun(VectorRun):
 
         user = StructType([f for f in df.schema.fields if f.name not in (LOC_COL, POS_COL)])
         inputs = to_arrow_schema(user, timezone="UTC")
-        step = PythonStep(stage, label, inputs, output, stage.errors or self.plan.errors)
+        plan = self.plan
+        step = PythonStep(stage, label, inputs, output, stage.errors or plan.errors,
+                          plan.run_again,
+                          int(plan.batch_key) if plan.batch_key.isdigit() else None,
+                          plan.salt)  # fmt: skip
         out = df.mapInArrow(step, answer_type(step))
         names = list(output.names) if output is not None else []
         out = out.select(*names, F.col(LOC_COL).alias(LOC_COL, metadata=IDENTITY),

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from ftlayer.config import FTConfig
-from ftlayer.ids import batch_source_ids
+from ftlayer.ids import batch_source_ids, is_local
 from ftlayer.spark.outcome import run_stage
 from ftlayer.spark.plan import BatchStage
 from ftlayer.spark.policy import BatchContext, ErrorPolicy
@@ -59,6 +59,10 @@ class PythonStep:
     """The user columns the stage is given (its input without ftlayer's)."""
     output: pa.Schema | None
     policy: ErrorPolicy
+    run_again: bool = True
+    """The batch began before (BatchContext.written_before: every row)."""
+    batch_id: int | None = None
+    run_id: int = 0
 
     @property
     def answer_schema(self) -> pa.Schema:
@@ -76,7 +80,10 @@ class PythonStep:
         loc, pos = b.column(LOC_COL), b.column(POS_COL)
         user = b.select(self.inputs.names)
         ids = np.asarray(pos.fill_null(0).to_numpy(zero_copy_only=False)).view(np.uint64)
-        ctx = BatchContext(ids, None, partition, attempt, 0)
+        replay = ~np.asarray(loc.is_valid()) & ~is_local(ids)  # no location, a stored id
+        before = np.full(len(ids), True) if self.run_again else replay
+        ctx = BatchContext(ids, None, partition, attempt, 0, None, None, before, self.batch_id,
+                           self.run_id)  # fmt: skip
         sink = self.output is None
         res = run_stage(self.stage.fn, user, self.label, schema=self.output,
                         pandas=self.stage.pandas, is_sink=sink, policy=self.policy,

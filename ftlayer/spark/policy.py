@@ -138,7 +138,12 @@ class BatchContext:
     the same while it is alive, so this matters only when a stage outlives timeout_s).
     ``lineage``: each row's lineage id (int64, the same in every replay of its record:
     ftlayer.lineage) -- known in the source segment, and past a shuffle when the sink asks
-    for it (``lineage=``); else ``None``."""
+    for it (``lineage=``); else ``None``. ``written_before``: per row, whether an earlier
+    attempt of its record may have reached a sink (a replay, or any row of a batch Spark
+    runs again) -- False means this is the record's first attempt in the first run of its
+    batch (what a task attempt of its own adds, Spark's ``TaskContext`` tells); ``None``:
+    not known. ``batch_id``: Spark's batch id (None: not an integer); ``run_id``: a random
+    id of this run of the batch (a batch Spark runs again gets another)."""
 
     record_ids: np.ndarray
     attempts: np.ndarray | None
@@ -147,6 +152,9 @@ class BatchContext:
     stage: int
     _reset: Callable[[], object] | None = field(default=None, repr=False)
     lineage: np.ndarray | None = None
+    written_before: np.ndarray | None = None
+    batch_id: int | None = None
+    run_id: int = 0
 
     def reset_timeout(self) -> None:
         if self._reset is not None:
@@ -156,8 +164,10 @@ class BatchContext:
         """The context of the rows ``rows`` of this batch (in that order)."""
         att = None if self.attempts is None else self.attempts[rows]
         lin = None if self.lineage is None else self.lineage[rows]
+        before = None if self.written_before is None else self.written_before[rows]
         return BatchContext(self.record_ids[rows], att, self.partition, self.task_attempt,
-                            self.stage, self._reset, lin)  # fmt: skip
+                            self.stage, self._reset, lin, before, self.batch_id,
+                            self.run_id)  # fmt: skip
 
     def slice(self, start: int, size: int) -> BatchContext:
         return self.take(np.arange(start, start + size))

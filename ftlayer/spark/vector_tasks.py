@@ -109,6 +109,9 @@ class VectorPlan:
     a shuffle instead of ``__ft_src``, which then is not added."""
     lineage_seed: int = 0
     """The seed of the lineage ids of this batch's fresh copied rows (ftlayer.lineage)."""
+    run_again: bool = True
+    """This batch id began before (Spark running it again): its rows may have been
+    written (BatchContext.written_before). True unless the driver knows otherwise."""
 
     @property
     def lineage(self) -> str | None:
@@ -472,7 +475,14 @@ def _context(
         if len(stored):
             layer.reset_timeout([int(x) for x in stored])
 
-    return BatchContext(src, attempts, task.partition, task.attempt, stage, reset, lin)
+    before = np.full(len(src), True) if plan.run_again else ~is_local(src)
+    if plan.record_key and stage:  # past a shuffle the ids are keys: replays unknown
+        before = np.full(len(src), True)
+    if attempts is not None:  # a fresh row replayed at once in its task: attempt 2 on
+        before |= attempts > 1
+    batch_id = int(plan.batch_key) if plan.batch_key.isdigit() else None
+    return BatchContext(src, attempts, task.partition, task.attempt, stage, reset, lin,
+                        before, batch_id, plan.salt)  # fmt: skip
 
 
 def _residue(task: _Task, src: np.ndarray, texts: list[str], attempts: int) -> None:

@@ -79,12 +79,12 @@ class Sink:
     def __init__(self, url: str, ns: str, hold: bool, target: str = "redis") -> None:
         self.url, self.ns, self.hold, self.target = url, ns, hold, target
 
-    def __call__(self, b: pa.RecordBatch) -> None:
+    def __call__(self, b: pa.RecordBatch, ctx: Any = None) -> None:
         r = connect(self.url)
         ids = b.column("id").to_pylist()
         table = idempotent(self.target)
         if table is not None and b.num_rows:
-            table(b.select(["id", "key", "lineage_id"]))
+            table(b.select(["id", "key", "lineage_id"]), ctx)
         if ids:
             r.rpush(f"{self.ns}:sink", *ids)
         if self.hold and int(r.get(f"{self.ns}:batch") or -1) == HOLD_BATCH:

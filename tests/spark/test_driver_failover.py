@@ -14,7 +14,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any
 
 import pyarrow as pa
 import pytest

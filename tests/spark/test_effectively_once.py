@@ -43,8 +43,8 @@ class DiesAfterWrite:
         self.sink, self.probe, self.how = sink, probe, how
         self.ft_lineage = sink.ft_lineage
 
-    def __call__(self, b: pa.RecordBatch) -> None:
-        self.sink(b)
+    def __call__(self, b: pa.RecordBatch, ctx: Any = None) -> None:
+        self.sink(b, ctx)
         self.probe.r.rpush(f"{self.probe.prefix}:sink", *b.column("id").to_pylist())
         tc = TaskContext.get()
         if tc.partitionId() == 1 and tc.attemptNumber() == 0 and self.probe.first_time("died", 1):
