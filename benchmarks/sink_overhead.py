@@ -28,6 +28,7 @@ PostgreSQL reported.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -115,6 +116,8 @@ def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> 
                 "pg_merge": Selected(PostgresSink(pg.url, "keyed")),
             }
 
+            batch_ids = itertools.count()
+
             def variant(name: str) -> Callable[[], Any]:
                 where = tmp / f"in-{uuid.uuid4().hex[:8]}"  # new files: new lineage ids
                 where.mkdir()
@@ -126,8 +129,10 @@ def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> 
                             .sink_batches(sinks[name], lineage="lineage_id"))  # fmt: skip
                 df = spark.read.schema(SCHEMA).json(str(where))
 
+                batch_id = next(batch_ids)  # a streaming query's kind: an integer
+
                 def job() -> None:
-                    result = ft.run_batch(pipeline, df, uuid.uuid4().hex[:8])
+                    result = ft.run_batch(pipeline, df, batch_id)
                     assert result.fresh == records and result.failed == 0, result
 
                 return job
