@@ -4,7 +4,7 @@ Persists N records (100-byte msgpack payloads) through the real handler into a r
 (embedded unless --redis-url), 10,000 per task flush; none completes. Reports INFO memory
 ``used_memory`` before/after divided by N, minus the payload, and the breakdown by
 structure from ``MEMORY USAGE`` (every element sampled) of each shard's keys: the buckets
-of ack entries, their stored records (24-byte header + payload, serialization/stored.py),
+of ack entries, their stored records (28-byte header + payload, serialization/stored.py),
 the timeout sets, the rest
 (docs/storage-layout.md).
 

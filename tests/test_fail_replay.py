@@ -184,13 +184,14 @@ def test_a_dead_letter_before_a_replay_in_one_bucket_does_not_move_the_replay(
     import pyarrow as pa
 
     from ftlayer.limits import DEAD_NOW
+    from ftlayer.lineage import LINEAGE_META
     from ftlayer.segments import frames_of_rows
 
     store, cfg = layer.segments, layer.config
     shard = store.shard_of_partition(0)
     token = store.new_token(shard)
     member = store.member(0, "b1", 0, token)
-    table = pa.table({"id": [1, 2, 3, 4]})
+    table = pa.table({"id": [1, 2, 3, 4]}, metadata={LINEAGE_META: b"seed:7"})
     store.put(0, member, b"segment", token, b"", 7, store.batch_prefix(0, "b1"))
     frames = frames_of_rows(table, np.arange(4), shard=shard, source=0, partition=0,
                             max_replays=3, max_payload=cfg.max_record_bytes)  # fmt: skip
