@@ -27,6 +27,9 @@ Where each concept of the design lives (``serialization/`` frames records,
   ``spark/references.py``; which pipeline owns a source: ``sources.py``
 * DataFrame stages and ``df.write`` sinks (the batch as the user's Spark plan, failed rows
   collected by Spark's observations): ``spark/frame_run.py``, ``spark/frame_tasks.py``
+* Lineage ids (one per source record, the same through every replay and re-drive):
+  ``lineage.py``; idempotent sinks keeping one row per lineage id (Delta Lake,
+  PostgreSQL): ``sinks/``
 * What a run of scripts did: ``tally.py``; retries and their backoff: ``backoff.py``,
   ``connection.py``, ``scripts.py``; a Redis Cluster client that waits out failovers:
   ``cluster.py``

@@ -110,6 +110,24 @@ def test_dataframe_overhead_smoke(tmp_path: Path) -> None:
         "ratio_df_parquet_vs_plain"] == merged["ratio_df_parquet_vs_plain"]
 
 
+def test_sink_overhead_smoke(tmp_path: Path) -> None:
+    """Idempotent sinks beside plain appends (benchmarks.sink_overhead), tiny: a real
+    PostgreSQL and real Delta tables; both tables end with every round's rows (new files
+    each round: new lineage ids, none skipped)."""
+    env = {**os.environ, "FTLAYER_BENCH_RESULTS": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "benchmarks.sink_overhead", "--records",
+                          "2000", "--repeat", "1", "--warmup", "0", "--payload-bytes", "100",
+                          "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert json.loads((tmp_path / "sink_overhead.json").read_text()) == r
+    assert set(r["records_per_s"]) == {"delta_append", "delta_merge", "pg_append", "pg_merge"}
+    assert all(v > 0 for v in r["records_per_s"].values())
+    assert r["ratio_delta_merge_vs_append"] > 0 and r["ratio_pg_merge_vs_append"] > 0
+    assert r["table_rows_at_end"] == 2000  # the one run of PostgresSink: every row inserted
+
+
 def test_ack_throughput_smoke(tmp_path: Path) -> None:
     r = _bench(tmp_path, "benchmarks.ack_throughput", "--records", "600", "--batch", "200",
                "--sweep", "100,200", "--repeat", "1")  # fmt: skip
