@@ -45,7 +45,13 @@ from typing import Any
 
 from benchmarks._common import RESULTS, machine, median, redis_for_benchmark, save, url_of
 from benchmarks._wide import net_input_bytes, read_events, write_events
-from benchmarks.pipeline_overhead import PARTITIONS, _quartiles, _session, _time
+from benchmarks.pipeline_overhead import (
+    PARTITIONS,
+    _session,
+    _time,
+    goals_unmet,
+    paired_figures,
+)
 from ftlayer import FTConfig
 from ftlayer.spark import FaultTolerance, FileSource
 
@@ -182,12 +188,9 @@ def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> 
         "source_bytes": source_bytes,
         "repeat": repeat,
         "warmup": warmup,
-        "records_per_s": {k: round(records / median(v)) for k, v in times.items() if v},
-        **{RATIOS[k]: round(median(ratios[k]), 3) for k in PAIRS},
-        "ratio_quartiles": {k: [round(q, 3) for q in _quartiles(v)] for k, v in ratios.items()},
+        **paired_figures(records, times, ratios, RATIOS),
         "redis_bytes_per_record": round(median(runs.sent), 3) if runs.sent else None,
         "goals": GOALS,
-        "runs_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
         "command": "python -m benchmarks.dataframe_overhead " + " ".join(sys.argv[1:]),
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
@@ -196,7 +199,7 @@ def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> 
 
 def verdict(r: dict[str, Any]) -> list[str]:
     """The goals not met, one line each (empty: all met)."""
-    return [f"{RATIOS[k]}: {r[RATIOS[k]]} < {g}" for k, g in GOALS.items() if r[RATIOS[k]] < g]
+    return goals_unmet(r, RATIOS, GOALS)
 
 
 def merge(r: dict[str, Any]) -> None:

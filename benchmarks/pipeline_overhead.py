@@ -355,6 +355,25 @@ def _quartiles(xs: list[float]) -> list[float]:
     return statistics.quantiles(xs, n=4)[::2] if len(xs) > 1 else [xs[0], xs[0]]
 
 
+def paired_figures(
+    records: int, times: dict[str, list[float]], ratios: dict[str, list[float]],
+    names: dict[str, str],
+) -> dict[str, Any]:
+    """The figures of paired rounds: records/s of each variant (median time), each
+    pair's median ratio under its name in ``names``, the ratios' quartiles, the times."""
+    return {
+        "records_per_s": {k: round(records / median(v)) for k, v in times.items() if v},
+        **{names[k]: round(median(v), 3) for k, v in ratios.items()},
+        "ratio_quartiles": {k: [round(q, 3) for q in _quartiles(v)] for k, v in ratios.items()},
+        "runs_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
+    }
+
+
+def goals_unmet(r: dict[str, Any], names: dict[str, str], goals: dict[str, float]) -> list[str]:
+    """The goals a run's ratios did not meet, one line each (empty: all met)."""
+    return [f"{names[k]}: {r[names[k]]} < {g}" for k, g in goals.items() if r[names[k]] < g]
+
+
 def _time(prepare: Callable[[], Callable[[], Any]]) -> float:
     """Seconds of the run ``prepare`` returns; what the run returns, when callable (its
     checks), runs after the clock stopped."""

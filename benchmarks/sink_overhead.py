@@ -42,11 +42,17 @@ from typing import Any
 
 import pyarrow as pa
 
-from benchmarks._common import machine, median, redis_for_benchmark, save, url_of
+from benchmarks._common import machine, redis_for_benchmark, save, url_of
 from benchmarks._postgres import LocalPostgres
 from benchmarks._wide import write_events
 from benchmarks.dataframe_overhead import SCHEMA, parse
-from benchmarks.pipeline_overhead import PARTITIONS, _quartiles, _session, _time
+from benchmarks.pipeline_overhead import (
+    PARTITIONS,
+    _session,
+    _time,
+    goals_unmet,
+    paired_figures,
+)
 from ftlayer import FTConfig
 from ftlayer.sinks import DeltaSink, PostgresSink
 from ftlayer.spark import FaultTolerance, FileSource
@@ -164,11 +170,8 @@ def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> 
         "table_rows_at_end": rows["keyed"],
         "repeat": repeat,
         "warmup": warmup,
-        "records_per_s": {k: round(records / median(v)) for k, v in times.items() if v},
-        **{RATIOS[k]: round(median(ratios[k]), 3) for k in PAIRS},
-        "ratio_quartiles": {k: [round(q, 3) for q in _quartiles(v)] for k, v in ratios.items()},
+        **paired_figures(records, times, ratios, RATIOS),
         "goals": GOALS,
-        "runs_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
         "command": "python -m benchmarks.sink_overhead " + " ".join(sys.argv[1:]),
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
@@ -177,7 +180,7 @@ def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> 
 
 def verdict(r: dict[str, Any]) -> list[str]:
     """The goals not met, one line each (empty: all met)."""
-    return [f"{RATIOS[k]}: {r[RATIOS[k]]} < {g}" for k, g in GOALS.items() if r[RATIOS[k]] < g]
+    return goals_unmet(r, RATIOS, GOALS)
 
 
 def text(r: dict[str, Any]) -> str:

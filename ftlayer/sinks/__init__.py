@@ -12,8 +12,9 @@ inserts only rows whose lineage id it does not hold yet writes every record once
 Both are ``sink_batches`` functions (run on executors, one transaction per Arrow batch)
 that ask for the lineage column themselves (``ft_lineage``). The key is the lineage
 column, plus any columns ``key=`` adds (a stage that makes several rows of one record
-adds their ordinal). Modules: ``postgres`` (``INSERT ... ON CONFLICT DO NOTHING``),
-``delta`` (a merge inserting unmatched rows, through delta-rs).
+adds their ordinal). Modules: ``keyed`` (what both share: the key, retries, counts),
+``postgres`` (``INSERT ... ON CONFLICT DO NOTHING``), ``delta`` (first writes appended,
+the rest merged, through delta-rs).
 """
 
 from ftlayer.sinks.delta import DeltaSink

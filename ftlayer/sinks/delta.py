@@ -16,9 +16,9 @@ within ``attempts`` raises, and its rows fail and replay (ftlayer never acks the
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -26,8 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from ftlayer.backoff import jittered
-from ftlayer.errors import ConfigError
+from ftlayer.sinks.keyed import KeyedSink
 
 __all__ = ["DeltaSink"]
 
@@ -58,7 +57,7 @@ def _first_of_each_key(rows: pa.Table, key: tuple[str, ...]) -> pa.Table:
     return rows.take(np.sort(first.column("__ft_row_min").to_numpy()))
 
 
-class DeltaSink:
+class DeltaSink(KeyedSink):
     """A ``sink_batches`` function merging each batch into the Delta table at ``path``
     (created from the first batch's columns if absent), one row per key
     ``(lineage, *key)``. ``storage_options``: delta-rs' (object store credentials);
@@ -75,13 +74,10 @@ class DeltaSink:
         storage_options: Mapping[str, str] | None = None,
         attempts: int = 20,
     ) -> None:
-        self.path, self.ft_lineage = str(path), lineage
-        self.key = (lineage, *key)
+        super().__init__(lineage, key, attempts)
+        self.path = str(path)
         self.partition_by = list(partition_by)
         self.storage_options = dict(storage_options or {})
-        self.attempts = attempts
-        self.inserted = self.skipped = 0
-        """Rows this object inserted and skipped (as duplicates) in this process."""
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.path!r}, key={list(self.key)})"
@@ -100,37 +96,24 @@ class DeltaSink:
 
         if batch.num_rows == 0:
             return
-        missing = [k for k in self.key if k not in batch.schema.names]
-        if missing:
-            raise ConfigError(f"{self!r}: the batch has no column {missing} (its columns: "
-                              f"{batch.schema.names})")  # fmt: skip
+        self.check_key(batch)
         rows = pa.Table.from_batches([batch])
         task = _TaskMark.of(ctx)
         jobs = [(rows, False)]
         if task is not None and task.first is not None:  # first writes may be appended
             mask = pa.array(task.first)
             jobs = [(rows.filter(mask), True), (rows.filter(pc.invert(mask)), False)]
+        def note(attempt: int, e: BaseException) -> None:  # a concurrent commit came first
+            log.debug("Delta commit conflict, retrying attempt=%d path=%s error=%s",
+                      attempt, self.path, e)  # fmt: skip
+
         inserted = 0
         for part, first in jobs:
             part = _first_of_each_key(part, self.key)
-            if not part.num_rows:
-                continue
-            backoff = jittered(0.02, 2.0)
-            for attempt in range(self.attempts):
-                try:
-                    inserted += self._write(part, first, task)
-                    break
-                except CommitFailedError as e:  # a concurrent commit landed first
-                    if attempt + 1 >= self.attempts:
-                        raise
-                    log.debug("Delta commit conflict, retrying attempt=%d path=%s error=%s",
-                              attempt + 1, self.path, e)  # fmt: skip
-                    time.sleep(backoff.compute(attempt))
-        self.inserted += inserted
-        self.skipped += batch.num_rows - inserted
-        if inserted < batch.num_rows:
-            log.info("Delta rows already written, skipped path=%s skipped=%d",
-                     self.path, batch.num_rows - inserted)  # fmt: skip
+            if part.num_rows:
+                write = partial(self._write, part, first, task)
+                inserted += self.retried(write, (CommitFailedError,), 0.02, note)
+        self.counted(batch.num_rows, inserted, f"delta {self.path}")
 
     def _write(self, rows: pa.Table, first: bool, task: _TaskMark | None) -> int:
         """One commit of ``rows`` on the table as it is now (no rebase): appended when

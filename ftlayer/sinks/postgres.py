@@ -15,15 +15,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
 import xxhash
 
-from ftlayer.backoff import jittered
 from ftlayer.errors import ConfigError
+from ftlayer.sinks.keyed import KeyedSink
 
 __all__ = ["PostgresSink"]
 
@@ -53,7 +52,7 @@ def _pg_type(t: pa.DataType) -> str:
     return name
 
 
-class PostgresSink:
+class PostgresSink(KeyedSink):
     """A ``sink_batches`` function writing each batch into ``table`` of the PostgreSQL at
     ``url`` (``postgresql://user@host:port/db``), one row per key: ``(lineage, *key)``.
 
@@ -75,11 +74,8 @@ class PostgresSink:
     ) -> None:
         if not table or not all(part for part in table.split(".")):
             raise ConfigError(f"PostgresSink needs a table name, not {table!r}")
-        self.url, self.table, self.ft_lineage = url, table, lineage
-        self.key = (lineage, *key)
-        self.create, self.attempts = create, attempts
-        self.inserted = self.skipped = 0
-        """Rows this object inserted and skipped (as duplicates) in this process."""
+        super().__init__(lineage, key, attempts)
+        self.url, self.table, self.create = url, table, create
 
     def __repr__(self) -> str:
         return f"PostgresSink({self.table!r}, key={list(self.key)})"
@@ -95,30 +91,18 @@ class PostgresSink:
 
         if batch.num_rows == 0:
             return
-        missing = [k for k in self.key if k not in batch.schema.names]
-        if missing:
-            raise ConfigError(f"{self!r}: the batch has no column {missing} (its columns: "
-                              f"{batch.schema.names})")  # fmt: skip
-        backoff = jittered(0.05, 2.0)
+        self.check_key(batch)
         # two sessions creating one table at once: one of them sees a unique violation
         retried = (psycopg.OperationalError, *((psycopg.errors.UniqueViolation,)
                                               if self.create else ()))  # fmt: skip
-        for attempt in range(self.attempts):
-            try:
-                inserted = self._write(batch)
-                break
-            except retried as e:
-                _CONNECTIONS.pop((os.getpid(), threading.get_ident(), self.url), None)
-                if attempt + 1 >= self.attempts:
-                    raise
-                log.warning("PostgreSQL write failed, retrying attempt=%d table=%s error=%s",
-                            attempt + 1, self.table, e)  # fmt: skip
-                time.sleep(backoff.compute(attempt))
-        self.inserted += inserted
-        self.skipped += batch.num_rows - inserted
-        if inserted < batch.num_rows:
-            log.info("PostgreSQL rows already written, skipped table=%s skipped=%d",
-                     self.table, batch.num_rows - inserted)  # fmt: skip
+
+        def note(attempt: int, e: BaseException) -> None:  # a new connection next time
+            _CONNECTIONS.pop((os.getpid(), threading.get_ident(), self.url), None)
+            log.warning("PostgreSQL write failed, retrying attempt=%d table=%s error=%s",
+                        attempt, self.table, e)  # fmt: skip
+
+        inserted = self.retried(lambda: self._write(batch), retried, 0.05, note)
+        self.counted(batch.num_rows, inserted, f"postgres {self.table}")
 
     def _connection(self) -> Any:
         import psycopg
