@@ -58,6 +58,10 @@ class FTConfig:
     (``appendfsync everysec``: a crash loses at most the last second of writes) and a
     restart on the same directory finds every pending record; without one, FT state lives
     in memory only and ``FTLayer.open`` warns once."""
+    allow_eviction: bool = False
+    """Accept a Redis whose ``maxmemory-policy`` is not ``noeviction`` (warned, shown by
+    the status page, ``/readyz`` and the stats command). Refused by default: an evicted
+    key is a pending record lost with no error."""
     durability: Durability = "local"
     """``"replicated"``: a flush returns only after one replica acknowledged its writes
     (Redis ``WAIT``), so a failover cannot drop records the task counted as persisted.

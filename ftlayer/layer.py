@@ -28,7 +28,7 @@ from ftlayer.limits import LATENCY_BOUNDS_MS
 from ftlayer.persistence import ClaimedRecord, RedisPersistenceLayer
 from ftlayer.scripts import Scripts
 from ftlayer.segments import SegmentStore
-from ftlayer.settings import check_settings
+from ftlayer.settings import check_eviction, check_settings
 from ftlayer.tally import Tally
 from ftlayer.timeouts import RedisTimeoutLayer, Rotator
 
@@ -113,10 +113,16 @@ class FTLayer:
     ) -> None:
         """Checks the namespace's stored settings (ftlayer.settings): the first open
         stores them; a later one with other shards, timeout, buckets or frame format is
-        refused (ConfigError). ``create=False``: the namespace must exist already."""
+        refused (ConfigError). ``create=False``: the namespace must exist already.
+
+        A server that may evict keys (``maxmemory-policy`` not ``noeviction``) is refused
+        unless ``config.allow_eviction``; ``create=False`` (an operator's look) only warns.
+        ``eviction_policy`` keeps what the server said (None: it does not say)."""
         self.config = config or FTConfig()
         self.client = client
+        self.eviction_policy: str | None = None
         if self.config.enabled:
+            self.eviction_policy = check_eviction(client, self.config, refuse=create)
             check_settings(client, self.config, create)
         self.keyspace = Keyspace(self.config.namespace, self.config.shards)
         self.scripts = Scripts(client, self.config.script_mode)

@@ -7,10 +7,16 @@ namespace with other values would read empty keys (``stats`` printing zeros), ex
 nothing, or misread frames. So the first open of a namespace writes ``ft:{<ns>}:settings``
 (``HSETNX`` per field: two first opens racing agree on one writer's values) and every open
 compares; a mismatch is refused with one line naming both values.
+
+The server's ``maxmemory-policy`` is checked too: under any policy but ``noeviction``
+Redis may evict a pending record's keys to make room, and an evicted record is lost with
+no error anywhere. ``check_eviction`` refuses such a server unless the config allows it
+(``FTConfig.allow_eviction``), and then warns once per process.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +26,10 @@ from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
 from ftlayer.keys import LAYOUT_VERSION, Keyspace
 
-__all__ = ["CHECKED", "NamespaceSettings", "check_settings", "read_settings"]
+__all__ = ["CHECKED", "NamespaceSettings", "check_eviction", "check_settings",
+           "eviction_policy", "read_settings"]
+
+log = logging.getLogger(__name__)
 
 CHECKED = ("shards", "timeout_s", "buckets", "frame_version")
 
@@ -80,3 +89,45 @@ def check_settings(client: Any, config: FTConfig, create: bool = True) -> Namesp
                 "namespace)"
             )
     return stored
+
+
+SAFE_POLICY = "noeviction"
+
+
+def eviction_policy(client: Any) -> str | None:
+    """The server's ``maxmemory-policy`` (``INFO memory``: readable where ``CONFIG`` is
+    renamed away, as on managed Redis); on a cluster the first master's that is not
+    ``noeviction``, else ``noeviction``. None: the server does not say."""
+    from redis.cluster import RedisCluster
+
+    if isinstance(client, RedisCluster):
+        per_node = client.info("memory", target_nodes=RedisCluster.PRIMARIES)
+        found = [i.get("maxmemory_policy") for i in per_node.values() if isinstance(i, dict)]
+    else:
+        found = [client.info("memory").get("maxmemory_policy")]
+    known = [str(p) for p in found if p]
+    if not known:
+        return None
+    return next((p for p in known if p != SAFE_POLICY), SAFE_POLICY)
+
+
+_warned: set[str] = set()
+
+
+def check_eviction(client: Any, config: FTConfig, refuse: bool = True) -> str | None:
+    """The server's eviction policy; ConfigError when it may evict (anything but
+    ``noeviction``) unless ``config.allow_eviction`` or not ``refuse`` (an operator's
+    read-only look): then a warning, once per process and policy."""
+    policy = eviction_policy(client)
+    if policy is None or policy == SAFE_POLICY:
+        return policy
+    if refuse and not config.allow_eviction:
+        raise ConfigError(
+            f"Redis has maxmemory-policy {policy}: it may evict a pending record, which is "
+            "then lost with no error; set 'maxmemory-policy noeviction' (redis.conf or "
+            "CONFIG SET), or FTConfig(allow_eviction=True) to accept the risk")
+    if policy not in _warned:
+        _warned.add(policy)
+        log.warning("redis maxmemory-policy is %s, not noeviction: an evicted key is a "
+                    "lost record", policy)  # fmt: skip
+    return policy

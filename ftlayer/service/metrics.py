@@ -42,6 +42,7 @@ from prometheus_client.registry import Collector
 
 from ftlayer import __version__
 from ftlayer.layer import LATENCY_BOUNDS_MS, FTLayer
+from ftlayer.settings import SAFE_POLICY, eviction_policy
 
 __all__ = ["METRIC_NAMES", "METRIC_TYPES", "SidecarMetrics"]
 
@@ -72,7 +73,8 @@ METRIC_TYPES: dict[str, str] = {
     **{f"ftlayer_{name}": "gauge" for _, name, _ in _GAUGES},
     "ftlayer_failed_total": "counter", "ftlayer_rotations_total": "counter",
     "ftlayer_rotation_expired_total": "counter", "ftlayer_pending": "gauge",
-    "ftlayer_queued_replays": "gauge", "ftlayer_redis_up": "gauge", "ftlayer_info": "gauge",
+    "ftlayer_queued_replays": "gauge", "ftlayer_redis_up": "gauge",
+    "ftlayer_redis_noeviction": "gauge", "ftlayer_info": "gauge",
     "ftlayer_lease_held": "gauge", "ftlayer_completion_latency_seconds": "histogram",
     "ftlayer_rotation_seconds": "histogram",
 }  # fmt: skip
@@ -107,6 +109,16 @@ class _FTCollector(Collector):
             return
         up.add_metric([ns], 1)
         yield up
+        try:
+            policy = eviction_policy(self.layer.client)
+        except redis.RedisError:  # the counters were read: the scrape goes on without it
+            policy = None
+        if policy is not None:
+            ok = self._family(GaugeMetricFamily, "ftlayer_redis_noeviction",
+                              "1 if Redis' maxmemory-policy is noeviction (0: it may evict a "
+                              "pending record)")  # fmt: skip
+            ok.add_metric([ns], 1 if policy == SAFE_POLICY else 0)
+            yield ok
         for field, name, doc in _COUNTERS:
             c = self._family(CounterMetricFamily, f"ftlayer_{name}", doc)
             c.add_metric([ns], getattr(st, field))

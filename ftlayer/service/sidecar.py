@@ -21,6 +21,7 @@ import redis
 from ftlayer.backoff import jittered
 from ftlayer.layer import FTLayer
 from ftlayer.service.metrics import SidecarMetrics
+from ftlayer.settings import SAFE_POLICY, eviction_policy
 
 __all__ = ["Sidecar"]
 
@@ -47,6 +48,8 @@ class Sidecar:
         self.last_ok = 0.0  # monotonic time of the last loop pass that reached Redis
         self.last_pass = time.monotonic()  # ... of the last loop pass, whatever Redis did
         self.last_error = ""
+        self.eviction_policy: str | None = layer.eviction_policy  # re-read every POLICY_S
+        self._policy_read = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -54,6 +57,17 @@ class Sidecar:
     LIVENESS_S = 120.0
     """The loop is dead when a pass is older than this (a Redis call may block for its
     socket timeout, 30 s in ``ftlayer serve``, and back off 5 s after)."""
+
+    POLICY_S = 10.0
+    """How often the loop re-reads Redis' ``maxmemory-policy`` (an operator may change it)."""
+
+    def warnings(self) -> list[str]:
+        """What an operator must fix though the sidecar works: an evicting Redis."""
+        policy = self.eviction_policy
+        if policy is None or policy == SAFE_POLICY:
+            return []
+        return [f"redis maxmemory-policy is {policy}, not noeviction: an evicted key is a "
+                "lost record"]  # fmt: skip
 
     def alive(self) -> tuple[bool, str]:
         """Liveness: the loop ran a pass (reaching Redis or not) within LIVENESS_S."""
@@ -68,7 +82,8 @@ class Sidecar:
         age = time.monotonic() - self.last_ok
         if self.last_ok and age < 3 * self._tick_s() + 1:
             role = "leader" if self.leader else "standby"
-            return True, f"ready {role} id={self.id}\n"
+            warned = "".join(f"warning: {w}\n" for w in self.warnings())
+            return True, f"ready {role} id={self.id}\n{warned}"
         return False, f"not ready: redis not reached for {age:.1f}s {self.last_error}\n"
 
     def _tick_s(self) -> float:
@@ -123,6 +138,9 @@ class Sidecar:
                 if not self.last_ok:
                     sec, usec = self.layer.client.time()
                     offset = sec + usec / 1e6 - time.time()  # deadlines use Redis's clock
+                if time.monotonic() - self._policy_read > self.POLICY_S:
+                    self.eviction_policy = eviction_policy(self.layer.client)
+                    self._policy_read = time.monotonic()
                 if self._hold_lease():
                     now = time.time() + offset
                     if now >= next_rotation:

@@ -5,6 +5,7 @@ how long completion takes, who rotates, and the newest dead letters with their p
 ``/api/status`` answers one object::
 
     namespace, version, generated_at (ISO 8601), redis_up, error (when Redis is down),
+    warnings: [text] (what an operator must fix though it works: an evicting Redis),
     sidecar: {id, leader, role, ready, alive}, lease_holder (the id holding the rotation lease),
     settings: {shards, timeout_s, buckets, max_replays},
     totals: {persisted, completed, failed_explicit, failed_timeout, replayed,
@@ -112,6 +113,7 @@ class StatusModel:
         return {
             **out,
             "redis_up": True,
+            "warnings": sc.warnings(),
             "lease_holder": cast(bytes, holder).decode() if holder else None,
             "totals": {k: getattr(st, k) for k in (
                 "persisted", "completed", "failed_explicit", "failed_timeout", "replayed",
@@ -169,6 +171,7 @@ tr.appendChild(td)}t.appendChild(tr)}}
 async function poll(){try{const s=await (await fetch('api/status',{cache:'no-store'})).json();
 for(const el of document.querySelectorAll('[data-k]'))el.textContent=fmt(get(s,el.dataset.k));
 document.getElementById('down').textContent=s.redis_up?'':'Redis unreachable: '+s.error;
+document.getElementById('warn').textContent=(s.warnings||[]).map(w=>'warning: '+w).join(' · ');
 if(s.redis_up){rows('sources',s.sources,[['source',1],['pending',1],['queued',1]]);
 rows('dlq',s.dead_letters_newest,[['id'],['source',1],['time'],['attempts',1],['reason'],
 ['error'],['preview']])}}catch(e){document.getElementById('down').textContent=
@@ -213,6 +216,7 @@ def render_page(data: dict[str, Any]) -> str:
     st = data.get("settings", {})
     sc = data.get("sidecar", {})
     down = "" if data.get("redis_up") else f"Redis unreachable: {data.get('error', '')}"
+    warn = " · ".join(f"warning: {w}" for w in data.get("warnings", []))
     sources = _rows(data.get("sources", []), (("source", True), ("pending", True),
                                               ("queued", True)))  # fmt: skip
     dlq = _rows(data.get("dead_letters_newest", []), (
@@ -229,6 +233,7 @@ def render_page(data: dict[str, Any]) -> str:
 (<span data-k="sidecar.role">{e(str(sc.get("role")))}</span>) · updated
 <span data-k="generated_at">{e(data["generated_at"])}</span></p>
 <p id=down class=down>{e(down)}</p>
+<p id=warn class=down>{e(warn)}</p>
 <div class=tiles>{tiles}</div>
 <h2>Pending by source</h2><table><thead><tr><th>source</th><th>pending</th><th>queued
 replays</th></tr></thead><tbody id=sources>{sources}</tbody></table>

@@ -61,6 +61,7 @@ from ftlayer.spark.frame_run import FrameRun
 from ftlayer.spark.pipeline import AckScope, OnError, Pipeline
 from ftlayer.spark.plan import MAX_MESSAGES
 from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy
+from ftlayer.spark.preflight import preflight
 from ftlayer.spark.progress import BatchProgress, ProgressListener
 from ftlayer.spark.results import BatchResult, DrainResult
 from ftlayer.spark.row_stages import compile_rows
@@ -294,7 +295,9 @@ class FaultTolerance:
             "error", pa.array([why.get(int(s), "") for s in src], pa.string()))  # fmt: skip
 
     def _own(self, pipeline: Pipeline, schema: Any, spark: SparkSession) -> None:
-        """Refuse to run a source another pipeline owns (ftlayer.sources)."""
+        """Refuse to run a source another pipeline owns (ftlayer.sources), once the
+        application passed its preflight (ftlayer.spark.preflight)."""
+        preflight(spark, self.layer)
         if self.layer is None:
             return
         app = "" if pipeline.name is not None else spark.conf.get("spark.app.name", "")

@@ -69,9 +69,11 @@ class StandaloneWorker:
 
 
 class StandaloneCluster:
-    """A master on 127.0.0.1 and ``workers`` workers on 127.0.0.2.. with ``cores`` cores and
-    ``memory`` each for executors. ``start()`` (or ``with``) returns once the master reports
-    every worker ALIVE; ``stop()`` (or leaving the block, exceptions included) ends them all.
+    """A master on ``master_host`` (127.0.0.1; another address of this machine makes a
+    master whose executors could be elsewhere) and ``workers`` workers on 127.0.0.2.. with
+    ``cores`` cores and ``memory`` each for executors. ``start()`` (or ``with``) returns
+    once the master reports every worker ALIVE; ``stop()`` (or leaving the block,
+    exceptions included) ends them all.
     ``daemon_java_opts``/``daemon_memory`` are the master's and workers' own JVM settings."""
 
     def __init__(
@@ -83,9 +85,11 @@ class StandaloneCluster:
         daemon_java_opts: str = QUICK_JVM,
         daemon_memory: str = "256m",
         startup_timeout_s: float = 90.0,
+        master_host: str = MASTER_HOST,
     ) -> None:
-        if not 1 <= workers <= 250:
-            raise ValueError("workers must be in 1..250 (one loopback address each)")
+        if not 0 <= workers <= 250:
+            raise ValueError("workers must be in 0..250 (one loopback address each)")
+        self.master_host = master_host
         self.n_workers, self.cores, self.memory = workers, cores, memory
         self.daemon_java_opts, self.daemon_memory = daemon_java_opts, daemon_memory
         self.startup_timeout_s = startup_timeout_s
@@ -100,11 +104,11 @@ class StandaloneCluster:
     # -- addresses and environments --------------------------------------------------------
     @property
     def url(self) -> str:
-        return f"spark://{MASTER_HOST}:{self.port}"
+        return f"spark://{self.master_host}:{self.port}"
 
     @property
     def webui_url(self) -> str:
-        return f"http://{MASTER_HOST}:{self.webui_port}"
+        return f"http://{self.master_host}:{self.webui_port}"
 
     def env(self, local_ip: str = MASTER_HOST) -> dict[str, str]:
         """The environment of a process of this cluster, or of a driver (its default)."""
@@ -130,8 +134,8 @@ class StandaloneCluster:
         self.dir = Path(tempfile.mkdtemp(prefix="ftlayer-standalone-"))
         try:
             self.port, self.webui_port = free_port(), free_port()
-            opts = f"--host {MASTER_HOST} --port {self.port} --webui-port {self.webui_port}"
-            self.master = self._spawn("master", MASTER_CLASS, opts.split(), MASTER_HOST)
+            opts = f"--host {self.master_host} --port {self.port} --webui-port {self.webui_port}"
+            self.master = self._spawn("master", MASTER_CLASS, opts.split(), self.master_host)
             for k in range(self.n_workers):
                 host = f"127.0.0.{k + 2}"
                 work = self.dir / f"work-{k}"
