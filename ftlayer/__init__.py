@@ -35,10 +35,13 @@ Where each concept of the design lives (``serialization/`` frames records,
   ``cluster.py``
 * ReplayPartitioner: ``partitioners/`` (used by ``spark/row_tasks.py``)
 * FT status on/off and every setting: ``config.py``; limits shared with the Lua:
-  ``limits.py``; per-namespace settings kept in Redis: ``settings.py``; keys: ``keys.py``
+  ``limits.py``; per-namespace settings kept in Redis and the eviction policy it needs:
+  ``settings.py``; keys: ``keys.py``; the version: ``version.py``; what PySpark ftlayer
+  needs (the user's own): ``requirements.py``
 * The FT layer as one object (handlers, stats, drain): ``layer.py``
 * The Spark wrapper (pipelines, stages, outcomes, error policy, contexts,
-  ``on_dead_letter``): ``spark/`` (see its package docstring)
+  ``on_dead_letter``): ``spark/`` (see its package docstring); the checks an application
+  gets before its first batch (executors import ftlayer, Redis reachable): ``spark/preflight.py``
 * The sidecar (rotation lease, metrics, health, status page): ``service/``; dead
   letters for people (previews, newest first): ``deadletters.py``
 * The command line (``ftlayer demo|serve|stats|status|dlq|...``): ``cli/``; the demo:
@@ -64,8 +67,7 @@ from ftlayer.ids import RecordId
 from ftlayer.layer import FTLayer, FTStats
 from ftlayer.persistence import ClaimedRecord, DeadLetter, Failure
 from ftlayer.rotating import RotatingHashMap
-
-__version__ = "0.1.0"
+from ftlayer.version import __version__
 
 __all__ = [
     "AbstractFTHandler",

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import itertools
 import logging
+import re
 import time
 from collections.abc import Callable
 from functools import cache
@@ -29,6 +30,7 @@ from ftlayer.connection import masters, with_retries
 from ftlayer.errors import ConfigError, FTLayerError, RedisUnavailableError
 from ftlayer.keys import Keyspace
 from ftlayer.limits import lua_constants
+from ftlayer.version import __version__
 
 __all__ = [
     "SCRIPTS", "LoadedLibrary", "NamespacePart", "Scripts", "library_source", "loaded_libraries",
@@ -70,8 +72,9 @@ def script_source(name: str) -> str:
 def library_source() -> tuple[str, str]:
     """(name, text) of the function library holding every script: the prelude once, then
     each script's body as a function ``<name>_<script>`` whose parameters are named KEYS
-    and ARGV, so the same body runs in both modes. The name carries a hash of the text:
-    two ftlayer builds on one server each use their own library."""
+    and ARGV, so the same body runs in both modes. The name carries ftlayer's version
+    (``FUNCTION LIST`` tells which release loaded it) and a hash of the text: two ftlayer
+    builds on one server each use their own library."""
     body = [_prelude()]
     for script in SCRIPTS:
         start = "begin(KEYS)\n" if script in SHARD_SCRIPTS else ""
@@ -80,7 +83,8 @@ def library_source() -> tuple[str, str]:
             f"{start}{_read(script)}\nend)\n"
         )
     text = "".join(body)
-    name = "ftlayer_" + hashlib.sha1(text.encode()).hexdigest()[:12]
+    version = re.sub(r"[^0-9A-Za-z]", "_", __version__)
+    name = f"ftlayer_{version}_" + hashlib.sha1(text.encode()).hexdigest()[:12]
     return name, f"#!lua name={name}\n" + text.replace("@LIB@", name)
 
 

@@ -36,19 +36,28 @@ vectorized path: executors / driver), ``frame_run`` / ``frame_tasks`` (DataFrame
 copies among them), ``row_stages`` (row stages compiled to batch stages),
 ``row_tasks`` (``ack_scope="task"``: row stages over ``df.rdd``), ``policy``
 (ErrorPolicy: retries, backoff, dead-letter types; stage contexts), ``dead_letter_feed``
-(``on_dead_letter`` callbacks), ``progress`` (a StreamingQueryListener joining Spark's
-progress with the batch results), ``standalone`` (a Spark
-standalone cluster on loopback, for tests and benchmarks), ``results``.
+(``on_dead_letter`` callbacks), ``preflight`` (once per application: executors import
+ftlayer, an embedded Redis only under a local master), ``progress`` (a
+StreamingQueryListener joining Spark's progress with the batch results), ``standalone``
+(a Spark standalone cluster on loopback, for tests and benchmarks), ``results``.
 """
 
-from ftlayer.spark.driver import FaultTolerance
-from ftlayer.spark.outcome import Outcome, StageContractError
-from ftlayer.spark.pipeline import OnError, Pipeline
-from ftlayer.spark.plan import UNCONFIRMED, Unconfirmed
-from ftlayer.spark.policy import BatchContext, ErrorPolicy, RecordContext
-from ftlayer.spark.progress import BatchProgress
-from ftlayer.spark.references import FileSource, RateMicroBatchSource, ReplayableSource
-from ftlayer.spark.results import BatchResult, DrainResult, StageCounts
+from ftlayer.requirements import require_pyspark
+
+require_pyspark()  # before anything imports pyspark: one line, not an ImportError's trace
+
+from ftlayer.spark.driver import FaultTolerance  # noqa: E402
+from ftlayer.spark.outcome import Outcome, StageContractError  # noqa: E402
+from ftlayer.spark.pipeline import OnError, Pipeline  # noqa: E402
+from ftlayer.spark.plan import UNCONFIRMED, Unconfirmed  # noqa: E402
+from ftlayer.spark.policy import BatchContext, ErrorPolicy, RecordContext  # noqa: E402
+from ftlayer.spark.progress import BatchProgress  # noqa: E402
+from ftlayer.spark.references import (  # noqa: E402
+    FileSource,
+    RateMicroBatchSource,
+    ReplayableSource,
+)
+from ftlayer.spark.results import BatchResult, DrainResult, StageCounts  # noqa: E402
 
 __all__ = [
     "UNCONFIRMED",
