@@ -8,7 +8,8 @@ flush, the driver's batch bookkeeping, a sidecar's rotation -- fails in the midd
 ordinary failover. ``FailoverCluster`` wraps each command in an outer redis-py ``Retry``
 with ftlayer's one backoff (ftlayer.backoff: jittered, capped at 1 s), for up to
 ``FAILOVER_RETRIES`` attempts (about 15-20 s in all), on the errors a failover produces.
-Single commands only: a cluster pipeline's ``execute`` is not retried (docs/design-notes.md).
+Single commands only: a cluster pipeline's ``execute`` is not retried (docs/architecture.md,
+"Redis Cluster").
 
 Retrying is safe for what ftlayer sends: every script is idempotent or carries the token of
 its work (a flush applied before its reply was lost is applied once, lua/flush.lua), and

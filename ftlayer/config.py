@@ -34,25 +34,42 @@ class FTConfig:
     shards: int = 8
     """Hash-tagged key groups; ids pick their shard with their low 16 bits (<= 65536)."""
     timeout_s: float = 30.0
+    """Seconds a persisted record has to complete (acked through every stage and the sink):
+    one still incomplete fails and is replayed between ``timeout_s`` and ``timeout_s *
+    buckets / (buckets - 1)`` after it was persisted, when the sidecar (or
+    ``FaultTolerance(rotate=True)``) rotates the buckets. While a batch runs, a live driver
+    keeps its records' deadlines a full timeout ahead (``ack_scope="batch"``)."""
     buckets: int = 3
+    """Timeout buckets (>= 2): they rotate every ``timeout_s / (buckets - 1)`` seconds (at
+    least 10 ms), so more buckets make a record fail closer to ``timeout_s`` for more
+    rotations."""
     max_replays: int = 3
     """Failures replayed per record; the next failure dead-letters it."""
     max_record_bytes: int = 1 << 20
-    """Largest msgpack payload accepted at the source."""
+    """Largest msgpack payload accepted at the source, in bytes."""
     expire_batch: int = 1000
     """Timeout entries handled per Redis script call during rotation."""
     flush_retries: int = 5
+    """Retries of an idempotent Redis call (a flush, a claim, a batch's settlement) after a
+    lost connection or a timeout, before it raises ``RedisUnavailableError``: an executor's
+    task then fails and Spark runs it again; the driver waits on, up to ``driver_wait_s``."""
     flush_backoff_s: float = 0.1
-    """First retry delay of a flush; doubles per retry."""
+    """Base of the backoff between those retries, in seconds: the n-th wait is
+    ``random() * flush_backoff_s * 2**n`` (full jitter), at most 5 s."""
     flush_chunk_bytes: int = 64 << 20
     """A flush sends each shard's records in script calls whose packed arguments stay
     under this many bytes (a larger record travels alone); keep it below the server's
     ``proto-max-bulk-len`` (512 MiB by default)."""
     max_pending: int | None = None
-    """Backpressure: sources hold back while more records than this are in flight
-    (pending and not waiting in the replay queue: the next batch claims those)."""
+    """Backpressure, per source index: before each batch the driver waits while the source
+    has more records than this in flight (pending and not waiting in the replay queue: the
+    next batch claims those), up to ``FaultTolerance(backpressure_timeout_s=...)``, then runs
+    the batch anyway (logged). A soft bound, not a cap; ``None``: no backpressure."""
     redis_url: str | None = None
-    """``None``: start an embedded redis-server (see ftlayer.embedded)."""
+    """The Redis the driver, the executors and the sidecar use: ``redis://`` (``rediss://``
+    for TLS, ``unix://``) with ``user:password@`` if needed, or ``redis+cluster://`` naming
+    one node or several for a Redis Cluster. ``None``: start an embedded redis-server (see
+    ftlayer.embedded), which only a local Spark master's executors can reach."""
     embedded_data_dir: str | None = None
     """The embedded redis-server's directory: with one, it keeps an append-only file
     (``appendfsync everysec``: a crash loses at most the last second of writes) and a
@@ -68,9 +85,9 @@ class FTConfig:
     Redis replication is asynchronous: with ``"local"`` a master that dies right after a
     flush may take its last writes with it."""
     replica_wait_s: float = 2.0
-    """How long a ``"replicated"`` flush waits for the replica before it fails."""
+    """Seconds a ``"replicated"`` flush waits for the replica before it fails."""
     driver_wait_s: float = 120.0
-    """How long a write the driver makes (settling a batch, completing and failing
+    """Seconds a write the driver makes (settling a batch, completing and failing
     replays, claiming, dead-lettering) waits out a Redis it cannot reach, or a master with
     no replica yet (``"replicated"``, a failover), before its batch fails. Retried with
     backoff, logged. Executors do not wait this long: their task fails after
@@ -80,7 +97,7 @@ class FTConfig:
     IPC, in Redis until their batch settles). ``"none"`` costs the least CPU (the rows'
     Arrow width in Redis memory); ``"lz4"`` keeps less memory per in-flight record (2.2x
     less for three int64 columns) for ~25 ns more CPU per row, ``"zstd"`` less memory again
-    for more CPU (docs/design-notes.md). Readers decode any of them."""
+    for more CPU (docs/architecture.md). Readers decode any of them."""
     script_mode: ScriptMode = "auto"
     """How the Lua scripts run: ``"auto"`` as a Redis 7 function library where the server
     takes ``FUNCTION LOAD`` (a call then skips rebuilding the scripts' shared prelude, ~7 µs

@@ -142,6 +142,17 @@ class Keyspace:
         return f"ft:{{{self.namespace}}}:settings"
 
     @property
+    def batches(self) -> str:
+        """The pipelines' newest batch summaries (ftlayer.history): a capped list."""
+        return f"ft:{{{self.namespace}}}:batches"
+
+    @property
+    def samples(self) -> str:
+        """The leader sidecar's samples of the namespace's counters (ftlayer.history): a
+        capped list, the status page's charts."""
+        return f"ft:{{{self.namespace}}}:samples"
+
+    @property
     def pattern(self) -> str:
         """A SCAN pattern matching every shard key of the namespace."""
         return f"ft:{{{self.namespace}:*"

@@ -63,7 +63,7 @@ def test_scripts_reload_after_script_flush(make_layer) -> None:
 
 
 def test_a_retried_flush_is_applied_once(layer: FTLayer) -> None:
-    """Invariant 6: The same call sent twice (a retry after a lost reply) changes nothing.
+    """Invariant 12: the same call sent twice (a retry after a lost reply) changes nothing.
     This is the script's half; that ``FTHandler.flush`` resends the same work under the
     same token after a FlushError is tests/test_flush_retry.py."""
     h = layer.handler()

@@ -32,9 +32,10 @@ def test_help_lists_commands_and_env_vars() -> None:
     exe = Path(sys.executable).with_name("ftlayer")
     out = _run([str(exe) if exe.exists() else "ftlayer", "--help"])
     assert out.returncode == 0, out.stderr
-    for word in ("stats", "demo", "redis"):
-        assert word in out.stdout
-    sub = _run([*FTLAYER, "stats", "--help"])
+    for word in ("counters", "status", "demo", "redis"):
+        assert re.search(rf"^    {word} ", out.stdout, re.M), (word, out.stdout)
+    assert not re.search(r"^    stats\b", out.stdout, re.M), "the old name is hidden"
+    sub = _run([*FTLAYER, "counters", "--help"])
     assert "FTLAYER_REDIS_URL" in sub.stdout and "FTLAYER_NAMESPACE" in sub.stdout
 
 
@@ -118,7 +119,8 @@ def test_demo_into_an_idempotent_table_counts_from_it(sink: str, postgres: Any) 
 
 def test_demo_postgres_sink_without_a_server_says_so() -> None:
     out = _run([*FTLAYER, "demo", "--records", "10", "--sink", "postgres"])
-    assert out.returncode != 0 and "--sink-url" in out.stderr, out.stderr[-2000:]
+    assert out.returncode == 2 and "--sink-url" in out.stderr, out.stderr[-2000:]  # usage
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
 def test_demo_reads_like_a_report_and_shows_logs_only_when_asked() -> None:
@@ -171,12 +173,13 @@ def test_demo_serve_keeps_the_status_page_up_until_interrupted() -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def test_stats_json_on_an_explicit_url(redis_server) -> None:
+def test_counters_json_on_an_explicit_url(redis_server) -> None:
     from ftlayer import FTConfig, FTLayer
 
-    args = [*FTLAYER, "stats", "--json", "--redis-url", redis_server.url, "--namespace", "cli-e"]
+    args = [*FTLAYER, "counters", "--json", "--redis-url", redis_server.url, "--namespace",
+            "cli-e"]  # fmt: skip
     out = _run(args)  # never opened: said so, not zeros (tests/test_settings.py)
-    assert out.returncode == 2 and "does not exist" in out.stderr, out.stderr
+    assert out.returncode == 1 and "does not exist" in out.stderr, out.stderr
     layer = FTLayer(redis_server.client(), FTConfig(namespace="cli-e"))  # opened, empty
     try:
         out = _run(args)
@@ -196,12 +199,12 @@ def test_script_mode_picks_functions_or_eval(redis_server, redis7_server) -> Non
         cases = ((redis7_server, "functions", True), (redis_server, "eval", True),
                  (redis7_server, "eval", True), (redis_server, "functions", False))  # fmt: skip
         for server, mode, ok in cases:
-            out = _run([*FTLAYER, "stats", "--redis-url", server.url, "--namespace", "cli-sm",
-                        "--script-mode", mode])  # fmt: skip
+            out = _run([*FTLAYER, "counters", "--redis-url", server.url, "--namespace",
+                        "cli-sm", "--script-mode", mode])  # fmt: skip
             if ok:
                 assert out.returncode == 0 and "persisted" in out.stdout, (mode, out.stderr)
             else:
-                assert out.returncode == 2 and "cannot load functions" in out.stderr, out.stderr
+                assert out.returncode == 1 and "cannot load functions" in out.stderr, out.stderr
                 assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     finally:
         for server in (redis_server, redis7_server):
@@ -249,15 +252,15 @@ def _lib_name(flat: list) -> str:
 
 
 def test_unreachable_redis_is_a_clear_error() -> None:
-    out = _run([*FTLAYER, "stats", "--redis-url", "redis://u:hunter2@127.0.0.1:1/0"])
-    assert out.returncode == 2
+    out = _run([*FTLAYER, "counters", "--redis-url", "redis://u:hunter2@127.0.0.1:1/0"])
+    assert out.returncode == 1
     assert "cannot reach Redis" in out.stderr and "hunter2" not in out.stderr
 
 
-def test_stats_and_dlq_need_a_url() -> None:
-    for args in (["stats"], ["dlq", "list"]):
+def test_counters_and_dlq_need_a_url() -> None:
+    for args in (["counters"], ["dlq", "list"]):
         out = _run([*FTLAYER, *args])
-        assert out.returncode == 2 and "give --redis-url" in out.stderr, out.stderr
+        assert out.returncode == 2 and "give --redis-url" in out.stderr, out.stderr  # usage
 
 
 def test_global_options_go_anywhere_and_bad_values_are_one_line(redis_server) -> None:
@@ -265,44 +268,48 @@ def test_global_options_go_anywhere_and_bad_values_are_one_line(redis_server) ->
     from ftlayer import FTConfig, FTLayer
 
     FTLayer(redis_server.client(), FTConfig(namespace="cli-globals")).handler()
-    for args in (["--log-level", "warning", "stats"], ["stats", "--log-level", "warning"]):
+    for args in (["--log-level", "warning", "counters"], ["counters", "--log-level", "warning"]):
         out = _run([*FTLAYER, *args, "--redis-url", url, "--namespace", "cli-globals"])
         assert out.returncode == 0 and "persisted" in out.stdout, out.stderr
-    for bad in (["stats", "--log-level", "loud"], ["--log-format", "xml", "stats"],
-                ["stats", "--shards", "many"], ["dlq", "list", "--bogus"], ["dlq"],
-                ["stats", "--script-mode", "fast"]):  # fmt: skip
+    for bad in (["counters", "--log-level", "loud"], ["--log-format", "xml", "counters"],
+                ["counters", "--shards", "many"], ["dlq", "list", "--bogus"], ["dlq"],
+                ["counters", "--script-mode", "fast"]):  # fmt: skip
         out = _run([*FTLAYER, *bad])
         assert out.returncode == 2, (bad, out)
         assert len(out.stderr.strip().splitlines()) == 1, (bad, out.stderr)
         assert "error:" in out.stderr and "Traceback" not in out.stderr
     env = {**os.environ, "FTLAYER_LOG_LEVEL": "shouting"}
-    out = _run([*FTLAYER, "stats"], env=env)
+    out = _run([*FTLAYER, "counters"], env=env)
     assert out.returncode == 2 and "'shouting' is not one of" in out.stderr
+    env = {**os.environ, "FTLAYER_SCRIPT_MODE": "fast"}  # argparse's choices never see these
+    out = _run([*FTLAYER, "counters"], env=env)
+    assert out.returncode == 2 and "'fast' is not one of" in out.stderr
 
 
-def test_every_error_of_ours_is_one_line_and_exit_2(redis_server) -> None:
+def test_every_error_of_ours_is_one_line_usage_2_runtime_1(redis_server) -> None:
     cases = {
-        "no url": ["stats"],
-        "unreachable": ["stats", "--redis-url", "redis://127.0.0.1:1/0"],
-        "nobody opened it": ["dlq", "list", "--redis-url", redis_server.url, "--namespace",
-                             "never-opened"],
-        "bad id": ["dlq", "replay", "zz", "--redis-url", redis_server.url],
+        "no url": (["counters"], 2),
+        "bad id": (["dlq", "replay", "zz", "--redis-url", redis_server.url], 2),
+        "unreachable": (["counters", "--redis-url", "redis://127.0.0.1:1/0"], 1),
+        "nobody opened it": (["dlq", "list", "--redis-url", redis_server.url, "--namespace",
+                              "never-opened"], 1),
     }  # fmt: skip
-    for why, args in cases.items():
+    for why, (args, status) in cases.items():
         out = _run([*FTLAYER, *args])
-        assert out.returncode == 2, (why, out)
+        assert out.returncode == status, (why, out)
         assert len(out.stderr.strip().splitlines()) == 1, (why, out.stderr)
         assert out.stderr.startswith("ftlayer"), (why, out.stderr)
 
 
 def test_json_logs_are_one_object_per_line_with_the_messages_fields() -> None:
-    out = _run([*FTLAYER, "stats", "--log-format", "json", "--log-level", "debug"])
+    out = _run([*FTLAYER, "counters", "--log-format", "json", "--log-level", "debug"])
     assert out.returncode == 2
     *logs, last = out.stderr.strip().splitlines()
-    assert last.startswith("ftlayer: error: `ftlayer stats` reads an existing namespace")
+    assert last.startswith("ftlayer counters: error: `ftlayer counters` reads an existing "
+                           "namespace"), last  # fmt: skip
     records = [json.loads(line) for line in logs]
     failed = [r for r in records if r["message"] == "command failed"]
-    assert failed and failed[0]["level"] == "DEBUG" and "ConfigError" in failed[0]["exception"]
+    assert failed and failed[0]["level"] == "DEBUG" and "UsageError" in failed[0]["exception"]
     from ftlayer.logs import JsonFormatter
 
     rec = logging.LogRecord("ftlayer.x", logging.INFO, __file__, 1,
@@ -329,7 +336,7 @@ def test_bash_completion_completes_commands_and_options(tmp_path) -> None:
 
     assert complete("ftlayer", "dl") == ["dlq"]
     assert set(complete("ftlayer", "dlq", "")) >= {"list", "replay", "purge"}
-    assert "--log-format" in complete("ftlayer", "stats", "--log-f")
+    assert "--log-format" in complete("ftlayer", "counters", "--log-f")
     assert _run([*FTLAYER, "completion", "zsh"]).stdout.startswith("#compdef ftlayer")
 
 

@@ -207,7 +207,7 @@ def test_a_dead_letter_before_a_replay_in_one_bucket_does_not_move_the_replay(
 def test_a_replay_whose_record_was_evicted_is_counted_as_vanished(layer: FTLayer) -> None:
     """A queued replay whose bucket was deleted behind ftlayer's back (an eviction under a
     maxmemory policy other than noeviction, a stray DEL) cannot replay. Catches: the loss
-    left visible only as a raw counter in Redis -- FTStats, ``ftlayer stats`` and the
+    left visible only as a raw counter in Redis -- FTStats, ``ftlayer counters`` and the
     sidecar's metrics and status page must show it; the record stays pending (never
     counted as done)."""
     h = layer.handler()

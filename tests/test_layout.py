@@ -1,6 +1,7 @@
-"""The package docstring maps the design's concepts to files: it names every module of
-``ftlayer/`` and every file it names exists (renaming or adding a module without updating
-the map fails here)."""
+"""docs/architecture.md's module map is THE map of the code: it names every ``.py`` and
+``.lua`` file under ``ftlayer/``, ``partitioners/`` and ``serialization/``, and every file
+it names exists (adding, renaming or deleting a module without updating the map fails
+here). The package docstring points at it instead of keeping a second map."""
 
 from __future__ import annotations
 
@@ -9,24 +10,68 @@ from pathlib import Path
 
 import ftlayer
 
-ROOT = Path(ftlayer.__file__).parent
+ROOT = Path(__file__).resolve().parents[1]
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+PACKAGES = ("ftlayer", "partitioners", "serialization")
+_ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|", re.MULTILINE)  # a table row's first cell
 
 
-def _named() -> set[str]:
-    return set(re.findall(r"``([\w/*.]+\.(?:py|lua)|[\w]+/)``", ftlayer.__doc__ or ""))
+def _section(text: str, heading: str) -> str:
+    """The body of the ``## heading`` section (up to the next ``## ``)."""
+    m = re.search(rf"^## {re.escape(heading)}\s*$(.*?)(?=^## |\Z)", text, re.M | re.S)
+    assert m, f"docs/architecture.md has no '## {heading}' section"
+    return m.group(1)
+
+
+def map_entries(text: str) -> list[str]:
+    """The files the module map names: the first cell of each of its table rows."""
+    return _ROW.findall(_section(text, "Module map"))
+
+
+def source_files(root: Path) -> set[str]:
+    """Every ``.py`` and ``.lua`` file of the three packages, relative to ``root``."""
+    return {
+        p.relative_to(root).as_posix()
+        for pkg in PACKAGES
+        for p in (root / pkg).rglob("*")
+        if p.suffix in (".py", ".lua") and "__pycache__" not in p.parts
+    }
+
+
+def missing_from_map(text: str, root: Path) -> list[str]:
+    return sorted(source_files(root) - set(map_entries(text)))
+
+
+def named_but_absent(text: str, root: Path) -> list[str]:
+    return sorted(n for n in map_entries(text) if not (root / n).is_file())
+
+
+def test_the_map_names_every_module() -> None:
+    text = ARCHITECTURE.read_text()
+    missing = missing_from_map(text, ROOT)
+    assert not missing, f"not in docs/architecture.md's module map: {missing}"
 
 
 def test_every_file_the_map_names_exists() -> None:
-    named = _named()
-    assert len(named) > 20
-    for name in named:
-        assert list(ROOT.glob(name)) or (ROOT.parent / name).exists(), name
+    text = ARCHITECTURE.read_text()
+    entries = map_entries(text)
+    assert len(entries) > 80  # the map was found and parsed
+    assert len(entries) == len(set(entries)), "a file is named twice in the module map"
+    absent = named_but_absent(text, ROOT)
+    assert not absent, f"docs/architecture.md's module map names missing files: {absent}"
 
 
-def test_every_module_is_on_the_map() -> None:
-    named = _named()
-    for path in sorted(ROOT.glob("*.py")):
-        if path.name != "__init__.py":
-            assert path.name in named, f"{path.name} is not in ftlayer's package docstring"
-    for pkg in sorted(p for p in ROOT.iterdir() if (p / "__init__.py").exists()):
-        assert f"{pkg.name}/" in named or any(n.startswith(f"{pkg.name}/") for n in named), pkg
+def test_the_checks_fail_on_a_renamed_module() -> None:
+    """The two checks above would catch a map that drifted from the tree."""
+    text = ARCHITECTURE.read_text()
+    drifted = text.replace("| `ftlayer/acker.py` |", "| `ftlayer/ackers.py` |")
+    assert drifted != text
+    new_missing = set(missing_from_map(drifted, ROOT)) - set(missing_from_map(text, ROOT))
+    new_absent = set(named_but_absent(drifted, ROOT)) - set(named_but_absent(text, ROOT))
+    assert new_missing == {"ftlayer/acker.py"} and new_absent == {"ftlayer/ackers.py"}
+
+
+def test_the_package_docstring_points_at_the_map() -> None:
+    doc = ftlayer.__doc__ or ""
+    assert "docs/architecture.md" in doc
+    assert not re.search(r"``[\w/]+\.(?:py|lua)``", doc), "a second module map in ftlayer/__init__"

@@ -52,16 +52,16 @@ def test_the_cli_reads_the_namespaces_settings_and_refuses_wrong_ones(
     h.flush()
     url = ["--redis-url", redis_server.url]
     try:
-        out = _cli("stats", *url, "--namespace", ns, "--json")  # no --shards: the stored 4
+        out = _cli("counters", *url, "--namespace", ns, "--json")  # no --shards: the stored 4
         assert out.returncode == 0, out.stderr
         assert '"pending": 5' in out.stdout
-        wrong = _cli("stats", *url, "--namespace", ns, "--shards", "8")
-        assert wrong.returncode == 2 and "created with shards=4" in wrong.stderr, wrong
-        missing = _cli("stats", *url, "--namespace", f"{ns}nope")
-        assert missing.returncode == 2 and "does not exist" in missing.stderr, missing
+        wrong = _cli("counters", *url, "--namespace", ns, "--shards", "8")
+        assert wrong.returncode == 1 and "created with shards=4" in wrong.stderr, wrong
+        missing = _cli("counters", *url, "--namespace", f"{ns}nope")
+        assert missing.returncode == 1 and "does not exist" in missing.stderr, missing
         dlq = _cli("dlq", "list", *url, "--namespace", f"{ns}nope")
-        assert dlq.returncode == 2 and "does not exist" in dlq.stderr, dlq
+        assert dlq.returncode == 1 and "does not exist" in dlq.stderr, dlq
         serve = _cli("serve", *url, "--namespace", ns, "--shards", "8", "--metrics-port", "-1")
-        assert serve.returncode == 2 and "created with shards=4" in serve.stderr, serve
+        assert serve.returncode == 1 and "created with shards=4" in serve.stderr, serve
     finally:
         layer.clear()

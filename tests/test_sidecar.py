@@ -338,7 +338,7 @@ def test_stats_and_dlq_round_trips(redis_server, ns) -> None:
     layer.fail(rids, error="schema v2 rejected")
     common = ["--redis-url", redis_server.url, "--namespace", ns]
 
-    st = json.loads(_cli("stats", "--json", *common).stdout)
+    st = json.loads(_cli("counters", "--json", *common).stdout)
     assert (st["dead_lettered"], st["dead_letters"], st["pending"]) == (3, 3, 0)
 
     listed = json.loads(_cli("dlq", "list", "--json", *common).stdout)
@@ -361,12 +361,12 @@ def test_stats_and_dlq_round_trips(redis_server, ns) -> None:
     assert sink.flush().completed == 1
 
     refused = _cli("dlq", "purge", *common, stdin="")
-    assert refused.returncode == 2 and "without --yes" in refused.stderr
+    assert refused.returncode == 1 and "without --yes" in refused.stderr  # refused: runtime
     assert len(json.loads(_cli("dlq", "list", "--json", *common).stdout)) == 2
     out = _cli("dlq", "purge", "--yes", *common)
     assert out.returncode == 0 and "purged: 2" in out.stdout
     assert json.loads(_cli("dlq", "list", "--json", *common).stdout) == []
-    assert _cli("dlq", "replay", *common).returncode == 2  # neither ids nor --all
+    assert _cli("dlq", "replay", *common).returncode == 2  # neither ids nor --all: usage
     layer.clear()
 
 
@@ -378,7 +378,7 @@ def test_passwords_never_printed(tmp_path) -> None:
             assert s.get("/healthz")[0] == 200 or time.sleep(0.5) or s.get("/healthz")[0] == 200
         finally:
             s.stop()
-        out = _cli("stats", "--redis-url", url, "--namespace", "pw")  # the one serve opened
+        out = _cli("counters", "--redis-url", url, "--namespace", "pw")  # the one serve opened
         assert out.returncode == 0, out.stderr
         text = (tmp_path / "serve.log").read_text() + out.stdout + out.stderr
         assert "pa55word" not in text and "***" in (tmp_path / "serve.log").read_text()

@@ -1,7 +1,7 @@
 """The sidecar's status page as an operator sees it: a real `ftlayer serve` process, a real
 Redis, records pushed through the FT layer, and the page opened in a real headless
 Chromium (Debian's ``chromium`` with ``chromedriver``, through selenium) whose numbers
-move while records flow. The screenshot lands in benchmarks/results/status_page.png."""
+move while records flow."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from ftlayer import EmbeddedRedis, FTConfig, FTLayer, FTStats
 from ftlayer.service.status import latency_percentile
 from tests.serving import Serve
 
-RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 EVIL = "<script>alert('x')</script>"
 
 
@@ -127,7 +126,7 @@ def test_ftlayer_status_prints_the_url_and_a_summary(served: tuple[FTLayer, Serv
     assert json.loads(js.stdout)["totals"]["pending"] == 5
     nobody = [sys.executable, "-m", "ftlayer.cli", "status", "--url", "http://127.0.0.1:9"]
     gone = subprocess.run(nobody, capture_output=True, text=True, timeout=60)
-    assert gone.returncode == 2 and "Traceback" not in gone.stderr
+    assert gone.returncode == 1 and "Traceback" not in gone.stderr
     assert "no ftlayer sidecar answers" in gone.stderr
 
 
@@ -169,9 +168,7 @@ def test_in_chromium_the_numbers_move_while_records_flow(
         WebDriverWait(browser, 10).until(lambda b: rate.text not in ("", "–", "0"))
         logs = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
         assert logs == [], logs
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        shot = RESULTS / "status_page.png"
-        browser.save_screenshot(str(shot))
-        assert shot.stat().st_size > 10_000
+        # the committed screenshot comes from tests/spark/test_status_history.py (a real
+        # pipeline's stage table and charts)
     finally:
         browser.quit()

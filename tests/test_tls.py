@@ -90,7 +90,7 @@ def test_cli_over_rediss_never_prints_the_password(tls_url) -> None:
     url, _cert = tls_url
     FTLayer.open(FTConfig(namespace="tls-cli", redis_url=url)).close()  # the namespace exists
     out = subprocess.run(
-        [sys.executable, "-m", "ftlayer.cli", "stats", "--json", "--redis-url", url,
+        [sys.executable, "-m", "ftlayer.cli", "counters", "--json", "--redis-url", url,
          "--namespace", "tls-cli"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip

@@ -1,6 +1,7 @@
 """The ``ftlayer`` command: the parser, ``main`` and the commands other than ``dlq``
 (ftlayer.cli.dlq). Flags fall back to FTLAYER_* environment variables (ftlayer.cli.common),
-shown in ``--help``."""
+shown in ``--help``. Exit status: 0 success, 1 a runtime error, 2 a usage error, 130
+interrupted (EXIT_STATUS, the top-level ``--help``'s epilog)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,15 @@ from dataclasses import replace
 from typing import Any, NoReturn
 
 from ftlayer import __version__
-from ftlayer.cli.common import add_common, config_of, env_name, open_existing, opt
+from ftlayer.cli.common import (
+    UsageError,
+    add_common,
+    config_of,
+    env_name,
+    one_of,
+    open_existing,
+    opt,
+)
 from ftlayer.cli.dlq import add_dlq_commands
 from ftlayer.cli.functions import add_functions_command
 from ftlayer.cli.sources import add_sources_command
@@ -28,8 +37,22 @@ __all__ = ["build_parser", "main"]
 log = logging.getLogger("ftlayer.cli")
 
 
+EXIT_STATUS = """\
+exit status:
+  0    success
+  1    a runtime error: Redis unreachable, a namespace that does not exist, settings
+       that differ from the namespace's, a refused operation (dlq purge without --yes),
+       no sidecar answering `status` -- or a command's own "not all": `demo` lost a
+       record, `dlq replay` or `dlq purge` did not find every id given, the sidecar of
+       `status` cannot reach Redis
+  2    a usage error: an unknown option, a bad value, options that do not go
+       together, no --redis-url where the command reads an existing namespace
+  130  interrupted (Ctrl-C)
+An error is one line on stderr (its traceback at --log-level DEBUG)."""
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, with a usage error as one line (``ftlayer stats: error: ...``), exit 2."""
+    """argparse, with a usage error as one line (``ftlayer counters: error: ...``), exit 2."""
 
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
@@ -37,23 +60,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_FORMATS = ("text", "json")
 
-
-def _level(value: str) -> str:
-    if value.upper() not in _LEVELS:
-        raise argparse.ArgumentTypeError(f"{value!r} is not one of {', '.join(_LEVELS)}")
-    return value.upper()
-
-
-def _format(value: str) -> str:
-    if value not in ("text", "json"):
-        raise argparse.ArgumentTypeError(f"{value!r} is not text or json")
-    return value
-
-
-_GLOBALS = (
-    ("--log-level", _level, "INFO", "DEBUG, INFO, WARNING, ERROR"),
-    ("--log-format", _format, "text", "text or json (one JSON object per line)"),
+_GLOBALS = (  # (flag, type, choices, default, help); --log-level in any case
+    ("--log-level", one_of(*_LEVELS, fold=True), _LEVELS, "INFO", "case-insensitive"),
+    ("--log-format", one_of(*_FORMATS), _FORMATS, "text", "json: one JSON object per line"),
 )
 
 
@@ -61,11 +72,11 @@ def _add_globals(p: argparse.ArgumentParser, top: bool) -> None:
     """--log-level and --log-format, accepted before or after any subcommand. Below the
     top, their defaults are SUPPRESS: a subcommand that is not given them keeps the
     value the top level parsed (or took from the environment)."""
-    for flag, kind, default, text in _GLOBALS:
+    for flag, kind, choices, default, text in _GLOBALS:
         if top:
-            opt(p, flag, kind, default, text)
+            opt(p, flag, kind, default, text, choices=choices)
         else:
-            p.add_argument(flag, type=kind, default=argparse.SUPPRESS,
+            p.add_argument(flag, type=kind, choices=choices, default=argparse.SUPPRESS,
                            help=f"{text} [env: {env_name(flag)}]")  # fmt: skip
 
 
@@ -83,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="ftlayer",
         description="Record-level, Storm-style guaranteed processing for PySpark streaming.",
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"ftlayer {__version__}")
     _add_globals(parser, top=True)
@@ -96,10 +109,19 @@ def build_parser() -> argparse.ArgumentParser:
 def _build_commands(sub: Any) -> None:
 
     add_sources_command(sub)
-    stats = sub.add_parser("stats", help="print the FT counters of a namespace")
-    add_common(stats)
-    stats.add_argument("--json", action="store_true", help="one JSON object")
-    stats.set_defaults(func=_cmd_stats)
+    counters = sub.add_parser(
+        "counters",
+        help="print the FT counters of a namespace, read from Redis",
+        description="The namespace's counters, pending and queued replays, oldest pending "
+        "age and latency, read from Redis (`ftlayer status` asks a running sidecar instead). "
+        "`ftlayer stats`, its old name, still works.",
+    )
+    old = sub.add_parser("stats")  # no help=: hidden from the list of commands
+    for p in (counters, old):
+        add_common(p)
+        p.add_argument("--json", action="store_true", help="one JSON object")
+        p.set_defaults(func=_cmd_counters)
+    old.set_defaults(deprecated="`ftlayer stats` is deprecated, use `ftlayer counters`")
 
     demo = sub.add_parser(
         "demo",
@@ -159,7 +181,8 @@ def _build_commands(sub: Any) -> None:
         "orphans, and serves Prometheus /metrics, /healthz (liveness) and /readyz (Redis "
         "reachable; leader or standby). All state is in Redis: kill "
         "it at any moment. SIGTERM stops it cleanly. Without --redis-url it starts an "
-        "embedded redis-server and prints its URL.",
+        "empty embedded redis-server that no pipeline uses (for trying it out), says so on "
+        "stderr and prints its URL.",
     )
     add_common(serve)
     opt(serve, "--timeout-s", float, None, "record timeout T (default: the namespace's; "
@@ -223,6 +246,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     else:
         embedded = EmbeddedRedis().start()
         client = embedded.client(socket_timeout=30)
+        print(f"ftlayer serve: no --redis-url: running an empty embedded Redis on "
+              f"127.0.0.1:{embedded.port} that nothing else knows about; point the sidecar "
+              "at your pipeline's Redis with --redis-url or FTLAYER_REDIS_URL",
+              file=sys.stderr, flush=True)  # fmt: skip
         print(f"ftlayer serve: embedded redis at {embedded.url}", flush=True)
     layer = FTLayer(client, config)
     sidecar = Sidecar(layer, lease_s=args.lease_s, max_replays=override)
@@ -243,7 +270,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_stats(args: argparse.Namespace) -> int:
+def _cmd_counters(args: argparse.Namespace) -> int:
 
     with open_existing(args) as layer:
         st = layer.stats().as_dict()
@@ -264,6 +291,8 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from ftlayer.cli.demo_view import run_demo_command
 
+    if args.sink == "postgres" and not args.sink_url:
+        raise UsageError("--sink postgres needs --sink-url postgresql://user@host:5432/db")
     return run_demo_command(args)
 
 
@@ -295,8 +324,9 @@ def _cmd_completion(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Exit status: 0 ok, 1 the command's own "not all" (see each command), 2 an error:
-    a bad option or value, or any error of ours or of Redis -- always one line on stderr
+    """Exit status (EXIT_STATUS): 0 ok; 1 a runtime error -- any error of ours or of
+    Redis -- or the command's own "not all" (see each command); 2 a usage error: argparse's
+    (``_Parser.error``) and UsageError; 130 interrupted. An error is one line on stderr
     (the traceback only at ``--log-level debug``)."""
     import redis
 
@@ -308,12 +338,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    if getattr(args, "deprecated", None):
+        print(f"ftlayer: {args.deprecated}", file=sys.stderr)
     try:
         return int(args.func(args))
+    except UsageError as e:
+        log.debug("command failed", exc_info=True)
+        print(f"{_prog(args)}: error: {e} (see --help)", file=sys.stderr)
+        return 2
     except (FTLayerError, FrameError, redis.RedisError, OSError) as e:
         log.debug("command failed", exc_info=True)
         print(f"ftlayer: error: {e}", file=sys.stderr)
-        return 2
+        return 1
     except KeyboardInterrupt:
         print("ftlayer: interrupted", file=sys.stderr)
         return 130
@@ -322,3 +358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print("ftlayer: interrupted", file=sys.stderr)
         return 130
+
+
+def _prog(args: argparse.Namespace) -> str:
+    """``ftlayer dlq replay``: the command line's commands, as argparse names them."""
+    words = [getattr(args, name, None) for name in ("command", "dlq_command")]
+    return " ".join(["ftlayer", *(w for w in words if w)])

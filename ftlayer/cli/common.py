@@ -5,13 +5,45 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
 
-__all__ = ["add_common", "add_redis_url", "config_of", "env_name", "open_existing", "opt"]
+__all__ = [
+    "UsageError",
+    "add_common",
+    "add_redis_url",
+    "config_of",
+    "deprecated_flag",
+    "env_name",
+    "one_of",
+    "open_existing",
+    "opt",
+]
+
+
+class UsageError(ConfigError):
+    """A command line that cannot run as given: options that do not go together, a
+    malformed id, no ``--redis-url`` where one is needed. Exit status 2, like argparse's own
+    usage errors; every other error of ours or Redis's is a runtime error, exit 1."""
+
+
+def one_of(*values: str, fold: bool = False) -> Callable[[str], str]:
+    """An argparse ``type`` for a flag with a fixed set of values (give it ``choices=``
+    too, so ``--help`` lists them): checks the value -- also when it comes from the
+    environment, which argparse's ``choices`` never sees -- and with ``fold`` takes any
+    case, giving the upper-case spelling."""
+
+    def convert(value: str) -> str:
+        v = value.upper() if fold else value
+        if v not in values:
+            raise argparse.ArgumentTypeError(f"{value!r} is not one of {', '.join(values)}")
+        return v
+
+    return convert
 
 
 def env_name(flag: str) -> str:
@@ -20,14 +52,42 @@ def env_name(flag: str) -> str:
 
 
 def opt(
-    p: argparse.ArgumentParser, flag: str, kind: Callable[[str], Any], default: Any, text: str
+    p: argparse.ArgumentParser,
+    flag: str,
+    kind: Callable[[str], Any],
+    default: Any,
+    text: str,
+    choices: Sequence[str] | None = None,
 ) -> None:
     """A flag that falls back to its environment variable (env_name); argparse converts
-    (and checks) the environment's string with ``kind`` like any command-line value."""
+    (and checks) the environment's string with ``kind`` like any command-line value. With
+    ``choices`` (checked by ``kind``: see one_of), ``--help`` lists them."""
     env = env_name(flag)
     shown = "" if default is None else " (default: %(default)s)"
-    p.add_argument(flag, type=kind, default=os.environ.get(env, default),
+    p.add_argument(flag, type=kind, default=os.environ.get(env, default), choices=choices,
                    help=f"{text}{shown} [env: {env}]")  # fmt: skip
+
+
+class _Deprecated(argparse.Action):
+    """A hidden old spelling of a flag: stores into the new flag's ``dest`` and says, in
+    one line on stderr, which spelling to use."""
+
+    def __init__(self, *args: Any, new: str = "", **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:  # fmt: skip
+        print(f"{parser.prog}: {option_string} is deprecated, use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def deprecated_flag(p: argparse.ArgumentParser, old: str, new: str, **kw: Any) -> None:
+    """Keep ``old`` working, hidden from ``--help``, as a deprecated spelling of ``new``
+    (add ``new`` first; ``kw``: its ``type``)."""
+    dest = new.lstrip("-").replace("-", "_")
+    p.add_argument(old, dest=dest, action=_Deprecated, new=new, default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS, **kw)  # fmt: skip
 
 
 def add_redis_url(p: argparse.ArgumentParser) -> None:
@@ -40,14 +100,10 @@ def add_common(p: argparse.ArgumentParser) -> None:
     opt(p, "--namespace", str, "ftlayer", "key prefix of the pipeline")
     opt(p, "--shards", int, None, "hash-tagged key groups (default: the namespace's, "
          "stored by its first open; 8 for a new one)")  # fmt: skip
-    opt(p, "--script-mode", _script_mode, "auto", "auto: the scripts as a Redis 7 function "
-         "library where the server takes FUNCTION LOAD, else EVALSHA; functions; eval")  # fmt: skip
-
-
-def _script_mode(value: str) -> str:
-    if value not in ("auto", "functions", "eval"):
-        raise argparse.ArgumentTypeError(f"{value!r}: auto, functions or eval")
-    return value
+    modes = ("auto", "functions", "eval")
+    opt(p, "--script-mode", one_of(*modes), "auto", "auto: the scripts as a Redis 7 function "
+        "library where the server takes FUNCTION LOAD, else EVALSHA; functions; eval",
+        choices=modes)  # fmt: skip
 
 
 def open_existing(args: argparse.Namespace) -> Any:
@@ -56,7 +112,7 @@ def open_existing(args: argparse.Namespace) -> Any:
     from ftlayer.layer import FTLayer
 
     if not args.redis_url:
-        raise ConfigError(
+        raise UsageError(
             f"`ftlayer {args.command}` reads an existing namespace: give --redis-url "
             "(or FTLAYER_REDIS_URL)"
         )

@@ -12,9 +12,8 @@ import argparse
 import json
 from typing import Any
 
-from ftlayer.cli.common import add_redis_url
+from ftlayer.cli.common import UsageError, add_redis_url
 from ftlayer.connection import redact_url
-from ftlayer.errors import ConfigError
 
 
 def add_functions_command(sub: Any) -> None:
@@ -36,7 +35,7 @@ def _cmd_functions(args: argparse.Namespace) -> int:
     from ftlayer.scripts import library_source, loaded_libraries, prune_libraries
 
     if not args.redis_url:
-        raise ConfigError("`ftlayer functions` reads a server: give --redis-url "
+        raise UsageError("`ftlayer functions` reads a server: give --redis-url "
                           "(or FTLAYER_REDIS_URL)")  # fmt: skip
     client = connect(args.redis_url)
     try:

@@ -2,7 +2,8 @@
 
 It asks a running ``ftlayer serve`` (its ``--metrics-host``/``--metrics-port``) for
 ``/api/status`` and prints the page's URL and a short summary; ``--open`` also opens the
-page in a browser, ``--json`` prints the whole answer.
+page in a browser, ``--json`` prints the whole answer. Not to be confused with ``ftlayer
+counters`` (formerly ``stats``), which reads the counters from Redis itself.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import urllib.request
 import webbrowser
 from typing import Any
 
-from ftlayer.cli.common import opt
+from ftlayer.cli.common import deprecated_flag, opt
 from ftlayer.errors import ConfigError
 
 __all__ = ["add_status_command"]
@@ -38,7 +39,7 @@ def _num(v: Any) -> str:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     url = args.url.rstrip("/")
-    data = _fetch(url, args.timeout_s)
+    data = _fetch(url, args.http_timeout_s)
     if args.json:
         print(json.dumps(data, sort_keys=True))
     else:
@@ -65,12 +66,14 @@ def add_status_command(sub: Any) -> None:
     p = sub.add_parser(
         "status",
         help="the status page of a running sidecar: its URL and a summary",
-        description="Asks a running `ftlayer serve` for /api/status. Exit status 1 when "
-        "the sidecar cannot reach Redis, 2 when no sidecar answers.",
+        description="Asks a running `ftlayer serve` for /api/status (`ftlayer counters` "
+        "reads the counters from Redis instead). Exit status 1 when no sidecar answers or "
+        "the sidecar cannot reach Redis.",
     )
     opt(p, "--url", str, "http://127.0.0.1:9464", "the sidecar's HTTP address "
         "(its --metrics-host and --metrics-port)")  # fmt: skip
     p.add_argument("--open", action="store_true", help="also open the page in a browser")
     p.add_argument("--json", action="store_true", help="print the whole /api/status answer")
-    p.add_argument("--timeout-s", type=float, default=5.0, help="default: %(default)s")
+    opt(p, "--http-timeout-s", float, 5.0, "how long to wait for the sidecar's answer")
+    deprecated_flag(p, "--timeout-s", "--http-timeout-s", type=float)
     p.set_defaults(func=_cmd_status)

@@ -19,7 +19,8 @@ import time
 import redis
 
 from ftlayer.backoff import jittered
-from ftlayer.layer import FTLayer
+from ftlayer.history import SAMPLE_S, record_sample
+from ftlayer.layer import LATENCY_BOUNDS_MS, FTLayer
 from ftlayer.service.metrics import SidecarMetrics
 from ftlayer.settings import SAFE_POLICY, eviction_policy
 
@@ -50,6 +51,8 @@ class Sidecar:
         self.last_error = ""
         self.eviction_policy: str | None = layer.eviction_policy  # re-read every POLICY_S
         self._policy_read = time.monotonic()
+        self.sample_s = SAMPLE_S
+        self._sampled = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -122,6 +125,15 @@ class Sidecar:
                 took * 1000,
             )
 
+    def _sample(self) -> None:
+        """The leader's sample of the counters for the status page's charts."""
+        st = self.layer.stats()
+        latency = [st.latency_buckets[str(b)] for b in LATENCY_BOUNDS_MS] + [st.latency_count]
+        record_sample(self.layer.client, self.layer.keyspace, completed=st.completed,
+                      failed=st.failed_explicit + st.failed_timeout, pending=st.pending,
+                      latency=latency)  # fmt: skip
+        self._sampled = time.monotonic()
+
     def run(self, stop: threading.Event | None = None) -> None:
         """Loop until ``stop`` (or ``self.stop()``) is set. Redis errors are logged and
         retried with backoff; leadership is re-checked on every pass."""
@@ -142,6 +154,8 @@ class Sidecar:
                     self.eviction_policy = eviction_policy(self.layer.client)
                     self._policy_read = time.monotonic()
                 if self._hold_lease():
+                    if time.monotonic() - self._sampled >= self.sample_s:
+                        self._sample()
                     now = time.time() + offset
                     if now >= next_rotation:
                         self._rotate()

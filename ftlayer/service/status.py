@@ -15,6 +15,11 @@ how long completion takes, who rotates, and the newest dead letters with their p
                  (over the last RATE_WINDOW_S of samples; null until two samples),
     sources: [{source, pending, queued}],
     latency_ms: {count, mean, p50, p90, p99} (persist or claim -> completion),
+    stages: [{pipeline, stage, batches, rows_in, rows_out, failed, unconfirmed, p50_ms,
+              p99_ms}] (the pipelines' batches of the last HISTORY_S: ftlayer.history),
+    charts: {now, t, completed_per_s, failed_per_s, pending, p99_ms} (parallel lists
+             but ``now``, times in unix seconds: the leader sidecar's samples of the last
+             HISTORY_S),
     dead_letters_newest: [{id, source, time, reason, attempts, error, preview}]
 
 Rates come from samples of the cumulative counters, one per request (the page polls every
@@ -39,6 +44,7 @@ import redis
 
 from ftlayer import __version__
 from ftlayer.deadletters import iso_time, newest_dead_letters, preview
+from ftlayer.history import histogram_quantile, read_batches, read_samples, series, stage_table
 from ftlayer.layer import LATENCY_BOUNDS_MS, FTStats
 
 if TYPE_CHECKING:
@@ -47,6 +53,8 @@ if TYPE_CHECKING:
 __all__ = ["RATE_WINDOW_S", "StatusModel", "latency_percentile", "render_page"]
 
 RATE_WINDOW_S = 30.0
+HISTORY_S = 3600.0
+"""The stage table and the charts cover this much of the past (ftlayer.history)."""
 NEWEST_DEAD_LETTERS = 10
 _RATED = ("persisted", "completed", "failed", "replayed", "dead_lettered")
 
@@ -54,16 +62,8 @@ _RATED = ("persisted", "completed", "failed", "replayed", "dead_lettered")
 def latency_percentile(st: FTStats, q: float) -> float | None:
     """The q-quantile (0..1) of completion latency in ms, interpolated within its bucket;
     None without completions. Past the last bound it answers the last bound."""
-    total = st.latency_count
-    if not total:
-        return None
-    rank, lower, below = q * total, 0.0, 0
-    for bound in LATENCY_BOUNDS_MS:
-        upto = st.latency_buckets.get(str(bound), 0)
-        if upto >= rank and upto > below:
-            return lower + (bound - lower) * (rank - below) / (upto - below)
-        lower, below = float(bound), upto
-    return float(LATENCY_BOUNDS_MS[-1])
+    cumulative = [st.latency_buckets.get(str(b), 0) for b in LATENCY_BOUNDS_MS]
+    return histogram_quantile(cumulative, st.latency_count, LATENCY_BOUNDS_MS, q)
 
 
 def _counters(st: FTStats) -> dict[str, int]:
@@ -107,6 +107,11 @@ class StatusModel:
             st = self.layer.stats()
             holder = self.layer.client.get(self.layer.keyspace.lease)
             letters = newest_dead_letters(self.layer, NEWEST_DEAD_LETTERS)
+            since = time.time() - HISTORY_S
+            stages = stage_table(read_batches(self.layer.client, self.layer.keyspace, since))
+            charts = series(read_samples(self.layer.client, self.layer.keyspace, since),
+                            LATENCY_BOUNDS_MS)  # fmt: skip
+            charts["now"] = since + HISTORY_S
         except redis.RedisError as e:
             return {**out, "redis_up": False, "error": str(e)}
         p = {f"p{int(q * 100)}": latency_percentile(st, q) for q in (0.5, 0.9, 0.99)}
@@ -125,6 +130,8 @@ class StatusModel:
                         for s, n in sorted(st.pending_by_source.items())],
             "latency_ms": {"count": st.latency_count, "mean": st.mean_latency_ms,
                            **{k: None if v is None else round(v, 1) for k, v in p.items()}},
+            "stages": stages,
+            "charts": charts,
             "dead_letters_newest": [
                 {"id": f"{d.source_id:016x}", "source": d.frame.source if d.frame else None,
                  "time": iso_time(d.time_ms), "attempts": d.attempts,
@@ -158,7 +165,11 @@ h1{font-size:1.3em;margin:0}.sub{color:#666;margin:.2em 0 1em}
 .tile span{color:#666;font-size:.85em}table{border-collapse:collapse;margin:.5em 0 1.5em}
 td,th{border-bottom:1px solid #eee;padding:.25em .6em;text-align:left;vertical-align:top}
 td.n{text-align:right;font-variant-numeric:tabular-nums}code{font-size:.9em}
-.down{color:#b00020;font-weight:bold}h2{font-size:1.05em;margin-top:1.4em}"""
+.down{color:#b00020;font-weight:bold}h2{font-size:1.05em;margin-top:1.4em}
+.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(20em,1fr));gap:.6em}
+.charts svg{border:1px solid #ddd;border-radius:6px;width:100%;height:auto}
+.charts polyline{fill:none;stroke:#1f6feb;stroke-width:1.5}
+.charts text{font:11px system-ui,sans-serif;fill:#666}.charts .ttl{fill:#222}"""
 
 _JS = """const get=(o,p)=>p.split('.').reduce((v,k)=>v==null?v:v[k],o);
 const fmt=v=>v==null?'–':typeof v==='boolean'?(v?'yes':'no'):typeof v==='number'?
@@ -173,9 +184,17 @@ for(const el of document.querySelectorAll('[data-k]'))el.textContent=fmt(get(s,e
 document.getElementById('down').textContent=s.redis_up?'':'Redis unreachable: '+s.error;
 document.getElementById('warn').textContent=(s.warnings||[]).map(w=>'warning: '+w).join(' · ');
 if(s.redis_up){rows('sources',s.sources,[['source',1],['pending',1],['queued',1]]);
+rows('stages',s.stages,[['pipeline'],['stage'],['batches',1],['rows_in',1],['rows_out',1],
+['failed',1],['unconfirmed',1],['p50_ms',1],['p99_ms',1]]);
+for(const svg of document.querySelectorAll('svg[data-series]')){const c=s.charts,
+v=c[svg.dataset.series],xy=pts(c.now,c.t,v);svg.querySelector('polyline').setAttribute(
+'points',xy[0]);svg.querySelector('.max').textContent=xy[1]}
 rows('dlq',s.dead_letters_newest,[['id'],['source',1],['time'],['attempts',1],['reason'],
 ['error'],['preview']])}}catch(e){document.getElementById('down').textContent=
 'sidecar unreachable: '+e}}
+function pts(now,t,v){const k=v.filter(x=>x!=null),top=Math.max(...k,0)||1;
+const p=[];t.forEach((x,i)=>{if(v[i]!=null)p.push(((x-now+3600)/3600*300).toFixed(1)+','+
+(80-v[i]/top*64).toFixed(1))});return [p.join(' '),'max '+fmt(Math.max(...k,0))]}
 setInterval(poll,2000);"""
 
 
@@ -205,6 +224,43 @@ def _rows(items: list[dict[str, Any]], cols: tuple[tuple[str, bool], ...]) -> st
     )  # fmt: skip
 
 
+_CHARTS = (  # (series, title)
+    ("completed_per_s", "completed / s"), ("failed_per_s", "failed / s"),
+    ("pending", "pending"), ("p99_ms", "p99 completion latency, ms"),
+)  # fmt: skip
+_STAGE_COLS = (("pipeline", False), ("stage", False), ("batches", True), ("rows_in", True),
+               ("rows_out", True), ("failed", True), ("unconfirmed", True),
+               ("p50_ms", True), ("p99_ms", True))  # fmt: skip
+
+
+def chart_points(now: float, t: list[float], values: list[Any]) -> tuple[str, str]:
+    """An SVG polyline's points for one series over the last hour (x 0..300 from an
+    hour ago to ``now``, y 80 at 0 up to 16 at the series' top; None: no point) and the
+    label of its top (the page's script computes the same)."""
+    known = [v for v in values if v is not None]
+    top = max(known, default=0) or 1
+    points = [f"{(x - now + HISTORY_S) / HISTORY_S * 300:.1f},{80 - v / top * 64:.1f}"
+              for x, v in zip(t, values, strict=True) if v is not None]  # fmt: skip
+    return " ".join(points), f"max {_fmt(max(known, default=0))}"
+
+
+def _charts(data: dict[str, Any]) -> str:
+    """Inline SVG line charts of the last hour: readable without the script, which only
+    moves their points."""
+    e, c = html.escape, data.get("charts") or {}
+    out = []
+    for key, title in _CHARTS:
+        points, top = chart_points(c.get("now", 0.0), c.get("t", []), c.get(key, []))
+        out.append(
+            f'<svg viewBox="0 0 300 96" role=img aria-label="{e(title)}, last hour" '
+            f'data-series="{e(key)}"><text class=ttl x=4 y=12>{e(title)}</text>'
+            f'<text class=max x=296 y=12 text-anchor=end>{e(top)}</text>'
+            f'<line x1=0 y1=80 x2=300 y2=80 stroke="#ddd"/>'
+            f'<polyline points="{e(points)}"/>'
+            f'<text x=4 y=93>−60 min</text><text x=296 y=93 text-anchor=end>now</text></svg>')
+    return "".join(out)
+
+
 def render_page(data: dict[str, Any]) -> str:
     """The whole page, server-rendered from one snapshot (see the module docstring)."""
     e = html.escape
@@ -219,6 +275,7 @@ def render_page(data: dict[str, Any]) -> str:
     warn = " · ".join(f"warning: {w}" for w in data.get("warnings", []))
     sources = _rows(data.get("sources", []), (("source", True), ("pending", True),
                                               ("queued", True)))  # fmt: skip
+    stages = _rows(data.get("stages", []), _STAGE_COLS)
     dlq = _rows(data.get("dead_letters_newest", []), (
         ("id", False), ("source", True), ("time", False), ("attempts", True),
         ("reason", False), ("error", False), ("preview", False)))  # fmt: skip
@@ -235,6 +292,13 @@ def render_page(data: dict[str, Any]) -> str:
 <p id=down class=down>{e(down)}</p>
 <p id=warn class=down>{e(warn)}</p>
 <div class=tiles>{tiles}</div>
+<h2>Last hour</h2><div class=charts>{_charts(data)}</div>
+<h2>Stages, last hour</h2><p class=sub>per pipeline stage over its batches: failed rows replay
+later (or are dead-lettered), unconfirmed ones time out and replay; time is the stage's
+function per batch, summed over its tasks (DataFrame stages run in Spark's plan: 0)</p>
+<table><thead><tr><th>pipeline</th><th>stage</th><th>batches</th><th>rows in</th>
+<th>rows out</th><th>failed</th><th>unconfirmed</th><th>p50, ms</th><th>p99, ms</th></tr>
+</thead><tbody id=stages>{stages}</tbody></table>
 <h2>Pending by source</h2><table><thead><tr><th>source</th><th>pending</th><th>queued
 replays</th></tr></thead><tbody id=sources>{sources}</tbody></table>
 <h2>Newest dead letters</h2><p class=sub><code>ftlayer dlq show ID</code> shows one whole;

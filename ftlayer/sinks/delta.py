@@ -60,7 +60,9 @@ def _first_of_each_key(rows: pa.Table, key: tuple[str, ...]) -> pa.Table:
 class DeltaSink(KeyedSink):
     """A ``sink_batches`` function merging each batch into the Delta table at ``path``
     (created from the first batch's columns if absent), one row per key
-    ``(lineage, *key)``. ``storage_options``: delta-rs' (object store credentials);
+    ``(lineage, *key)``. ``lineage``: the lineage id column, which the sink asks its
+    pipeline for; ``key``: more key columns (a stage that makes several rows of one record
+    adds their ordinal); ``storage_options``: delta-rs' (object store credentials);
     ``partition_by``: the table's partition columns when this sink creates it;
     ``attempts``: commits tried per write (conflicts with concurrent writers)."""
 

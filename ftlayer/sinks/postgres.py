@@ -55,6 +55,8 @@ def _pg_type(t: pa.DataType) -> str:
 class PostgresSink(KeyedSink):
     """A ``sink_batches`` function writing each batch into ``table`` of the PostgreSQL at
     ``url`` (``postgresql://user@host:port/db``), one row per key: ``(lineage, *key)``.
+    ``lineage``: the lineage id column, which the sink asks its pipeline for; ``key``: more
+    key columns (a stage that makes several rows of one record adds their ordinal).
 
     ``create=True`` creates the table from the first batch's columns if it does not
     exist, with the key as its primary key; otherwise the table must exist with a unique

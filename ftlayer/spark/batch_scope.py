@@ -451,9 +451,9 @@ class VectorRun:
             r.failed += len(raw["failed_src"]) // 8
             r.immediate_replays += raw["immediate_replays"]
             r.unconfirmed += len(raw["unc_src"]) // 8
-            for label, (rin, rout, failed, unc, extra) in raw["counts"].items():
+            for label, (rin, rout, failed, unc, extra, micros) in raw["counts"].items():
                 r.stages.setdefault(label, StageCounts()).add(
-                    StageCounts(rin, rout, failed, unc, extra)
+                    StageCounts(rin, rout, failed, unc, extra, micros / 1e6)
                 )
             for text in raw["errors"]:
                 if len(r.errors) < MAX_MESSAGES:

@@ -39,8 +39,11 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
+from ftlayer.history import record_batch
 from ftlayer.ids import RecordId
 from ftlayer.layer import FTLayer
 from ftlayer.limits import MAX_REPLAYS
@@ -120,6 +123,12 @@ class FaultTolerance:
     Redis whose URL is handed to the executors). ``rotate=True`` runs the timeout rotation
     in this process (when no ``ftlayer serve`` sidecar does). With ``status="off"`` no Redis
     is used and the same pipelines run on the no-op handler.
+
+    ``config``: the FTConfig of the driver and, pickled into every task, of the executors;
+    ``layer``: an open FTLayer to use instead of opening one (``close()`` leaves it open);
+    ``replay_limit``: the most replays a batch (or a trigger of the replay stream) claims,
+    the rest waiting for later batches; ``backpressure_timeout_s``: seconds a batch waits
+    for room under ``config.max_pending`` before it runs anyway (logged).
     """
 
     def __init__(
@@ -193,7 +202,17 @@ class FaultTolerance:
         """A new pipeline reading source ``source``; see :class:`Pipeline` (``errors``:
         ftlayer.spark.policy.ErrorPolicy for its stages; ``on_dead_letter``: called on
         the driver with each record of this source that is dead-lettered; ``record_key``:
-        an int64 id column the stages keep, carried instead of ftlayer's own id column)."""
+        an int64 id column the stages keep, carried instead of ftlayer's own id column).
+
+        ``source``: the source's index (0..65534), which its records, replays and dead
+        letters are filed under: one pipeline per source and namespace; ``key``: columns
+        that place the source stage's records, fresh and replayed alike: with
+        ``partitions`` it runs on ``df.repartition(partitions, *key)``, so every record of a
+        key meets in one partition (without, only ``ack_scope="task"`` uses them: replays
+        go where their hash code says); ``partitions``: that repartition's partition count
+        (needs ``key``); ``on_error``: ``"fail_record"`` fails only the records whose stage
+        raised (replayed, then dead-lettered), ``"fail_batch"`` lets the exception fail the
+        task (Spark retries it, then the batch fails), the records neither acked nor failed."""
         if on_error not in ("fail_record", "fail_batch"):
             raise ConfigError(f"on_error must be 'fail_record' or 'fail_batch', not {on_error!r}")
         if ack_scope not in ("batch", "task"):
@@ -511,6 +530,8 @@ class FaultTolerance:
                          result.batch_id, given)  # fmt: skip
         result.elapsed_s = round(time.monotonic() - started, 3)
         self.results.append(result)
+        if pipeline is not None and self.layer is not None:
+            self._report(pipeline, result)
         log.info(
             "batch done batch_id=%s fresh=%d replayed=%d failed=%d rejected=%d written=%d "
             "elapsed_s=%.3f",
@@ -530,6 +551,22 @@ class FaultTolerance:
                 result.rejects[:3],
             )
         return result
+
+    def _report(self, pipeline: Pipeline, result: BatchResult) -> None:
+        """The batch's summary for the status page (ftlayer.history): a report, so a
+        Redis error here is logged, never raised (the batch has settled)."""
+        assert self.layer is not None
+        stages = {label: (c.rows_in, c.rows_out, c.failed, c.unconfirmed, c.seconds)
+                  for label, c in result.stages.items()}  # fmt: skip
+        try:
+            record_batch(self.layer.client, self.layer.keyspace,
+                         pipeline=pipeline.name or f"source {pipeline.source}",
+                         source=pipeline.source, batch_id=result.batch_id,
+                         elapsed_s=result.elapsed_s, fresh=result.fresh,
+                         replayed=result.replayed, failed=result.failed,
+                         written=result.written, stages=stages)  # fmt: skip
+        except redis.RedisError as e:
+            log.warning("batch summary not kept batch_id=%s error=%s", result.batch_id, e)
 
     # -- the end ------------------------------------------------------------------------
     def drain(

@@ -185,7 +185,8 @@ class Pipeline:
         self, fn: Callable[..., Any], schema: Any, errors: ErrorPolicy | None = None
     ) -> Pipeline:
         """``map_batches`` with pandas: ``fn(pandas.DataFrame)`` returns a DataFrame
-        (or an ``Outcome`` whose ``output`` is one)."""
+        (or an ``Outcome`` whose ``output`` is one). ``schema``: the output's (DDL string or
+        StructType); ``errors``: this stage's error policy (default: the pipeline's)."""
         return self._add(("batches", BatchStage(fn, schema, pandas=True, errors=errors)))
 
     def sink_batches(
@@ -201,7 +202,8 @@ class Pipeline:
         confirmed (those stay pending, time out and replay). ``lineage``: a column name;
         each row is given its record's lineage id (int64) in it -- the same in every
         replay, for a sink that keeps one row per record (ftlayer.sinks). Default: the
-        sink's own ``ft_lineage`` attribute (the sinks ftlayer ships have one)."""
+        sink's own ``ft_lineage`` attribute (the sinks ftlayer ships have one). ``errors``:
+        this stage's error policy (default: the pipeline's)."""
         self._open()
         if self.ack_scope == "task":
             raise ConfigError("ack_scope='task' runs row stages only: end it with sink()")
@@ -277,19 +279,25 @@ class Pipeline:
     def flat_map(
         self, fn: Callable[..., Iterable[Any]], errors: ErrorPolicy | None = None
     ) -> Pipeline:
-        """Zero or more outputs per record; a record with none is complete."""
+        """Zero or more outputs per record: ``fn(record)`` returns an iterable; a record
+        with none is complete. ``errors``: this stage's error policy (default: the
+        pipeline's)."""
         return self._add(("flat_map", RowFn.of(fn, errors)))
 
     def filter(self, fn: Callable[..., Any], errors: ErrorPolicy | None = None) -> Pipeline:
-        """Keep records where ``fn`` is true; dropped records are acked (complete)."""
+        """Keep records where ``fn`` is true; dropped records are acked (complete).
+        ``errors``: this stage's error policy (default: the pipeline's)."""
         return self._add(("filter", RowFn.of(fn, errors)))
 
     def partition_by(
         self, cols: Sequence[str] | str, n: int, types: Sequence[str] | None = None
     ) -> Pipeline:
         """Shuffle to ``n`` partitions by ``cols`` exactly as ``df.repartition(n, *cols)``
-        would place them. Column types default to the input schema's (inferred from the
-        values when a column is not in it). A record whose key cannot be hashed fails."""
+        would place them. ``types``: the key columns' Spark SQL types (``"bigint"``,
+        ``"string"``), needed after row stages for a key column that is not an input column
+        (Spark's placement of a key depends on its type; with ``ack_scope="task"`` it is
+        inferred from the values); default: the input schema's. A record whose key cannot be
+        hashed fails."""
         self._open()
         cols = (cols,) if isinstance(cols, str) else tuple(cols)
         if not cols or n < 1:
@@ -318,7 +326,8 @@ class Pipeline:
         raises, the records it was given fail (and are replayed); if it returns an
         :class:`Unconfirmed`, those records stay pending until they time out.
         ``lineage``: a key each record is given its lineage id under (see
-        ``sink_batches``; not with ``ack_scope="task"``)."""
+        ``sink_batches``; not with ``ack_scope="task"``). ``errors``: this stage's error
+        policy (default: the pipeline's)."""
         self._open()
         self._not_frames()
         name = _lineage_of(fn, lineage)

@@ -51,9 +51,16 @@ class ErrorPolicy:
     once: every failure is replayed up to the pipeline's budget."""
 
     retries: int = 0
+    """Calls retried in the task after the first raised, before the record fails (a batch
+    stage retries its whole call, then bisects); ``FailRecord`` is never retried."""
     backoff_s: float = 0.1
+    """Base of the wait between retries, in seconds: the n-th is ``random() * backoff_s *
+    2**n`` (full jitter)."""
     max_backoff_s: float = 5.0
+    """The longest wait between two retries, in seconds."""
     dead_letter_on: tuple[type[BaseException], ...] = ()
+    """Exception types no retry or replay can fix (bad input): a record raising one (or a
+    subclass) goes straight to the dead letters with its text, not retried, not replayed."""
 
     def __post_init__(self) -> None:
         if self.retries < 0 or self.backoff_s < 0 or self.max_backoff_s < 0:

@@ -88,9 +88,10 @@ class ReplayableSource(Protocol):
 class FileSource:
     """Files read by one of Spark's file sources (``format``: json, csv, parquet, orc,
     text), kept by reference: ``FileSource("json", "/data/events", "id long, payload
-    string", maxFilesPerTrigger=1)``. ``schema``: a DDL string or StructType (streaming
-    file sources need one); options go to the reader as they are, for the stream and
-    for reading replays back.
+    string", maxFilesPerTrigger=1)``. ``path``: the files' directory (or glob), as the
+    reader takes it; ``schema``: a DDL string or StructType (streaming file sources need
+    one); ``**options``: the reader's options, as they are, for the stream and for reading
+    replays back (less the stream-only ones, such as ``maxFilesPerTrigger``).
 
     A row's location is ``xxhash64(_metadata.file_path)``: 8 bytes a row from the JVM,
     where the path itself would cost a string a row (3-4 % of a pipeline of 1 KB events).
@@ -199,9 +200,13 @@ class RateMicroBatchSource:
     its 16-byte rows are kept as copies, which cost what a reference would.)"""
 
     rows_per_batch: int
+    """Rows of each micro-batch (the source's ``rowsPerBatch``)."""
     num_partitions: int | None = None
+    """Partitions of each micro-batch (``numPartitions``; None: Spark's default)."""
     start_timestamp: int = 0
+    """Timestamp of batch 0's rows, in epoch milliseconds (``startTimestamp``)."""
     advance_millis_per_batch: int = 1000
+    """Milliseconds each batch's timestamp advances (``advanceMillisPerBatch``)."""
 
     def stream(self, spark: SparkSession) -> DataFrame:
         reader = (spark.readStream.format("rate-micro-batch")

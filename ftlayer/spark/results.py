@@ -22,6 +22,9 @@ class StageCounts:
     unconfirmed: int = 0
     bisections: int = 0
     """Extra calls of the stage's function spent isolating rows that raised."""
+    seconds: float = 0.0
+    """Time spent in the stage's function, summed over its tasks (bisection included;
+    DataFrame stages run inside Spark's plan and report 0)."""
 
     @property
     def acked(self) -> int:
@@ -35,6 +38,7 @@ class StageCounts:
         self.failed += other.failed
         self.unconfirmed += other.unconfirmed
         self.bisections += other.bisections
+        self.seconds += other.seconds
 
 
 @dataclass(kw_only=True)

@@ -30,6 +30,7 @@ the segment written by the same attempt, so residues always point at the right r
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -182,9 +183,13 @@ class _Task:
     counts: dict[str, list[int]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
-    def count(self, label: str, rows_in: int, rows_out: int, failed: int, unc: int, extra: int):
-        c = self.counts.setdefault(label, [0, 0, 0, 0, 0])
-        for i, v in enumerate((rows_in, rows_out, failed, unc, extra)):
+    def count(self, label: str, rows_in: int, rows_out: int, failed: int, unc: int, extra: int,
+              micros: int) -> None:
+        """Sum one call of a stage: rows in, out, failed, unconfirmed, extra calls
+        (bisection), and the microseconds the stage took (its function, bisection
+        included): StageCounts' fields, in this order."""
+        c = self.counts.setdefault(label, [0, 0, 0, 0, 0, 0])
+        for i, v in enumerate((rows_in, rows_out, failed, unc, extra, micros)):
             c[i] += v
 
     def pack(self, token: int, segment: str | None, segment_rows: int) -> bytes:
@@ -322,11 +327,13 @@ def _run_chain(
 
     for j, (_, op) in enumerate(seg.ops):
         label = stage_label(stage, j, op.fn)
+        t0 = time.perf_counter()
         res = run_stage(op.fn, batch, label, schema=plan.outputs[stage][j], pandas=op.pandas,
                         bisect=bisect, policy=op.errors or plan.errors,
                         ctx=context(op.fn))  # fmt: skip
         n_out = 0 if res.output is None else res.output.num_rows
-        task.count(label, batch.num_rows, n_out, len(res.failed), 0, res.extra_calls)
+        task.count(label, batch.num_rows, n_out, len(res.failed), 0, res.extra_calls,
+                   _micros(t0))
         note(res.failed, res.errors, res.dead)
         if res.output is None or n_out == 0:
             return done(None)
@@ -363,10 +370,12 @@ def _run_chain(
             lin = new_ids(given.num_rows).view(np.int64)
         batch = batch.append_column(seg.sink_lineage, pa.array(lin if origin is None else
                                                                lin[origin]))  # fmt: skip
+    t0 = time.perf_counter()
     res = run_stage(seg.sink, batch, label, schema=None, pandas=seg.sink_pandas,
                     is_sink=True, bisect=bisect, policy=seg.sink_errors or plan.errors,
                     ctx=context(seg.sink))  # fmt: skip
-    task.count(label, batch.num_rows, 0, len(res.failed), len(res.unconfirmed), res.extra_calls)
+    task.count(label, batch.num_rows, 0, len(res.failed), len(res.unconfirmed), res.extra_calls,
+               _micros(t0))
     note(res.failed, res.errors, res.dead)
     task.written += batch.num_rows - len(res.failed) - len(res.unconfirmed)
     if src is not None and len(res.unconfirmed):
@@ -505,6 +514,10 @@ def _residues(task: _Task, src: np.ndarray, chain: _Chain, attempts: int) -> Non
 
 def _pick(texts: list[str], mask: np.ndarray) -> list[str]:
     return [t for t, keep in zip(texts, mask, strict=True) if keep]
+
+
+def _micros(t0: float) -> int:
+    return int((time.perf_counter() - t0) * 1e6)
 
 
 def _at(origin: np.ndarray | None, rows: np.ndarray) -> np.ndarray:

@@ -144,7 +144,8 @@ def test_replayed_records_look_like_fresh_ones(
 def test_backpressure_waits_bounded_and_drain_reports_what_remains(
     spark: SparkSession, make_ft: Any, probe: Probe, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Invariant 10:"""
+    """Invariant 10: a drain waits with a deadline and reports what is still pending;
+    backpressure waits are bounded too. Nothing is dropped."""
     ft = make_ft(timeout_s=60, max_pending=2, backpressure_timeout_s=0.3)
     h = ft.layer.handler(partition=0)
     for i in range(3):  # pending, never acked, long timeout

@@ -1,0 +1,130 @@
+"""The status page's stage table and charts from a real pipeline: batches of a real Spark
+job write their summaries to Redis (ftlayer.history), the leader sidecar samples the
+counters, and the page -- in a real headless Chromium -- shows the stages' rows, failures
+and times and draws the last hour. The screenshot is benchmarks/results/status_page.png."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from pyspark import cloudpickle
+from pyspark.sql import SparkSession
+
+from ftlayer import EmbeddedRedis, FTConfig, FTLayer
+from ftlayer.history import BATCHES, read_batches, stage_table
+from ftlayer.service.http import ServiceServer
+from ftlayer.service.sidecar import Sidecar
+from ftlayer.spark import FaultTolerance, Outcome
+from tests.test_status_page import _chromium
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = pytest.mark.spark
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+STAGE = "map_batches[0.0] price"
+SINK = "sink[1.0] store"
+
+
+def price(batch: pa.RecordBatch) -> Outcome:
+    """Fails the orders whose id ends in 7 (about a tenth), every time: they dead-letter."""
+    ids = batch.column("id").to_numpy()
+    return Outcome(batch, failed=np.flatnonzero(ids % 10 == 7), errors="no price")
+
+
+def store(batch: pa.RecordBatch) -> None:
+    time.sleep(0.01)
+
+
+@pytest.fixture
+def served(redis_server: EmbeddedRedis) -> Iterator[tuple[FTConfig, ServiceServer, Sidecar]]:
+    cfg = FTConfig(namespace=f"hist{uuid.uuid4().hex[:8]}", timeout_s=30, max_replays=0,
+                   redis_url=redis_server.url)  # fmt: skip
+    layer = FTLayer(redis_server.client(), cfg)
+    sidecar = Sidecar(layer, lease_s=3.0)
+    sidecar.sample_s = 0.5
+    server = ServiceServer(sidecar, port=0).start()
+    sidecar.start()
+    try:
+        yield cfg, server, sidecar
+    finally:
+        sidecar.stop()
+        server.stop()
+        layer.clear()
+
+
+def _status(server: ServiceServer) -> dict:
+    with urllib.request.urlopen(server.url + "/api/status", timeout=5) as r:
+        return dict(json.load(r))
+
+
+def test_stage_table_and_charts_from_real_batches(spark: SparkSession, served) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    cfg, server, _ = served
+    with FaultTolerance(cfg, layer=FTLayer.open(cfg)) as ft:
+        pipeline = (ft.pipeline(source=0, name="orders")
+                    .map_batches(price, "id long, k long")
+                    .partition_by(["k"], 2)
+                    .sink_batches(store))  # fmt: skip
+        for b in range(4):  # a few batches, the sidecar sampling between them
+            df = spark.range(b * 1000, (b + 1) * 1000, numPartitions=2).selectExpr(
+                "id", "id % 7 AS k")
+            pipeline(df, b)
+            time.sleep(0.6)
+        time.sleep(1.2)  # a last sample after the last batch
+
+    status = _status(server)
+    rows = {r["stage"]: r for r in status["stages"]}
+    assert set(rows) == {STAGE, SINK}, rows
+    assert rows[STAGE]["rows_in"] == 4000 and rows[STAGE]["batches"] == 4
+    assert rows[STAGE]["failed"] == 400 and rows[STAGE]["rows_out"] == 3600
+    assert rows[SINK]["rows_in"] == 3600 and rows[SINK]["failed"] == 0
+    assert rows[SINK]["p50_ms"] >= 10  # the sink sleeps 10 ms per Arrow batch
+    charts = status["charts"]
+    assert len(charts["t"]) >= 3, charts
+    assert max(charts["completed_per_s"]) > 0 and sum(charts["completed_per_s"]) > 0
+    assert max(charts["failed_per_s"]) > 0
+
+    browser = _chromium()
+    try:
+        browser.get(server.url + "/")
+        table = browser.find_element(By.ID, "stages")
+        WebDriverWait(browser, 10).until(lambda b: "4,000" in table.text)
+        assert STAGE in table.text and SINK in table.text and "3,600" in table.text
+        line = browser.find_element(By.CSS_SELECTOR, 'svg[data-series="completed_per_s"] polyline')
+        assert len(line.get_attribute("points").split()) >= 3
+        logs = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        assert logs == [], logs
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        shot = RESULTS / "status_page.png"
+        browser.save_screenshot(str(shot))
+        assert shot.stat().st_size > 10_000
+    finally:
+        browser.quit()
+
+
+def test_the_history_is_bounded(redis_server: EmbeddedRedis) -> None:
+    cfg = FTConfig(namespace=f"hist{uuid.uuid4().hex[:8]}")
+    layer = FTLayer(redis_server.client(), cfg)
+    from ftlayer.history import record_batch
+
+    for b in range(BATCHES + 50):
+        record_batch(layer.client, layer.keyspace, pipeline="p", source=0, batch_id=b,
+                     elapsed_s=0.1, fresh=1, replayed=0, failed=0, written=1,
+                     stages={"s": (1, 1, 0, 0, 0.001)})  # fmt: skip
+    assert layer.client.llen(layer.keyspace.batches) == BATCHES
+    kept = read_batches(layer.client, layer.keyspace, 0)
+    assert [int(b["batch"]) for b in kept[:2]] == [50, 51]  # the oldest were dropped
+    assert stage_table(kept)[0]["rows_in"] == BATCHES
+    layer.clear()
+    assert layer.client.llen(layer.keyspace.batches) == 0
