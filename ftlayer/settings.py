@@ -116,12 +116,15 @@ _warned: set[str] = set()
 
 def check_eviction(client: Any, config: FTConfig, refuse: bool = True) -> str | None:
     """The server's eviction policy; ConfigError when it may evict (anything but
-    ``noeviction``) unless ``config.allow_eviction`` or not ``refuse`` (an operator's
-    read-only look): then a warning, once per process and policy."""
+    ``noeviction``) unless ``config.allow_eviction`` (then a warning in the log, once per
+    process and policy). Not ``refuse`` (an operator's read-only look): only returned,
+    for the caller to show."""
     policy = eviction_policy(client)
     if policy is None or policy == SAFE_POLICY:
         return policy
-    if refuse and not config.allow_eviction:
+    if not refuse:
+        return policy
+    if not config.allow_eviction:
         raise ConfigError(
             f"Redis has maxmemory-policy {policy}: it may evict a pending record, which is "
             "then lost with no error; set 'maxmemory-policy noeviction' (redis.conf or "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -202,6 +203,12 @@ def _build_commands(sub: Any) -> None:
          "shorter Redis pauses, more calls)")  # fmt: skip
     opt(serve, "--metrics-host", str, "127.0.0.1", "address of /metrics, /healthz, /readyz")
     opt(serve, "--metrics-port", int, 9464, "0 picks a free port, -1 disables")
+    serve.add_argument(
+        "--allow-eviction", action="store_true",
+        default=os.environ.get("FTLAYER_ALLOW_EVICTION", "").lower() in ("1", "true", "yes"),
+        help="run on a Redis whose maxmemory-policy is not noeviction (refused otherwise: an "
+        "evicted key is a lost record); shown as a warning on /readyz and the status page "
+        "[env: FTLAYER_ALLOW_EVICTION]")  # fmt: skip
     serve.set_defaults(func=_cmd_serve)
 
     add_dlq_commands(sub)
@@ -234,7 +241,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     override = args.max_replays
     config = config_of(args, timeout_s=args.timeout_s, buckets=args.buckets)
-    config = replace(config, expire_batch=args.expire_batch)
+    config = replace(config, expire_batch=args.expire_batch,
+                     allow_eviction=args.allow_eviction)  # fmt: skip
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -274,9 +282,14 @@ def _cmd_counters(args: argparse.Namespace) -> int:
 
     with open_existing(args) as layer:
         st = layer.stats().as_dict()
+        policy = layer.eviction_policy
+    warnings = [] if policy in (None, "noeviction") else [
+        f"redis maxmemory-policy is {policy}, not noeviction: an evicted key is a lost record"]
     if args.json:
-        print(json.dumps(st, sort_keys=True))
+        print(json.dumps({**st, "warnings": warnings}, sort_keys=True))
         return 0
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
     print(f"namespace {args.namespace} on {redact_url(args.redis_url)}")
     for key in ("persisted", "completed", "completed_local", "failed_explicit",
                 "failed_timeout", "replayed", "replays_claimed", "replays_vanished",
