@@ -39,9 +39,8 @@ def test_help_lists_commands_and_env_vars() -> None:
     assert "FTLAYER_REDIS_URL" in sub.stdout and "FTLAYER_NAMESPACE" in sub.stdout
 
 
-def test_readme_example_runs_as_written() -> None:
-    readme = (ROOT / "README.md").read_text()
-    core = readme[readme.index("## The core API") :]
+def test_core_api_example_runs_as_written() -> None:
+    core = (ROOT / "docs" / "core-api.md").read_text()
     code = re.search(r"```python\n(.*?)```", core, re.S).group(1)
     before = _redis_children()
     out = _run([sys.executable, "-c", code], cwd=ROOT)
@@ -52,9 +51,8 @@ def test_readme_example_runs_as_written() -> None:
     assert _redis_children() <= before, "the embedded redis-server was left running"
 
 
-def test_readme_array_example_runs_as_written() -> None:
-    readme = (ROOT / "README.md").read_text()
-    core = readme[readme.index("## The core API") :]
+def test_core_api_array_example_runs_as_written() -> None:
+    core = (ROOT / "docs" / "core-api.md").read_text()
     code = re.findall(r"```python\n(.*?)```", core, re.S)[1]
     assert "persist_many" in code
     out = _run([sys.executable, "-c", code], cwd=ROOT)
