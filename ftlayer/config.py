@@ -95,15 +95,15 @@ class FTConfig:
     segment_codec: SegmentCodec = "none"
     """Compression of the vectorized path's segments (a source task's fresh rows, Arrow
     IPC, in Redis until their batch settles). ``"none"`` costs the least CPU (the rows'
-    Arrow width in Redis memory); ``"lz4"`` keeps less memory per in-flight record (2.2x
-    less for three int64 columns) for ~25 ns more CPU per row, ``"zstd"`` less memory again
-    for more CPU (docs/architecture.md). Readers decode any of them."""
+    Arrow width in Redis memory); ``"lz4"`` keeps less memory per in-flight record for a
+    little more CPU per row, ``"zstd"`` less memory again for more CPU
+    (docs/architecture.md). Readers decode any of them."""
     script_mode: ScriptMode = "auto"
     """How the Lua scripts run: ``"auto"`` as a Redis 7 function library where the server
-    takes ``FUNCTION LOAD`` (a call then skips rebuilding the scripts' shared prelude, ~7 µs
-    on Redis 7.0: what a small flush costs most), else by EVALSHA; ``"functions"`` refuses
-    a server without functions; ``"eval"`` never loads the library (an ACL that denies
-    ``FUNCTION``, or to compare)."""
+    takes ``FUNCTION LOAD`` (a call then skips rebuilding the scripts' shared prelude:
+    what a small flush costs most; ``benchmarks.call_overhead``), else by EVALSHA;
+    ``"functions"`` refuses a server without functions; ``"eval"`` never loads the library
+    (an ACL that denies ``FUNCTION``, or to compare)."""
 
     def __post_init__(self) -> None:
         if self.status not in ("on", "off"):
