@@ -256,10 +256,13 @@ class SegmentStore(NamespacePart):
         salt: int,
         reason: str = "explicit",
         batch: str = "",
+        elapsed_ms: int = 0,
     ) -> dict[int, list[int]]:
         """``settle`` for several shards (shard -> (segments, summary tokens)): one round
         trip on a single server, one call per shard on a cluster. Each call is idempotent
-        (it settles only segments still indexed), so a retried one does its work once."""
+        (it settles only segments still indexed), so a retried one does its work once.
+        ``elapsed_ms``: the batch's time so far, observed as the completion latency of
+        every row the segments complete (0: none observed, as at a segment's timeout)."""
         cfg = self.config
 
         def call(shard: int, client: Any = None) -> Any:
@@ -269,6 +272,7 @@ class SegmentStore(NamespacePart):
                 args=[
                     cfg.interval_ms, cfg.buckets, cfg.max_replays, reason, str(salt),
                     _pack_segments(segments), ",".join(f"{t:x}" for t in tokens), batch,
+                    str(int(elapsed_ms)),
                 ],
                 client=client,
             )  # fmt: skip

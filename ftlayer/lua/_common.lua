@@ -66,12 +66,14 @@ local function flush_counts()
   counts = {}
 end
 
-local function observe_latency(ms)
-  lat_n = lat_n + 1
-  lat_sum = lat_sum + ms
+-- n completions (1 by default) that each took ms
+local function observe_latency(ms, n)
+  n = n or 1
+  lat_n = lat_n + n
+  lat_sum = lat_sum + ms * n
   for i = 1, #LATENCY_BOUNDS_MS do
     if ms <= LATENCY_BOUNDS_MS[i] then
-      lat_hits[i] = (lat_hits[i] or 0) + 1
+      lat_hits[i] = (lat_hits[i] or 0) + n
       return
     end
   end

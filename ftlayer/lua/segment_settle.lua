@@ -15,12 +15,16 @@
 --       batch prefix (source:batch:, or ''): when given, the batch is marked settled by
 --       this run (late attempts store no segment and no summary), and the segments and
 --       summaries of its other attempts (retried or speculative copies whose output did
---       not count) are dropped.
+--       not count) are dropped,
+--       elapsed_ms: the batch's time from its start to this settlement on the driver
+--       (0: not a batch's end): each row a segment completes is observed as a completion
+--       of that latency (the batch scope's persist-to-completion, bounded from above).
 -- Returns {segments settled, completed, replayed, dead_lettered, pending, skipped}.
 
 local interval_ms, buckets = tonumber(ARGV[1]), tonumber(ARGV[2])
 local budget, reason, salt = tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local deadline = deadline_for(interval_ms, buckets)
+local elapsed_ms = tonumber(ARGV[9]) or 0
 local idx = PREFIX .. ':segidx'
 
 local done = {0, 0, 0, 0, 0, 0}
@@ -71,6 +75,7 @@ while pos <= #segs do
       count(pending_name(source))
     end
     local completed = rows - #failed - #pending
+    if elapsed_ms > 0 and completed > 0 then observe_latency(elapsed_ms, completed) end
     count('persisted', rows)
     count('completed_local', completed)
     count('failed_' .. reason, #failed + immediate)

@@ -14,7 +14,8 @@ how long completion takes, who rotates, and the newest dead letters with their p
     rates_per_s: {persisted, completed, failed, replayed, dead_lettered}
                  (over the last RATE_WINDOW_S of samples; null until two samples),
     sources: [{source, pending, queued}],
-    latency_ms: {count, mean, p50, p90, p99} (persist or claim -> completion),
+    latency_ms: {count, mean, p50, p90, p99} (persist or claim -> completion; a batch
+                scope row: its batch's start -> the batch's settlement),
     stages: [{pipeline, stage, batches, rows_in, rows_out, failed, unconfirmed, p50_ms,
               p99_ms}] (the pipelines' batches of the last HISTORY_S: ftlayer.history),
     charts: {now, t, completed_per_s, failed_per_s, pending, p99_ms} (parallel lists

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -223,6 +224,12 @@ class VectorRun:
     replay_lineage: pa.Table | None = None
     """The replays this run runs: (source id, lineage id) each."""
     calls: int = 0
+    started: float = field(default_factory=time.monotonic)
+    """When the batch began on the driver: its elapsed time at settlement is the
+    completion latency observed for the rows its segments complete."""
+
+    def elapsed_ms(self) -> int:
+        return max(1, int((time.monotonic() - self.started) * 1000))
 
     # -- building the DataFrame ------------------------------------------------------------
     def dataframe(self, df: DataFrame, key: tuple[str, ...], partitions: int | None,
@@ -578,7 +585,8 @@ class VectorRun:
             k: (per_shard.get(k, []), tokens.get(k, [])) for k in per_shard.keys() | tokens.keys()
         }
         batch = store.batch_prefix(plan.source, plan.batch_key)
-        replies = store.settle_shards(jobs, salt=plan.salt, batch=batch)
+        replies = store.settle_shards(jobs, salt=plan.salt, batch=batch,
+                                      elapsed_ms=self.elapsed_ms())  # fmt: skip
         self.calls += len(replies)
         for shard, reply in sorted(replies.items()):
             if reply[5]:

@@ -439,7 +439,7 @@ class FrameRun(VectorRun):
             seg_rows = max(rows - elsewhere, len(mine)) if shard == 0 else len(mine)
             jobs[shard] = ([(member, seg_rows, fails, [], 0)], [])
         self.calls += 2 * len(jobs)
-        store.settle_shards(jobs, salt=plan.salt, batch=batch)
+        store.settle_shards(jobs, salt=plan.salt, batch=batch, elapsed_ms=self.elapsed_ms())
 
 
 _EXCLUDED = "spark.sql.adaptive.optimizer.excludedRules"

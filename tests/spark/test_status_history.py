@@ -94,6 +94,9 @@ def test_stage_table_and_charts_from_real_batches(spark: SparkSession, served) -
     assert len(charts["t"]) >= 3, charts
     assert max(charts["completed_per_s"]) > 0 and sum(charts["completed_per_s"]) > 0
     assert max(charts["failed_per_s"]) > 0
+    # the batch scope observes each completed row's latency at settlement: its batch's time
+    assert status["latency_ms"]["count"] == 3600 and status["latency_ms"]["p99"] > 0
+    assert any(p is not None and p > 0 for p in charts["p99_ms"]), charts["p99_ms"]
 
     browser = _chromium()
     try:
