@@ -87,7 +87,7 @@ def _probe(_: Any) -> str:
         return "missing\t" + type(e).__name__ + ": " + str(e) + "\t" + sys.executable
 
 
-def _by_value(fn: types.FunctionType) -> types.FunctionType:
+def _by_value(fn: Any) -> Any:
     """A copy of ``fn`` that cloudpickle ships by value: its module is not importable, so
     the executor unpickles the code itself instead of importing ftlayer to find it."""
     copy = types.FunctionType(fn.__code__, {"__builtins__": __builtins__,
@@ -121,12 +121,16 @@ def check_executors(spark: SparkSession) -> None:
     if key in _passed:
         return
     fixes = _FIXES.format(driver=sys.executable)
-    probe = F.udf(_by_value(_probe), "string", useArrow=False)  # type: ignore[arg-type]
+    fn = _by_value(_probe)
     try:
-        rows = spark.range(1, numPartitions=1).select(probe("id").alias("p")).collect()
+        if is_connect(spark):  # no RDDs there: a plain Python UDF
+            probe = F.udf(fn, "string", useArrow=False)
+            said = spark.range(1, numPartitions=1).select(probe("id").alias("p")).collect()[0][0]
+        else:  # an RDD task: a SQL UDF's worker would be left behind cold for the next task
+            said = spark.sparkContext.parallelize([0], 1).map(fn).first()
     except Exception as e:
         raise ConfigError(f"executors could not run Python ({_cause(e)}): {fixes}") from e
-    kind, what, python = rows[0]["p"].split("\t", 2)
+    kind, what, python = str(said).split("\t", 2)
     if kind != "ok":
         raise ConfigError(f"executors cannot import ftlayer (their interpreter {python}: "
                           f"{what}): {fixes}")  # fmt: skip
