@@ -242,7 +242,10 @@ def test_export_parquet_is_what_dlq_list_says_read_by_spark(letters, tmp_path, s
     assert out.returncode == 0 and "exported: 6" in out.stderr, out.stderr
     listed = {d["id"]: d for d in json.loads(_cli("dlq", "list", "--json", *common).stdout)}
     df = spark.read.parquet(str(path))
-    assert df.select("payload.*").columns == ["order", "sku", "blob"]
+    columns = df.select("payload.*").columns  # as they first appear, oldest letter first
+    assert sorted(columns) == ["blob", "order", "sku"] and columns[0] == "order", columns
+    times = [r.dead_lettered for r in df.select("dead_lettered").collect()]
+    assert times == sorted(times)
     assert dict(df.select("payload.*").dtypes) == {"order": "bigint", "sku": "string",
                                                    "blob": "binary"}  # fmt: skip
     rows = df.selectExpr(

@@ -92,7 +92,10 @@ def _payload_struct(records: Sequence[Any]) -> pa.StructArray | None:
 
 
 def dead_letter_table(letters: Sequence[DeadLetter]) -> pa.Table:
-    """The dead letters as one Arrow table (the module docstring lists its columns)."""
+    """The dead letters as one Arrow table (the module docstring lists its columns), oldest
+    first (ties by id); the payload struct's fields in the order they first appear in that
+    order: the same letters always give the same table."""
+    letters = sorted(letters, key=lambda d: (d.time_ms, d.source_id))
     decoded = [_decoded(d) for d in letters]
     frames = [d.frame for d in letters]
     last = [d.history[-1] if d.history else None for d in letters]
