@@ -27,7 +27,7 @@ from ftlayer.errors import ConfigError
 from ftlayer.keys import LAYOUT_VERSION, Keyspace
 
 __all__ = ["CHECKED", "NamespaceSettings", "check_eviction", "check_settings",
-           "eviction_policy", "read_settings"]
+           "eviction_policy", "eviction_warning", "read_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,13 @@ def eviction_policy(client: Any) -> str | None:
     return next((p for p in known if p != SAFE_POLICY), SAFE_POLICY)
 
 
+def eviction_warning(policy: str | None) -> str | None:
+    """What operators are told of a server whose policy may evict (None: nothing)."""
+    if policy is None or policy == SAFE_POLICY:
+        return None
+    return f"redis maxmemory-policy is {policy}, not noeviction: an evicted key is a lost record"
+
+
 _warned: set[str] = set()
 
 
@@ -131,6 +138,5 @@ def check_eviction(client: Any, config: FTConfig, refuse: bool = True) -> str | 
             "CONFIG SET), or FTConfig(allow_eviction=True) to accept the risk")
     if policy not in _warned:
         _warned.add(policy)
-        log.warning("redis maxmemory-policy is %s, not noeviction: an evicted key is a "
-                    "lost record", policy)  # fmt: skip
+        log.warning("%s", eviction_warning(policy))
     return policy

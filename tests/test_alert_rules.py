@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ftlayer.service.metrics import METRIC_NAMES, METRIC_TYPES
+from ftlayer.service.metrics import METRIC_NAMES
+from tests.promql import metric_names
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES_DIR = ROOT / "deploy" / "prometheus"
@@ -55,17 +56,6 @@ def _expr(block: str) -> str:
     return " ".join(x for x in lines if x)
 
 
-def _metric_names(expr: str) -> set[str]:
-    """The metric families an expression reads (a histogram's ``_bucket``, ``_sum`` and
-    ``_count`` series by their family's name; counters by their ``_total`` name)."""
-    names = set()
-    for name in re.findall(r"\bftlayer_[a-z0-9_]+", expr):
-        family, _, suffix = name.rpartition("_")
-        if METRIC_TYPES.get(family) == "histogram" and suffix in ("bucket", "sum", "count"):
-            name = family
-        names.add(name)
-    return names
-
 
 def test_promtool_checks_the_rules() -> None:
     out = _run("check", "rules", RULES)
@@ -97,12 +87,12 @@ def test_the_rules_query_only_exported_metrics() -> None:
     used: set[str] = set()
     for name, block in alerts.items():
         expr = _expr(block)
-        names = _metric_names(expr)
+        names = metric_names(expr)
         assert names, f"{name}: its expr names no ftlayer metric: {expr}"
         unknown = names - METRIC_NAMES
         assert not unknown, f"{name}: {sorted(unknown)} are not exported (expr: {expr})"
         used |= names
-    assert _metric_names("rate(ftlayer_bogus_total[5m])") - METRIC_NAMES == {"ftlayer_bogus_total"}
+    assert metric_names("rate(ftlayer_bogus_total[5m])") - METRIC_NAMES == {"ftlayer_bogus_total"}
     for must in ("ftlayer_dead_lettered_total", "ftlayer_replays_vanished_total",
                  "ftlayer_oldest_pending_age_seconds", "ftlayer_lease_held",
                  "ftlayer_redis_up", "ftlayer_redis_noeviction"):  # fmt: skip

@@ -14,13 +14,16 @@ from ftlayer.embedded import EmbeddedCluster
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _bench(tmp_path: Path, module: str, *args: str) -> dict:
+def _bench(tmp_path: Path, module: str, *args: str, saved_as: str | None = None,
+           timeout: float = 300) -> dict:  # fmt: skip
+    """Run ``module`` with ``--json``; its result, checked against the file it saved
+    (``saved_as``, default ``<module>.json``)."""
     env = {**os.environ, "FTLAYER_BENCH_RESULTS": str(tmp_path)}
     out = subprocess.run([sys.executable, "-m", module, *args, "--json"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert out.returncode == 0, out.stderr
+                         capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    saved = json.loads((tmp_path / f"{module.rsplit('.', 1)[1]}.json").read_text())
+    saved = json.loads((tmp_path / (saved_as or f"{module.rsplit('.', 1)[1]}.json")).read_text())
     assert saved == result
     return result
 
@@ -90,14 +93,9 @@ def test_pipeline_overhead_wide_smoke(tmp_path: Path) -> None:
 
 def test_dataframe_overhead_smoke(tmp_path: Path) -> None:
     """DataFrame stages beside plain DataFrame code (benchmarks.dataframe_overhead), tiny."""
-    env = {**os.environ, "FTLAYER_BENCH_RESULTS": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-m", "benchmarks.dataframe_overhead", "--records",
-                          "3000", "--repeat", "1", "--warmup", "0", "--payload-bytes", "100",
-                          "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=600)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
-    assert json.loads((tmp_path / "dataframe_overhead_100.json").read_text()) == r
+    r = _bench(tmp_path, "benchmarks.dataframe_overhead", "--records", "3000", "--repeat", "1",
+               "--warmup", "0", "--payload-bytes", "100", saved_as="dataframe_overhead_100.json",
+               timeout=600)  # fmt: skip
     assert set(r["records_per_s"]) == {"dataframe", "parquet", "df_ft_on",
                                        "df_ft_on_failing", "df_parquet"}  # fmt: skip
     assert all(v > 0 for v in r["records_per_s"].values())
@@ -114,14 +112,8 @@ def test_sink_overhead_smoke(tmp_path: Path) -> None:
     """Idempotent sinks beside plain appends (benchmarks.sink_overhead), tiny: a real
     PostgreSQL and real Delta tables; both tables end with every round's rows (new files
     each round: new lineage ids, none skipped)."""
-    env = {**os.environ, "FTLAYER_BENCH_RESULTS": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-m", "benchmarks.sink_overhead", "--records",
-                          "2000", "--repeat", "1", "--warmup", "0", "--payload-bytes", "100",
-                          "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=600)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
-    assert json.loads((tmp_path / "sink_overhead.json").read_text()) == r
+    r = _bench(tmp_path, "benchmarks.sink_overhead", "--records", "2000", "--repeat", "1",
+               "--warmup", "0", "--payload-bytes", "100", timeout=600)  # fmt: skip
     assert set(r["records_per_s"]) == {"delta_append", "delta_merge", "pg_append", "pg_merge"}
     assert all(v > 0 for v in r["records_per_s"].values())
     assert r["ratio_delta_merge_vs_append"] > 0 and r["ratio_pg_merge_vs_append"] > 0

@@ -18,7 +18,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ftlayer import FTConfig, FTLayer
-from ftlayer.service.metrics import METRIC_NAMES, METRIC_TYPES
+from ftlayer.service.metrics import METRIC_NAMES
+from tests.promql import metric_names
 from tests.serving import Serve, T
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,17 +119,6 @@ def _queries(node: object) -> list[str]:
     return found
 
 
-def _metric_names(expr: str) -> set[str]:
-    """The metric families an expression reads (a histogram's ``_bucket``, ``_sum`` and
-    ``_count`` series by their family's name)."""
-    names = set()
-    for name in re.findall(r"\bftlayer_[a-z0-9_]+", expr):
-        family, _, suffix = name.rpartition("_")
-        if METRIC_TYPES.get(family) == "histogram" and suffix in ("bucket", "sum", "count"):
-            name = family
-        names.add(name)
-    return names
-
 
 @pytest.mark.parametrize("path", [DASHBOARD], ids=["ftlayer-dashboard"])
 def test_the_grafana_dashboard_queries_only_exported_metrics(path: Path) -> None:
@@ -137,7 +127,7 @@ def test_the_grafana_dashboard_queries_only_exported_metrics(path: Path) -> None
     assert len(queries) >= 10
     used: set[str] = set()
     for expr in queries:
-        names = _metric_names(expr)
+        names = metric_names(expr)
         assert names, f"a query naming no ftlayer metric: {expr}"
         unknown = names - METRIC_NAMES
         assert not unknown, f"{sorted(unknown)} are not exported (query: {expr})"

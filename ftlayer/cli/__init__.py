@@ -32,6 +32,7 @@ from ftlayer.cli.sources import add_sources_command
 from ftlayer.cli.status import add_status_command
 from ftlayer.connection import redact_url
 from ftlayer.errors import FrameError, FTLayerError, interrupted
+from ftlayer.settings import eviction_warning
 
 __all__ = ["build_parser", "main"]
 
@@ -279,12 +280,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_counters(args: argparse.Namespace) -> int:
-
     with open_existing(args) as layer:
         st = layer.stats().as_dict()
         policy = layer.eviction_policy
-    warnings = [] if policy in (None, "noeviction") else [
-        f"redis maxmemory-policy is {policy}, not noeviction: an evicted key is a lost record"]
+    warnings = [w for w in [eviction_warning(policy)] if w]
     if args.json:
         print(json.dumps({**st, "warnings": warnings}, sort_keys=True))
         return 0

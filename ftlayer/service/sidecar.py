@@ -22,7 +22,7 @@ from ftlayer.backoff import jittered
 from ftlayer.history import SAMPLE_S, record_sample
 from ftlayer.layer import LATENCY_BOUNDS_MS, FTLayer
 from ftlayer.service.metrics import SidecarMetrics
-from ftlayer.settings import SAFE_POLICY, eviction_policy
+from ftlayer.settings import eviction_policy, eviction_warning
 
 __all__ = ["Sidecar"]
 
@@ -66,11 +66,8 @@ class Sidecar:
 
     def warnings(self) -> list[str]:
         """What an operator must fix though the sidecar works: an evicting Redis."""
-        policy = self.eviction_policy
-        if policy is None or policy == SAFE_POLICY:
-            return []
-        return [f"redis maxmemory-policy is {policy}, not noeviction: an evicted key is a "
-                "lost record"]  # fmt: skip
+        warning = eviction_warning(self.eviction_policy)
+        return [warning] if warning else []
 
     def alive(self) -> tuple[bool, str]:
         """Liveness: the loop ran a pass (reaching Redis or not) within LIVENESS_S."""

@@ -90,11 +90,10 @@ def _probe(_: Any) -> str:
 def _by_value(fn: Any) -> Any:
     """A copy of ``fn`` that cloudpickle ships by value: its module is not importable, so
     the executor unpickles the code itself instead of importing ftlayer to find it."""
-    copy = types.FunctionType(fn.__code__, {"__builtins__": __builtins__,
+    # the module name comes from the globals' __name__
+    return types.FunctionType(fn.__code__, {"__builtins__": __builtins__,
                                             "__name__": "ftlayer_executor_probe"},
                               fn.__name__)  # fmt: skip
-    copy.__module__ = "ftlayer_executor_probe"
-    return copy
 
 
 _FIXES = ("run the executors with the driver's interpreter (PYSPARK_PYTHON or "
