@@ -3,7 +3,8 @@ samples of the namespace's counters, each a capped list in Redis (``Keyspace.bat
 ``Keyspace.samples``), newest first.
 
 * A driver pushes one summary per batch it finished (:func:`record_batch`): its counts and
-  each stage's rows in and out, failures and time. The status page's stage table is built
+  each stage's rows in and out, failures (and how many of them replayed or were
+  dead-lettered) and time. The status page's stage table is built
   from the summaries of the last hour (:func:`stage_table`).
 * The sidecar holding the rotation lease pushes a sample of the cumulative counters every
   SAMPLE_S (:func:`record_sample`); the charts are the differences between neighbours
@@ -25,9 +26,13 @@ import msgpack
 
 from ftlayer.keys import Keyspace
 
-__all__ = ["BATCHES", "SAMPLES", "SAMPLE_S", "histogram_quantile", "read_batches",
-           "read_samples", "record_batch", "record_sample", "series", "stage_table"]  # fmt: skip
+__all__ = ["BATCHES", "SAMPLES", "SAMPLE_S", "SOURCE_STAGE", "histogram_quantile",
+           "read_batches", "read_samples", "record_batch", "record_sample", "series",
+           "stage_table"]  # fmt: skip
 
+SOURCE_STAGE = "source"
+"""The stage label of rows failed before any stage ran (a record key that is not a
+non-negative integer, a replay whose source row is gone): first in the stage table."""
 BATCHES = 2000
 """Batch summaries kept (the newest)."""
 SAMPLE_S = 10.0
@@ -58,7 +63,7 @@ def record_batch(client: Any, keyspace: Keyspace, *, pipeline: str, source: int,
                  batch_id: Any, elapsed_s: float, fresh: int, replayed: int, failed: int,
                  written: int, stages: Mapping[str, Sequence[float]]) -> None:  # fmt: skip
     """Push one batch's summary. ``stages``: label -> (rows in, rows out, failed,
-    unconfirmed, seconds), in the pipeline's order."""
+    unconfirmed, seconds, replayed, dead-lettered), in the pipeline's order."""
     _push(client, keyspace.batches, {
         "t": time.time(), "pipeline": pipeline, "source": source, "batch": str(batch_id),
         "elapsed_s": elapsed_s, "fresh": fresh, "replayed": replayed, "failed": failed,
@@ -79,22 +84,21 @@ def _quantile(values: list[float], q: float) -> float | None:
 
 def stage_table(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (pipeline, stage), in the pipelines' stage order: batches, rows in and
-    out, failed (replayed later or dead-lettered), unconfirmed (they time out and replay),
-    and the p50/p99 over batches of the stage's time in a batch (ms, summed over tasks)."""
+    out, failed, of them replayed and dead-lettered, unconfirmed (they time out and
+    replay), and the p50/p99 over batches of the stage's time in a batch (ms, summed over
+    tasks). A summary written before the replayed / dead-lettered split counts 0 there."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     times: dict[tuple[str, str], list[float]] = {}
     for b in batches:
-        for label, rin, rout, failed, unc, seconds in b["stages"]:
+        for label, *values in b["stages"]:
             key = (b["pipeline"], label)
             r = rows.setdefault(key, {"pipeline": b["pipeline"], "stage": label, "batches": 0,
-                                      "rows_in": 0, "rows_out": 0, "failed": 0,
-                                      "unconfirmed": 0})  # fmt: skip
+                                      **dict.fromkeys(_SUMMED, 0)})  # fmt: skip
             r["batches"] += 1
-            r["rows_in"] += int(rin)
-            r["rows_out"] += int(rout)
-            r["failed"] += int(failed)
-            r["unconfirmed"] += int(unc)
-            times.setdefault(key, []).append(seconds * 1000)
+            named = dict(zip(_STAGE_FIELDS, values, strict=False))
+            for name in _SUMMED:
+                r[name] += int(named.get(name, 0))
+            times.setdefault(key, []).append(named["seconds"] * 1000)
     for key, r in rows.items():
         for q in (0.5, 0.99):
             v = _quantile(times[key], q)
@@ -102,8 +106,16 @@ def stage_table(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows.values(), key=lambda r: (r["pipeline"], _position(r["stage"])))
 
 
+_STAGE_FIELDS = ("rows_in", "rows_out", "failed", "unconfirmed", "seconds", "replayed",
+                 "dead_lettered")  # fmt: skip
+"""The order of a stage's values in a batch summary (record_batch)."""
+_SUMMED = ("rows_in", "rows_out", "failed", "replayed", "dead_lettered", "unconfirmed")
+
+
 def _position(label: str) -> tuple[int, ...]:
     """A stage label's place in its pipeline (``map_batches[0.1] fn``: segment 0, op 1)."""
+    if label == SOURCE_STAGE:
+        return (-1,)
     found = re.search(r"\[([\d.]+)", label)
     return tuple(int(p) for p in found.group(1).split(".") if p) if found else (1 << 30,)
 

@@ -243,7 +243,7 @@ class SegmentStore(NamespacePart):
         salt: int,
         reason: str = "explicit",
         batch: str = "",
-    ) -> list[int]:
+    ) -> Tally:
         """Settle segments of one shard: (member, rows, failed frames with errors,
         pending frames with their ack values). See lua/segment_settle.lua."""
         jobs = {shard: (segments, summary_tokens)}
@@ -257,7 +257,7 @@ class SegmentStore(NamespacePart):
         reason: str = "explicit",
         batch: str = "",
         elapsed_ms: int = 0,
-    ) -> dict[int, list[int]]:
+    ) -> dict[int, Tally]:
         """``settle`` for several shards (shard -> (segments, summary tokens)): one round
         trip on a single server, one call per shard on a cluster. Each call is idempotent
         (it settles only segments still indexed), so a retried one does its work once.
@@ -290,7 +290,11 @@ class SegmentStore(NamespacePart):
             return self.scripts.execute(fill)
 
         replies = self.retried(run, "segment settle")
-        return {k: [int(x) for x in r] for k, r in zip(shards, replies, strict=True)}
+        out: dict[int, Tally] = {}
+        for k, reply in zip(shards, replies, strict=True):
+            out[k] = Tally()
+            out[k].add_settle(reply)
+        return out
 
     def indexed(self) -> list[tuple[int, str, float]]:
         """(shard, member, deadline_ms) of every segment not yet settled."""
@@ -327,8 +331,7 @@ class SegmentStore(NamespacePart):
                     max_payload=self.config.max_record_bytes,
                 )  # fmt: skip
                 frames = [(f, "segment timed out: its batch never settled", 1) for f in made]
-            reply = self.settle(shard, [(member, rows, frames, [], 0)], [], salt=0,
-                                reason="timeout")  # fmt: skip
-            res.add_settle(reply)
+            res.merge(self.settle(shard, [(member, rows, frames, [], 0)], [], salt=0,
+                                  reason="timeout"))  # fmt: skip
             log.warning("segment timed out member=%s rows=%d", member, rows)
         return res

@@ -197,8 +197,11 @@ def test_a_dead_letter_before_a_replay_in_one_bucket_does_not_move_the_replay(
                             max_replays=3, max_payload=cfg.max_record_bytes)  # fmt: skip
     fails = [(frames[0], "bad key", 1 | DEAD_NOW), (frames[1], "bad key", 1 | DEAD_NOW),
              (frames[2], "failed once", 1), (frames[3], "failed once", 1)]  # fmt: skip
-    reply = store.settle(shard, [(member, 4, fails, [], 0)], [], salt=7)
-    assert reply[:4] == [1, 0, 2, 2], reply
+    tally = store.settle(shard, [(member, 4, fails, [], 0)], [], salt=7)
+    assert (tally.segments, tally.completed, tally.replayed, tally.dead_lettered) == (1, 0, 2, 2)
+    assert sorted(tally.dead_ids) == sorted(int.from_bytes(f[:8], "big") for f in frames[:2])
+    again = store.settle(shard, [(member, 4, fails, [], 0)], [], salt=7)
+    assert again.skipped == 1 and again.skipped_members == [member] and not again.dead_ids
     claimed = layer.claim_replays(0, 10)
     assert sorted(c.frame.decode()["id"] for c in claimed) == [3, 4]
     assert layer.stats().replays_claimed == 2

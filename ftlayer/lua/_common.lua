@@ -471,8 +471,10 @@ end
 local FAILED = {explicit = 'failed_explicit', timeout = 'failed_timeout'}
 
 -- Writes of failures, buffered and issued in bulk by commit_failures() (histories are
--- written with their buckets, by commit()).
-local dlq_set, queues
+-- written with their buckets, by commit()). dead_ids: the source ids this call
+-- dead-lettered, in order (returned by the scripts that report them: a driver attributes
+-- each to the stage it failed in).
+local dlq_set, queues, dead_ids
 
 -- Store a record under ``id`` (its slot ``slot`` of bucket b) and queue it for replay
 -- (it already counts as pending). Its entry holds only the frame: it has no ack value and
@@ -546,6 +548,7 @@ end
 -- pending: it counted as pending until now (a vectorized batch's residue did not).
 local function dead_letter(src, frame, hist, source, pending)
   dlq_set[#dlq_set + 1] = src
+  dead_ids[#dead_ids + 1] = src
   dlq_set[#dlq_set + 1] = cmsgpack.pack({frame, hist, NOW})
   log_dead_letter(src, source)
   count('dead_lettered')
@@ -696,6 +699,6 @@ local function begin(keys)
   bucket_cache, tmo_add = {}, {}
   copy = {dst = false, src = false, s = 0, e = 0}
   alloc = {b = nil, slot = BUCKET_SLOTS, n = 0, bytes = 0}
-  dlq_set, queues = {}, {}
+  dlq_set, queues, dead_ids = {}, {}, {}
   first_failures, queue_names = {}, {}
 end

@@ -10,7 +10,8 @@
 --   xors:     repeated [source id 8][delta hi i4][delta lo i4]
 --   fails:    as parse_fails in _common.lua
 -- A token already seen means a retry of a call that did apply: nothing is done twice.
--- Returns {completed, replayed, dead_lettered, orphans} for this call.
+-- Returns {completed, replayed, dead_lettered, orphans, the dead-lettered source ids (8
+-- bytes each, end to end)} for this call.
 --
 -- Entries are read once per bucket (one GET), changed in order in the cache (a source id
 -- given twice sees its first change), and written once per bucket (see commit in
@@ -18,7 +19,7 @@
 
 local token_key = PREFIX .. ':flush:' .. ARGV[1]
 if not redis.call('SET', token_key, '1', 'NX', 'PX', FLUSH_TOKEN_TTL_MS) then
-  return {-1, 0, 0, 0}
+  return {-1, 0, 0, 0, ''}
 end
 local deadline = deadline_for(tonumber(ARGV[2]), tonumber(ARGV[3]))
 local max_replays = tonumber(ARGV[4])
@@ -114,4 +115,5 @@ local failed = fail_records(parse_fails(fails, max_replays))
 done[2], done[3], done[4] = failed[1], failed[2], done[4] + failed[3]
 commit_failures()
 flush_counts()
+done[5] = table.concat(dead_ids)
 return done

@@ -19,7 +19,9 @@
 --       elapsed_ms: the batch's time from its start to this settlement on the driver
 --       (0: not a batch's end): each row a segment completes is observed as a completion
 --       of that latency (the batch scope's persist-to-completion, bounded from above).
--- Returns {segments settled, completed, replayed, dead_lettered, pending, skipped}.
+-- Returns {segments settled, completed, replayed, dead_lettered, pending, skipped, the
+-- dead-lettered source ids (8 bytes each, end to end), the skipped segments' members
+-- joined by ','}: a driver attributes each failed row's outcome to the stage it failed in.
 
 local interval_ms, buckets = tonumber(ARGV[1]), tonumber(ARGV[2])
 local budget, reason, salt = tonumber(ARGV[3]), ARGV[4], ARGV[5]
@@ -28,6 +30,7 @@ local elapsed_ms = tonumber(ARGV[9]) or 0
 local idx = PREFIX .. ':segidx'
 
 local done = {0, 0, 0, 0, 0, 0}
+local skipped = {}
 local segs, pos = ARGV[6], 1
 while pos <= #segs do
   local member, rows, nf, np, immediate
@@ -86,6 +89,7 @@ while pos <= #segs do
     redis.call('ZREM', idx, member)
   else
     done[6] = done[6] + 1
+    skipped[#skipped + 1] = member
   end
 end
 local batch = ARGV[8]
@@ -108,4 +112,5 @@ for suffix in string.gmatch(ARGV[7], '[^,]+') do
   redis.call('DEL', PREFIX .. ':sum:' .. suffix)
 end
 flush_counts()
+done[7], done[8] = table.concat(dead_ids), table.concat(skipped, ',')
 return done

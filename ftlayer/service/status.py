@@ -16,8 +16,9 @@ how long completion takes, who rotates, and the newest dead letters with their p
     sources: [{source, pending, queued}],
     latency_ms: {count, mean, p50, p90, p99} (persist or claim -> completion; a batch
                 scope row: its batch's start -> the batch's settlement),
-    stages: [{pipeline, stage, batches, rows_in, rows_out, failed, unconfirmed, p50_ms,
-              p99_ms}] (the pipelines' batches of the last HISTORY_S: ftlayer.history),
+    stages: [{pipeline, stage, batches, rows_in, rows_out, failed, replayed,
+              dead_lettered, unconfirmed, p50_ms, p99_ms}] (the pipelines' batches of the
+              last HISTORY_S: ftlayer.history),
     charts: {now, t, completed_per_s, failed_per_s, pending, p99_ms} (parallel lists
              but ``now``, times in unix seconds: the leader sidecar's samples of the last
              HISTORY_S),
@@ -184,14 +185,10 @@ async function poll(){try{const s=await (await fetch('api/status',{cache:'no-sto
 for(const el of document.querySelectorAll('[data-k]'))el.textContent=fmt(get(s,el.dataset.k));
 document.getElementById('down').textContent=s.redis_up?'':'Redis unreachable: '+s.error;
 document.getElementById('warn').textContent=(s.warnings||[]).map(w=>'warning: '+w).join(' · ');
-if(s.redis_up){rows('sources',s.sources,[['source',1],['pending',1],['queued',1]]);
-rows('stages',s.stages,[['pipeline'],['stage'],['batches',1],['rows_in',1],['rows_out',1],
-['failed',1],['unconfirmed',1],['p50_ms',1],['p99_ms',1]]);
+if(s.redis_up){for(const [id,[key,cols]] of Object.entries(TABLES))rows(id,s[key]||[],cols);
 for(const svg of document.querySelectorAll('svg[data-series]')){const c=s.charts,
 v=c[svg.dataset.series],xy=pts(c.now,c.t,v);svg.querySelector('polyline').setAttribute(
-'points',xy[0]);svg.querySelector('.max').textContent=xy[1]}
-rows('dlq',s.dead_letters_newest,[['id'],['source',1],['time'],['attempts',1],['reason'],
-['error'],['preview']])}}catch(e){document.getElementById('down').textContent=
+'points',xy[0]);svg.querySelector('.max').textContent=xy[1]}}}catch(e){document.getElementById('down').textContent=
 'sidecar unreachable: '+e}}
 function pts(now,t,v){const k=v.filter(x=>x!=null),top=Math.max(...k,0)||1;
 const p=[];t.forEach((x,i)=>{if(v[i]!=null)p.push(((x-now+3600)/3600*300).toFixed(1)+','+
@@ -229,9 +226,32 @@ _CHARTS = (  # (series, title)
     ("completed_per_s", "completed / s"), ("failed_per_s", "failed / s"),
     ("pending", "pending"), ("p99_ms", "p99 completion latency, ms"),
 )  # fmt: skip
-_STAGE_COLS = (("pipeline", False), ("stage", False), ("batches", True), ("rows_in", True),
-               ("rows_out", True), ("failed", True), ("unconfirmed", True),
-               ("p50_ms", True), ("p99_ms", True))  # fmt: skip
+_TABLES: dict[str, tuple[str, tuple[tuple[str, str, bool], ...]]] = {
+    # tbody id -> (its list in /api/status, its columns: (field, heading, numeric)); the
+    # page's script fills the same tables from the same columns
+    "stages": ("stages", (
+        ("pipeline", "pipeline", False), ("stage", "stage", False),
+        ("batches", "batches", True), ("rows_in", "rows in", True),
+        ("rows_out", "rows out", True), ("failed", "failed", True),
+        ("replayed", "replayed", True), ("dead_lettered", "dead-lettered", True),
+        ("unconfirmed", "unconfirmed", True), ("p50_ms", "p50, ms", True),
+        ("p99_ms", "p99, ms", True))),
+    "sources": ("sources", (
+        ("source", "source", True), ("pending", "pending", True),
+        ("queued", "queued replays", True))),
+    "dlq": ("dead_letters_newest", (
+        ("id", "id", False), ("source", "source", True), ("time", "dead-lettered", False),
+        ("attempts", "attempts", True), ("reason", "reason", False),
+        ("error", "last error", False), ("preview", "payload", False))),
+}  # fmt: skip
+
+
+def _table(data: dict[str, Any], tbody: str) -> str:
+    """One of the page's tables, its heading and rows, from _TABLES."""
+    key, cols = _TABLES[tbody]
+    head = "".join(f"<th>{html.escape(title)}</th>" for _, title, _ in cols)
+    rows = _rows(data.get(key, []), tuple((k, num) for k, _, num in cols))
+    return f"<table><thead><tr>{head}</tr></thead><tbody id={tbody}>{rows}</tbody></table>"
 
 
 def chart_points(now: float, t: list[float], values: list[Any]) -> tuple[str, str]:
@@ -274,12 +294,8 @@ def render_page(data: dict[str, Any]) -> str:
     sc = data.get("sidecar", {})
     down = "" if data.get("redis_up") else f"Redis unreachable: {data.get('error', '')}"
     warn = " · ".join(f"warning: {w}" for w in data.get("warnings", []))
-    sources = _rows(data.get("sources", []), (("source", True), ("pending", True),
-                                              ("queued", True)))  # fmt: skip
-    stages = _rows(data.get("stages", []), _STAGE_COLS)
-    dlq = _rows(data.get("dead_letters_newest", []), (
-        ("id", False), ("source", True), ("time", False), ("attempts", True),
-        ("reason", False), ("error", False), ("preview", False)))  # fmt: skip
+    tables = {key: [[k, num] for k, _, num in cols] for key, (_, cols) in _TABLES.items()}
+    script = f"const TABLES={json.dumps({t: [_TABLES[t][0], c] for t, c in tables.items()})};"
     return f"""<!doctype html><html lang=en><head><meta charset=utf-8>
 <title>ftlayer · {e(data["namespace"])}</title>
 <meta name=viewport content="width=device-width,initial-scale=1"><link rel=icon href="data:,">
@@ -294,21 +310,18 @@ def render_page(data: dict[str, Any]) -> str:
 <p id=warn class=down>{e(warn)}</p>
 <div class=tiles>{tiles}</div>
 <h2>Last hour</h2><div class=charts>{_charts(data)}</div>
-<h2>Stages, last hour</h2><p class=sub>per pipeline stage over its batches: failed rows replay
-later (or are dead-lettered), unconfirmed ones time out and replay; time is the stage's
-function per batch, summed over its tasks (DataFrame stages run in Spark's plan: 0)</p>
-<table><thead><tr><th>pipeline</th><th>stage</th><th>batches</th><th>rows in</th>
-<th>rows out</th><th>failed</th><th>unconfirmed</th><th>p50, ms</th><th>p99, ms</th></tr>
-</thead><tbody id=stages>{stages}</tbody></table>
-<h2>Pending by source</h2><table><thead><tr><th>source</th><th>pending</th><th>queued
-replays</th></tr></thead><tbody id=sources>{sources}</tbody></table>
+<h2>Stages, last hour</h2><p class=sub>per pipeline stage over its batches: each failed row is
+replayed (at once in its task, or queued) or dead-lettered; unconfirmed ones time out and
+replay; stage <code>source</code> counts rows failed before any stage ran; time is the
+stage's function per batch, summed over its tasks (DataFrame stages run in Spark's plan:
+0)</p>
+{_table(data, "stages")}
+<h2>Pending by source</h2>{_table(data, "sources")}
 <h2>Newest dead letters</h2><p class=sub><code>ftlayer dlq show ID</code> shows one whole;
-<code>ftlayer dlq replay ID</code> re-drives it.</p><table><thead><tr><th>id</th><th>source</th>
-<th>dead-lettered</th><th>attempts</th><th>reason</th><th>last error</th><th>payload</th></tr>
-</thead><tbody id=dlq>{dlq}</tbody></table>
+<code>ftlayer dlq replay ID</code> re-drives it.</p>{_table(data, "dlq")}
 <p class=sub><a href=metrics>/metrics</a> · <a href=api/status>/api/status</a> ·
 <a href=readyz>/readyz</a> · <a href=healthz>/healthz</a></p>
-<script>{_JS}</script></body></html>"""
+<script>{script}{_JS}</script></body></html>"""
 
 
 def status_json(data: dict[str, Any]) -> bytes:

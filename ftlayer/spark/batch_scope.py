@@ -47,7 +47,7 @@ from ftlayer.limits import DEAD_NOW
 from ftlayer.lineage import copy_seed
 from ftlayer.persistence import ClaimedRecord
 from ftlayer.segments import frames_of_rows
-from ftlayer.spark.plan import MAX_MESSAGES, Segment
+from ftlayer.spark.plan import MAX_MESSAGES, SOURCE_STAGE, Segment
 from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy
 from ftlayer.spark.references import references, resolve
 from ftlayer.spark.replay_rows import replay_table, stored_schema
@@ -64,6 +64,7 @@ from ftlayer.spark.vector_tasks import (
     VectorPlan,
     run_vector_task,
 )
+from ftlayer.tally import Tally
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -182,10 +183,12 @@ def new_salt() -> int:
 
 
 class Failure(NamedTuple):
-    """A failed residue: its first error and the attempts it used in its batch."""
+    """A failed residue: its first error, the attempts it used in its batch and the label
+    of the stage it failed in (its outcome is counted there)."""
 
     error: str
     attempts: int
+    stage: str = SOURCE_STAGE
 
 
 @dataclass
@@ -224,6 +227,12 @@ class VectorRun:
     replay_lineage: pa.Table | None = None
     """The replays this run runs: (source id, lineage id) each."""
     calls: int = 0
+    sent: dict[str, dict[int, str]] = field(default_factory=dict)
+    """Failed rows sent to settlement: segment member ('' for claimed replays) -> the id
+    the record is failed under (a fresh row's new one) -> the label of the stage it failed
+    in."""
+    settled: Tally = field(default_factory=Tally)
+    """What settlement did (its dead-lettered ids, the segments it skipped)."""
     started: float = field(default_factory=time.monotonic)
     """When the batch began on the driver: its elapsed time at settlement is the
     completion latency observed for the rows its segments complete."""
@@ -404,6 +413,7 @@ class VectorRun:
         self._settle_segments(summaries, failed, unconfirmed)
         self._not_found(failed)
         self._settle_replays(failed, unconfirmed)
+        self._count_outcomes()
         self.result.redis_calls = self.calls + sum(
             1 for s in summaries if s.raw["stage"] < len(self.plan.segments) - 1 or
             s.raw["segment"]
@@ -458,9 +468,9 @@ class VectorRun:
             r.failed += len(raw["failed_src"]) // 8
             r.immediate_replays += raw["immediate_replays"]
             r.unconfirmed += len(raw["unc_src"]) // 8
-            for label, (rin, rout, failed, unc, extra, micros) in raw["counts"].items():
+            for label, (rin, rout, failed, unc, extra, micros, now) in raw["counts"].items():
                 r.stages.setdefault(label, StageCounts()).add(
-                    StageCounts(rin, rout, failed, unc, extra, micros / 1e6)
+                    StageCounts(rin, rout, failed, unc, extra, micros / 1e6, replayed=now)
                 )
             for text in raw["errors"]:
                 if len(r.errors) < MAX_MESSAGES:
@@ -527,8 +537,10 @@ class VectorRun:
             texts = s.raw["texts"]
             idx = np.frombuffer(s.raw["failed_err"], dtype=">u4").tolist()
             att = np.frombuffer(s.raw["failed_att"], dtype=">u2").tolist()
-            for src, i, a in zip(s.ids("failed_src").tolist(), idx, att, strict=True):
-                failed.setdefault(src, Failure(texts[i], a))
+            labels = s.raw["labels"]
+            lbl = np.frombuffer(s.raw["failed_stage"], dtype=">u2").tolist()
+            for src, i, a, j in zip(s.ids("failed_src").tolist(), idx, att, lbl, strict=True):
+                failed.setdefault(src, Failure(texts[i], a, labels[j]))
             unconfirmed.update(s.ids("unc_src").tolist())
         return failed, unconfirmed - failed.keys()
 
@@ -574,7 +586,10 @@ class VectorRun:
                     if fails:
                         frames = make(np.array([r for r, _ in fails]))
                         why = [failed[src] for _, src in fails]
-                        fail_frames = [(f, *w) for f, w in zip(frames, why, strict=True)]
+                        fail_frames = [(f, w.error, w.attempts)
+                                       for f, w in zip(frames, why, strict=True)]  # fmt: skip
+                        self.sent[member] = {int.from_bytes(f[:8], "big"): w.stage
+                                             for f, w in zip(frames, why, strict=True)}
                     if pends:  # pending with a live timeout: any non-zero ack value
                         frames = make(np.array([r for r, _ in pends]))
                         pend_frames = [(f, os.urandom(8)) for f in frames]
@@ -588,10 +603,11 @@ class VectorRun:
         replies = store.settle_shards(jobs, salt=plan.salt, batch=batch,
                                       elapsed_ms=self.elapsed_ms())  # fmt: skip
         self.calls += len(replies)
-        for shard, reply in sorted(replies.items()):
-            if reply[5]:
+        for shard, tally in sorted(replies.items()):
+            self.settled.merge(tally)
+            if tally.skipped:
                 log.warning("segments settled already batch_id=%s shard=%d skipped=%d",
-                            self.result.batch_id, shard, reply[5])  # fmt: skip
+                            self.result.batch_id, shard, tally.skipped)  # fmt: skip
 
     def _remember(self, table: pa.Table, rows: list[int], every: bool) -> None:
         """Let the source name the locations of the rows its batch persists as references
@@ -632,6 +648,7 @@ class VectorRun:
                 why = failed[src]
                 reason = "dead_letter" if why.attempts & DEAD_NOW else "explicit"
                 batches.setdefault(k, ShardBatch()).fails.append((src, reason, why.error))
+                self.sent.setdefault("", {})[src] = why.stage
             elif src not in unconfirmed:
                 done.setdefault(k, []).append((src, cur))
         for k, pairs in done.items():
@@ -639,5 +656,25 @@ class VectorRun:
             b.xor_srcs = np.array([s for s, _ in pairs], np.uint64)
             b.xor_deltas = np.array([c for _, c in pairs], np.uint64)
         if batches:
-            self.layer.acker.apply(batches, token=f"{self.plan.salt:x}:replays")
+            tally = self.layer.acker.apply(batches, token=f"{self.plan.salt:x}:replays")
+            if tally.duplicates:  # applied by an earlier call: its outcomes are not known
+                self.sent.pop("", None)
+            self.settled.merge(tally)
             self.calls += len(batches)
+
+    def _count_outcomes(self) -> None:
+        """Count each failed row this run settled as replayed or dead-lettered (as Redis
+        decided it) in the stage it failed in; rows of segments an earlier run settled
+        are not counted again."""
+        dead = set(self.settled.dead_ids)
+        skipped = set(self.settled.skipped_members)
+        stages = self.result.stages
+        for member, sent in self.sent.items():
+            if member in skipped:
+                continue
+            for src, label in sent.items():
+                counts = stages.setdefault(label, StageCounts())
+                if src in dead:
+                    counts.dead_lettered += 1
+                else:
+                    counts.replayed += 1

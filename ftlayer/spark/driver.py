@@ -556,7 +556,8 @@ class FaultTolerance:
         """The batch's summary for the status page (ftlayer.history): a report, so a
         Redis error here is logged, never raised (the batch has settled)."""
         assert self.layer is not None
-        stages = {label: (c.rows_in, c.rows_out, c.failed, c.unconfirmed, c.seconds)
+        stages = {label: (c.rows_in, c.rows_out, c.failed, c.unconfirmed, c.seconds,
+                          c.replayed, c.dead_lettered)
                   for label, c in result.stages.items()}  # fmt: skip
         try:
             record_batch(self.layer.client, self.layer.keyspace,

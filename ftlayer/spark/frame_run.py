@@ -60,7 +60,14 @@ from ftlayer.spark.frame_tasks import (
     PythonStep,
     answer_type,
 )
-from ftlayer.spark.plan import MAX_MESSAGES, BatchStage, FrameStage, error_text, stage_name
+from ftlayer.spark.plan import (
+    MAX_MESSAGES,
+    SOURCE_STAGE,
+    BatchStage,
+    FrameStage,
+    error_text,
+    stage_name,
+)
 from ftlayer.spark.references import with_references
 from ftlayer.spark.results import StageCounts
 from ftlayer.spark.vector_tasks import LOC_COL, POS_COL, SRC_COL, segment_bytes, stage_label
@@ -332,7 +339,8 @@ class FrameRun(VectorRun):
                 raise FTLayerError(f"{label}'s rows were not all seen by the sink's job: "
                                    "the batch fails (Spark runs it again)")  # fmt: skip
             failed = [x.split(",") for x in (m.get("failed") or "").split(";") if x]
-            errors = {int(e["id"]): Failure(e["error"], 1 | DEAD_NOW if e["dead"] else 1)
+            stage = label or SOURCE_STAGE
+            errors = {int(e["id"]): Failure(e["error"], 1 | DEAD_NOW if e["dead"] else 1, stage)
                       for e in json.loads(m.get("errors") or "[]")}  # fmt: skip
             for loc_text, pos_text, err in failed:
                 why, pos = errors[int(err)], int(pos_text)
@@ -360,7 +368,7 @@ class FrameRun(VectorRun):
         loc = ids.column(LOC_COL).to_pylist()
         pos = ids.column(POS_COL).to_pylist()
         ran = {p & _U64 for lo, p in zip(loc, pos, strict=True) if _replay(lo, p)}
-        why = Failure(text, 1)
+        why = Failure(text, 1, self.sink_label or SOURCE_STAGE)
         fresh = {(lo, p): why for lo, p in zip(loc, pos, strict=True) if not _replay(lo, p)}
         r.replayed, r.fresh = len(ran), len(fresh)
         r.errors.append(text)
@@ -386,6 +394,7 @@ class FrameRun(VectorRun):
                                   if lo is not None}, r.fresh)  # fmt: skip
         self._not_found(failed)
         self._settle_replays(failed, set())
+        self._count_outcomes()
         self.result.redis_calls = self.calls
 
     def _settle_copies(self, failed: dict[int, Failure]) -> None:
@@ -438,8 +447,13 @@ class FrameRun(VectorRun):
             # shard 0's segment also counts the rows that completed (persisted, completed)
             seg_rows = max(rows - elsewhere, len(mine)) if shard == 0 else len(mine)
             jobs[shard] = ([(member, seg_rows, fails, [], 0)], [])
+            self.sent[member] = {int.from_bytes(f[:8], "big"): why.stage
+                                 for f, (_, why) in zip(frames, mine, strict=True)}  # fmt: skip
         self.calls += 2 * len(jobs)
-        store.settle_shards(jobs, salt=plan.salt, batch=batch, elapsed_ms=self.elapsed_ms())
+        tallies = store.settle_shards(jobs, salt=plan.salt, batch=batch,
+                                      elapsed_ms=self.elapsed_ms())  # fmt: skip
+        for tally in tallies.values():
+            self.settled.merge(tally)
 
 
 _EXCLUDED = "spark.sql.adaptive.optimizer.excludedRules"

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ftlayer.errors import ConfigError, FailRecord
+from ftlayer.history import SOURCE_STAGE
 from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy, RecordContext, wants_context
 
 __all__ = [
     "MAX_MESSAGES",
+    "SOURCE_STAGE",
     "UNCONFIRMED",
     "BatchStage",
     "FrameStage",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ftlayer.layer import FTStats
@@ -14,7 +14,9 @@ __all__ = ["BatchResult", "DrainResult", "RecordCounts", "StageCounts"]
 @dataclass
 class StageCounts:
     """Rows in and out of one stage of a batch, summed over its tasks. ``failed`` rows
-    are replayed later (or dead-lettered), ``unconfirmed`` ones time out and replay."""
+    are replayed (``replayed``) or dead-lettered (``dead_lettered``), ``unconfirmed`` ones
+    time out and replay. The stage ``source`` (plan.SOURCE_STAGE) counts rows failed before
+    any stage ran."""
 
     rows_in: int = 0
     rows_out: int = 0
@@ -25,6 +27,14 @@ class StageCounts:
     seconds: float = 0.0
     """Time spent in the stage's function, summed over its tasks (bisection included;
     DataFrame stages run inside Spark's plan and report 0)."""
+    replayed: int = 0
+    """Failed rows of the stage queued for a replay, or replayed at once in their task
+    (one per attempt)."""
+    dead_lettered: int = 0
+    """Failed rows of the stage that went to the dead letters (their budget spent, or an
+    error no replay fixes). Each failed row is replayed or dead-lettered, once its batch
+    settled: ``failed == replayed + dead_lettered`` for a stage that keeps one output
+    row per input row."""
 
     @property
     def acked(self) -> int:
@@ -33,12 +43,8 @@ class StageCounts:
         return self.rows_in - self.failed - self.unconfirmed
 
     def add(self, other: StageCounts) -> None:
-        self.rows_in += other.rows_in
-        self.rows_out += other.rows_out
-        self.failed += other.failed
-        self.unconfirmed += other.unconfirmed
-        self.bisections += other.bisections
-        self.seconds += other.seconds
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
 @dataclass(kw_only=True)

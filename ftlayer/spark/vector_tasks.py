@@ -54,7 +54,7 @@ from ftlayer.ids import (
 from ftlayer.limits import DEAD_NOW
 from ftlayer.lineage import LINEAGE_META, copy_lineage, reference_lineage
 from ftlayer.spark.outcome import StageContractError, run_stage
-from ftlayer.spark.plan import MAX_MESSAGES, Segment, stage_name
+from ftlayer.spark.plan import MAX_MESSAGES, SOURCE_STAGE, Segment, stage_name
 from ftlayer.spark.policy import DEFAULT_POLICY, BatchContext, ErrorPolicy, wants_context
 from ftlayer.spark.worker import task_context, worker_layer
 
@@ -175,6 +175,7 @@ class _Task:
     failed_src: list[np.ndarray] = field(default_factory=list)
     failed_err: list[str] = field(default_factory=list)
     failed_att: list[np.ndarray] = field(default_factory=list)
+    failed_stage: list[str] = field(default_factory=list)
     unc_src: list[np.ndarray] = field(default_factory=list)
     rep_src: list[np.ndarray] = field(default_factory=list)
     rep_cur: list[np.ndarray] = field(default_factory=list)
@@ -187,14 +188,23 @@ class _Task:
               micros: int) -> None:
         """Sum one call of a stage: rows in, out, failed, unconfirmed, extra calls
         (bisection), and the microseconds the stage took (its function, bisection
-        included): StageCounts' fields, in this order."""
-        c = self.counts.setdefault(label, [0, 0, 0, 0, 0, 0])
+        included): StageCounts' fields, in this order. A seventh counts the stage's
+        failed rows this task replayed at once (:meth:`replayed_now`)."""
+        c = self.counts.setdefault(label, [0] * 7)
         for i, v in enumerate((rows_in, rows_out, failed, unc, extra, micros)):
             c[i] += v
+
+    def replayed_now(self, stages: list[str]) -> None:
+        """Rows replayed at once in this task, one per label of the stage they failed in."""
+        self.immediate_replays += len(stages)
+        for label in stages:
+            self.counts.setdefault(label, [0] * 7)[6] += 1
 
     def pack(self, token: int, segment: str | None, segment_rows: int) -> bytes:
         texts: dict[str, int] = {}
         idx = np.array([texts.setdefault(e, len(texts)) for e in self.failed_err], np.uint32)
+        labels: dict[str, int] = {}
+        lbl = np.array([labels.setdefault(e, len(labels)) for e in self.failed_stage], np.uint16)
 
         def ids(parts: list[np.ndarray]) -> bytes:
             return np.concatenate(parts).astype(_U8).tobytes() if parts else b""
@@ -208,6 +218,7 @@ class _Task:
                 "failed_err": idx.astype(">u4").tobytes(), "texts": list(texts),
                 "failed_att": np.concatenate(self.failed_att).astype(">u2").tobytes()
                 if self.failed_att else b"",
+                "failed_stage": lbl.astype(">u2").tobytes(), "labels": list(labels),
                 "immediate_replays": self.immediate_replays,
                 "unc_src": ids(self.unc_src), "rep_src": ids(self.rep_src),
                 "rep_cur": ids(self.rep_cur), "rep_key": ids(self.rep_key),
@@ -261,7 +272,7 @@ def _valid_keys(
     texts = [f"record_key {plan.record_key!r} is {col[int(i)].as_py()}: a record key must be "
              "a non-negative integer" for i in rows]  # fmt: skip
     _note_failures(task, texts[:1])
-    _residue(task, src[rows], texts, 1 | DEAD_NOW)
+    _residue(task, src[rows], texts, [SOURCE_STAGE] * len(rows), 1 | DEAD_NOW)
     good = ~bad
     return (batch.filter(pa.array(good)), src[good],
             None if before is None else before[good])  # fmt: skip
@@ -277,6 +288,12 @@ class _Chain:
     failed: np.ndarray
     texts: list[str]
     dead: np.ndarray  # bool, aligned with failed: dead-letter it now (no replay fixes it)
+    stages: list[str]  # aligned with failed: the label of the stage it failed in
+
+    def only(self, mask: np.ndarray) -> _Chain:
+        """The failures where ``mask`` holds (and the same output)."""
+        return _Chain(self.out, self.failed[mask], _pick(self.texts, mask), self.dead[mask],
+                      _pick(self.stages, mask))  # fmt: skip
 
 
 _NO_ROWS = np.zeros(0, np.int64)
@@ -304,18 +321,20 @@ def _run_chain(
     failed: list[np.ndarray] = []
     dead: list[np.ndarray] = []
     texts: list[str] = []
+    stages: list[str] = []
 
-    def note(rows: np.ndarray, errors: list[str], fatal: np.ndarray) -> None:
+    def note(label: str, rows: np.ndarray, errors: list[str], fatal: np.ndarray) -> None:
         if len(rows):
             failed.append(_at(origin, rows))
             dead.append(np.isin(rows, fatal) if len(fatal) else np.zeros(len(rows), bool))
             texts.extend(errors)
+            stages.extend([label] * len(rows))
         _note_failures(task, errors)
 
     def done(out: pa.RecordBatch | None) -> _Chain:
         if not failed:
-            return _Chain(out, _NO_ROWS, texts, _NO_DEAD)
-        return _Chain(out, np.concatenate(failed), texts, np.concatenate(dead))
+            return _Chain(out, _NO_ROWS, texts, _NO_DEAD, stages)
+        return _Chain(out, np.concatenate(failed), texts, np.concatenate(dead), stages)
 
     def context(fn: Any) -> BatchContext | None:
         if not wants_context(fn):
@@ -334,7 +353,7 @@ def _run_chain(
         n_out = 0 if res.output is None else res.output.num_rows
         task.count(label, batch.num_rows, n_out, len(res.failed), 0, res.extra_calls,
                    _micros(t0))
-        note(res.failed, res.errors, res.dead)
+        note(label, res.failed, res.errors, res.dead)
         if res.output is None or n_out == 0:
             return done(None)
         if not res.identity:
@@ -376,7 +395,7 @@ def _run_chain(
                     ctx=context(seg.sink))  # fmt: skip
     task.count(label, batch.num_rows, 0, len(res.failed), len(res.unconfirmed), res.extra_calls,
                _micros(t0))
-    note(res.failed, res.errors, res.dead)
+    note(label, res.failed, res.errors, res.dead)
     task.written += batch.num_rows - len(res.failed) - len(res.unconfirmed)
     if src is not None and len(res.unconfirmed):
         task.unc_src.append(src[_at(origin, res.unconfirmed)])
@@ -409,22 +428,21 @@ def _run_with_replays(
         if chain.out is not None:
             yield chain.out
         if chain.dead.any():  # dead letters now: no replay fixes them
-            dead = chain.dead
-            _residue(task, src[chain.failed[dead]], _pick(chain.texts, dead),
-                     attempts | DEAD_NOW)  # fmt: skip
-            chain = _Chain(chain.out, chain.failed[~dead], _pick(chain.texts, ~dead), _NO_DEAD)
+            now = chain.only(chain.dead)
+            _residue(task, src[now.failed], now.texts, now.stages, attempts | DEAD_NOW)
+            chain = chain.only(~chain.dead)
         if not len(chain.failed) or attempts > budget:
             break
-        rows = np.unique(chain.failed)
-        task.immediate_replays += len(rows)
+        rows, first = np.unique(chain.failed, return_index=True)
+        task.replayed_now([chain.stages[i] for i in first.tolist()])
         sub = None
         sub_lin = None if lin is None else lin[rows]
         if plan.wants_context[0]:
             sub = _context(plan, task, 0, src[rows], prior[rows] + attempts + 1, sub_lin)
         retry = _run_chain(plan, 0, task, batch.take(pa.array(rows)), src[rows], sub, sub_lin)
-        chain = _Chain(retry.out, rows[retry.failed], retry.texts, retry.dead)
+        chain = _Chain(retry.out, rows[retry.failed], retry.texts, retry.dead, retry.stages)
         attempts += 1
-    _residue(task, src[chain.failed], chain.texts, attempts)
+    _residue(task, src[chain.failed], chain.texts, chain.stages, attempts)
 
 
 def _note_replays(plan: VectorPlan, task: _Task, batch: pa.RecordBatch, keep: np.ndarray) -> None:
@@ -494,22 +512,26 @@ def _context(
                         before, batch_id, plan.salt)  # fmt: skip
 
 
-def _residue(task: _Task, src: np.ndarray, texts: list[str], attempts: int) -> None:
-    """Failed rows (by source id) after ``attempts`` failed attempts each (with the
-    ``DEAD_NOW`` bit: dead-lettered at settlement whatever their budget)."""
+def _residue(task: _Task, src: np.ndarray, texts: list[str], stages: list[str],
+             attempts: int) -> None:  # fmt: skip
+    """Failed rows (by source id) with their errors and the labels of the stages they
+    failed in, after ``attempts`` failed attempts each (with the ``DEAD_NOW`` bit:
+    dead-lettered at settlement whatever their budget)."""
     if len(src):
         task.failed_src.append(src)
         task.failed_err.extend(texts)
+        task.failed_stage.extend(stages)
         task.failed_att.append(np.full(len(src), attempts, np.uint16))
 
 
 def _residues(task: _Task, src: np.ndarray, chain: _Chain, attempts: int) -> None:
     """A chain's failed rows: the dead ones with ``DEAD_NOW``, the rest with ``attempts``."""
     if not chain.dead.any():
-        _residue(task, src[chain.failed], chain.texts, attempts)
+        _residue(task, src[chain.failed], chain.texts, chain.stages, attempts)
         return
     for mask, n in ((chain.dead, attempts | DEAD_NOW), (~chain.dead, attempts)):
-        _residue(task, src[chain.failed[mask]], _pick(chain.texts, mask), n)
+        part = chain.only(mask)
+        _residue(task, src[part.failed], part.texts, part.stages, n)
 
 
 def _pick(texts: list[str], mask: np.ndarray) -> list[str]:

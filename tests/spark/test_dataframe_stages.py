@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812
 
 from ftlayer.errors import ConfigError
-from ftlayer.spark import FaultTolerance, FileSource
+from ftlayer.spark import FaultTolerance, FileSource, StageCounts
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.spark
@@ -115,6 +115,15 @@ def test_rows_failing_before_and_after_a_shuffle_replay_into_a_parquet_sink(
         assert "transform[0.0] parse" in row["error"] and "bad amount n/a" in row["error"]
     st = ft.layer.stats()
     assert st.dead_letters == len(bad) and st.pending == 0
+    stages: dict[str, StageCounts] = {}
+    for r in ft.results:  # each failed row counted, in its stage, as replayed or dead
+        for label, c in r.stages.items():
+            stages.setdefault(label.split("]")[0] + "]", StageCounts()).add(c)
+    parse_c, lookup_c = stages["transform[0.0]"], stages["transform[1.0]"]
+    assert (parse_c.replayed, parse_c.dead_lettered) == (2 * len(bad), len(bad)), parse_c
+    assert lookup_c.dead_lettered == 0 and lookup_c.replayed >= len(missing), lookup_c
+    for c in (parse_c, lookup_c):
+        assert c.failed == c.replayed + c.dead_lettered, c
 
 
 def test_a_sink_write_that_fails_for_real_replays_the_batch(

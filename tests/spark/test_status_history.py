@@ -88,6 +88,7 @@ def test_stage_table_and_charts_from_real_batches(spark: SparkSession, served) -
     assert set(rows) == {STAGE, SINK}, rows
     assert rows[STAGE]["rows_in"] == 4000 and rows[STAGE]["batches"] == 4
     assert rows[STAGE]["failed"] == 400 and rows[STAGE]["rows_out"] == 3600
+    assert rows[STAGE]["dead_lettered"] == 400 and rows[STAGE]["replayed"] == 0  # no budget
     assert rows[SINK]["rows_in"] == 3600 and rows[SINK]["failed"] == 0
     assert rows[SINK]["p50_ms"] >= 10  # the sink sleeps 10 ms per Arrow batch
     charts = status["charts"]
@@ -103,6 +104,8 @@ def test_stage_table_and_charts_from_real_batches(spark: SparkSession, served) -
         browser.get(server.url + "/")
         table = browser.find_element(By.ID, "stages")
         WebDriverWait(browser, 10).until(lambda b: "4,000" in table.text)
+        heads = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "table th")]
+        assert "replayed" in heads and "dead-lettered" in heads, heads
         assert STAGE in table.text and SINK in table.text and "3,600" in table.text
         line = browser.find_element(By.CSS_SELECTOR, 'svg[data-series="completed_per_s"] polyline')
         assert len(line.get_attribute("points").split()) >= 3
@@ -114,6 +117,64 @@ def test_stage_table_and_charts_from_real_batches(spark: SparkSession, served) -
         assert shot.stat().st_size > 10_000
     finally:
         browser.quit()
+
+
+def flaky(batch: pa.RecordBatch, ctx) -> Outcome:
+    """Fails the ids ending in 3 on their first attempt only: replayed at once, in the task."""
+    rows = np.flatnonzero((batch.column("id").to_numpy() % 10 == 3) & (ctx.attempts == 1))
+    return Outcome(batch, failed=rows, errors="flaky")
+
+
+def poison(batch: pa.RecordBatch) -> Outcome:
+    """After the shuffle: ids ending in 7 are bad input (dead-lettered at once), ids
+    ending in 9 fail every time (queued, replayed, dead-lettered past the budget)."""
+    ids = batch.column("id").to_numpy()
+    bad, hopeless = np.flatnonzero(ids % 10 == 7), np.flatnonzero(ids % 10 == 9)
+    return Outcome(batch, failed=np.concatenate([bad, hopeless]), errors="poison",
+                   dead_letter=bad)  # fmt: skip
+
+
+FLAKY, POISON = "map_batches[0.0] flaky", "map_batches[1.0] poison"
+
+
+def test_each_stage_counts_its_failed_rows_replayed_or_dead_lettered(
+    spark: SparkSession, redis_server: EmbeddedRedis
+) -> None:
+    """Each failed row is counted, in the stage it failed in, as replayed (at once in its
+    task, or queued and claimed by a later batch) or dead-lettered, as Redis decided it.
+    Catches: outcomes counted in the wrong stage, a replay's second failure counted as
+    dead (or a dead letter as replayed), outcomes counted from the error texts."""
+    cfg = FTConfig(namespace=f"hist{uuid.uuid4().hex[:8]}", timeout_s=30, max_replays=2,
+                   redis_url=redis_server.url)  # fmt: skip
+    with FaultTolerance(cfg, layer=FTLayer.open(cfg)) as ft:
+        pipeline = (ft.pipeline(source=0, name="split")
+                    .map_batches(flaky, "id long, k long")
+                    .partition_by(["k"], 2)
+                    .map_batches(poison, "id long, k long")
+                    .sink_batches(store))  # fmt: skip
+        df = spark.range(0, 1000, numPartitions=2).selectExpr("id", "id % 7 AS k")
+        pipeline(df, 0)
+        for b in (1, 2, 3):  # the queued replays ride the next batches (no new rows)
+            pipeline(df.limit(0), b)
+        results = list(ft.results)
+        totals = ft.layer.stats()
+    by_stage: dict[str, list[int]] = {}
+    for r in results:
+        for label, c in r.stages.items():
+            got = by_stage.setdefault(label, [0, 0, 0])
+            for i, v in enumerate((c.failed, c.replayed, c.dead_lettered)):
+                got[i] += v
+    # flaky: 100 rows fail once each and pass on their replay in the task
+    assert by_stage[FLAKY] == [100, 100, 0], by_stage
+    # poison: 100 dead at once; 100 fail on attempts 1, 2 and 3 (budget 2): replayed twice
+    # each, then dead-lettered
+    assert by_stage[POISON] == [100 + 300, 200, 200], by_stage
+    assert totals.dead_lettered == 200
+    layer = FTLayer(redis_server.client(), cfg)
+    table = {r["stage"]: r for r in stage_table(read_batches(layer.client, layer.keyspace, 0))}
+    assert (table[POISON]["replayed"], table[POISON]["dead_lettered"]) == (200, 200), table
+    assert (table[FLAKY]["replayed"], table[FLAKY]["dead_lettered"]) == (100, 0), table
+    layer.clear()
 
 
 def test_the_history_is_bounded(redis_server: EmbeddedRedis) -> None:
