@@ -1,6 +1,6 @@
 """The fixed Redis cost of one ftlayer script call, beside a bare EVALSHA.
 
-Every shard script runs the shared prelude (lua/_common.lua with the constants of
+Every shard script runs the shared prelude (lua/core/*.lua with the constants of
 ftlayer.limits) before its own body. Run by EVALSHA the prelude is built anew per call (it
 defines the helpers, then ``begin`` reads the clock and makes the call's tables): that is
 paid per call, whatever the call carries, so it is what small flushes and the batch scope's

@@ -39,7 +39,7 @@ REASON_CODES = {"explicit": 1, "timeout": 2, "dead_letter": 3}
 
 @dataclass(frozen=True, slots=True)
 class AckEntry:
-    """One decoded ack entry of a bucket (ENTRY in lua/_common.lua)."""
+    """One decoded ack entry of a bucket (ENTRY in lua/core/layout.lua)."""
 
     value: int
     deadline_ms: int

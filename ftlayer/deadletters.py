@@ -2,7 +2,7 @@
 newest ones first (for ``ftlayer dlq`` and the sidecar's status page).
 
 The newest are read from the per-shard dead-letter log (the capped stream every
-dead-lettering appends to, see lua/_common.lua ``log_dead_letter``): a few entries per
+dead-lettering appends to, see lua/core/failures.lua ``log_dead_letter``): a few entries per
 shard instead of the whole dead-letter hash.
 """
 

@@ -66,7 +66,7 @@ def new_ids(n: int) -> np.ndarray:
 
 # -- ids of the vectorized path, as one numpy column ---------------------------------------
 # Bit 63 marks a batch-local id (a fresh row's locator, or a marker row); every id stored in
-# Redis has it clear (lua/_common.lua's new_source_id, persisted_ids), so the two never meet.
+# Redis has it clear (lua/core/ids.lua's new_source_id, persisted_ids), so the two never meet.
 _U = np.uint64
 LOCAL_BIT = _U(1 << 63)
 _PARTITION_BITS, _ROW_BITS = 23, 40
@@ -204,7 +204,7 @@ def as_ids(values: Any) -> np.ndarray:
 
 def shard_of(source_id: int, shards: int) -> int:
     """The shard of a source id: its low 16 bits modulo the shard count. A replayed
-    record's new id keeps those 16 bits (see lua/_common.lua), so it stays in its shard.
+    record's new id keeps those 16 bits (see lua/core/ids.lua), so it stays in its shard.
     The one shard rule (:func:`shards_of` is the same over an array)."""
     return (source_id & _SHARD_BITS) % shards
 

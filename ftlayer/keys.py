@@ -39,7 +39,7 @@ class ShardKeys:
 
     @property
     def script_keys(self) -> list[str]:
-        """KEYS of every script, in the order lua/_common.lua expects."""
+        """KEYS of every script, in the order lua/core/layout.lua expects."""
         p = self.prefix
         return [f"{p}:stats", f"{p}:tmoidx", f"{p}:dlq"]
 

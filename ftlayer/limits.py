@@ -40,7 +40,7 @@ DLQ_LOG_MAX = 100_000
 callbacks read (the dead letters themselves are kept until purged or re-driven)."""
 BUCKET_SLOTS = 128
 """Records per bucket of the storage layout: a source id's byte 6 (bits 16..23) is its slot
-in its bucket (ftlayer/ids.py, lua/_common.lua). Redis keeps a hash of up to 128 small
+in its bucket (ftlayer/ids.py, lua/core/ids.lua). Redis keeps a hash of up to 128 small
 fields as a listpack (``hash-max-listpack-entries``), a few bytes per field."""
 BUCKET_MAX_BYTES = 1_000_000
 """A bucket takes no more records once its frames reach this size (a record larger than it

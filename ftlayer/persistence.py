@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 _QUEUE_ENTRY = np.dtype([("source_id", ">u8"), ("hash_code", ">i4"), ("partition", ">i4"),
                          ("attempts", ">u2")])  # fmt: skip
-"""A replay queue entry (lua/_common.lua queue_entry)."""
+"""A replay queue entry (lua/core/failures.lua QUEUE_ENTRY)."""
 
 
 _CLAIM_CALL = 2_000

@@ -1,11 +1,12 @@
 """The Lua scripts of ``ftlayer/lua``, run as Redis 7 functions where the server has them
 and as EVALSHA scripts elsewhere (Redis 6.2, the embedded server).
 
-The prelude ``lua/_common.lua`` is shared by every shard script. As EVAL (redis-py's
+The core ``lua/core/*.lua`` (concatenated in the order of :data:`CORE`, each part's header
+says what it owns) is shared by every shard script. As EVAL (redis-py's
 Script: EVALSHA first, reloaded on NoScriptError) each call builds it anew: ~7.6 µs on
 Redis 7.0, which is most of a small flush. As a function library (``FUNCTION LOAD``, one
 library per ftlayer build, named by a hash of its text) it is built once, and a call only
-resets its state (``begin`` in the prelude). A server that lost the library (a restart
+resets its state (``begin`` in the core). A server that lost the library (a restart
 without persistence, ``FUNCTION FLUSH``) gets it loaded again on the next call.
 """
 
@@ -41,7 +42,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# scripts on one shard's keys: prefixed with the shared prelude lua/_common.lua
+CORE = ("layout", "stats", "records", "buckets", "ids", "failures", "summaries", "call")
+"""The parts of the core (lua/core/<part>.lua), in the order they are concatenated: a part
+uses only what the parts before it define; ``call`` (begin) comes last."""
+# scripts on one shard's keys: prefixed with the core
 SHARD_SCRIPTS = (
     "flush", "expire", "claim", "fail", "reset_timeout", "dlq_replay",
     "segment_put", "segment_batch", "segment_settle", "summary_put",
@@ -55,27 +59,29 @@ def _read(name: str) -> str:
     return (files("ftlayer") / "lua" / f"{name}.lua").read_text()
 
 
-def _prelude() -> str:
-    return lua_constants() + _read("_common") + "\n"
+def core_source() -> str:
+    """The core every shard script starts with: the constants of ftlayer.limits, then the
+    parts of CORE."""
+    return lua_constants() + "".join(_read(f"core/{part}") for part in CORE) + "\n"
 
 
 @cache
 def script_source(name: str) -> str:
     """The full text of a script run by EVAL: shard scripts get the constants of
-    ftlayer.limits, the shared prelude and the call's ``begin`` first."""
+    ftlayer.limits, the core and the call's ``begin`` first."""
     if name in PLAIN_SCRIPTS:
         return _read(name)
-    return _prelude() + "begin(KEYS)\n" + _read(name)
+    return core_source() + "begin(KEYS)\n" + _read(name)
 
 
 @cache
 def library_source() -> tuple[str, str]:
-    """(name, text) of the function library holding every script: the prelude once, then
+    """(name, text) of the function library holding every script: the core once, then
     each script's body as a function ``<name>_<script>`` whose parameters are named KEYS
     and ARGV, so the same body runs in both modes. The name carries ftlayer's version
     (``FUNCTION LIST`` tells which release loaded it) and a hash of the text: two ftlayer
     builds on one server each use their own library."""
-    body = [_prelude()]
+    body = [core_source()]
     for script in SCRIPTS:
         start = "begin(KEYS)\n" if script in SHARD_SCRIPTS else ""
         body.append(

@@ -22,7 +22,7 @@ slot of the record's ack entry name it), the current id (a replay gets a fresh o
 claimed) and the header check (the ids it skipped are gone; a length past the stored
 bytes fails the bounds check, a changed payload the checksum). Lua reads ``payload_len``,
 ``hash_code``, ``partition``, ``source`` and ``max_replays`` at these offsets
-(lua/_common.lua).
+(lua/core/records.lua).
 
 Where a stored record travels to Lua (a flush's persists, a segment's residues) it is
 preceded by its 8-byte source id: ``[source id][stored]``, one *unit*.

@@ -39,7 +39,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_wheel_holds_what_ftlayer_needs(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert wheel.name.startswith(f"ftlayer-{__version__}-")
-    for must in ("ftlayer/lua/_common.lua", "ftlayer/lua/claim.lua", "ftlayer/py.typed",
+    for must in ("ftlayer/lua/core/buckets.lua", "ftlayer/lua/claim.lua", "ftlayer/py.typed",
                  "partitioners/__init__.py", "serialization/__init__.py"):  # fmt: skip
         assert must in names, must
     assert any(n.endswith("LICENSE") and ".dist-info/" in n for n in names)

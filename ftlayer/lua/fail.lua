@@ -1,5 +1,5 @@
 -- FTLayer.fail from outside a task flush (operators, the sidecar, tests).
--- ARGV: max_replays (-1: each record's own budget), fails (as parse_fails in _common.lua).
+-- ARGV: max_replays (-1: each record's own budget), fails (as parse_fails in core/failures.lua).
 -- Returns {replayed, dead_lettered, orphans}.
 
 local done = fail_records(parse_fails(ARGV[2], tonumber(ARGV[1])))

@@ -8,14 +8,14 @@
 --   records:  their stored records (serialization/stored.py) end to end, len bytes each;
 --             a run of them going to one bucket is appended with one string made
 --   xors:     repeated [source id 8][delta hi i4][delta lo i4]
---   fails:    as parse_fails in _common.lua
+--   fails:    as parse_fails in core/failures.lua
 -- A token already seen means a retry of a call that did apply: nothing is done twice.
 -- Returns {completed, replayed, dead_lettered, orphans, the dead-lettered source ids (8
 -- bytes each, end to end)} for this call.
 --
 -- Entries are read once per bucket (one GET), changed in order in the cache (a source id
 -- given twice sees its first change), and written once per bucket (see commit in
--- _common.lua).
+-- core/buckets.lua).
 
 local token_key = PREFIX .. ':flush:' .. ARGV[1]
 if not redis.call('SET', token_key, '1', 'NX', 'PX', FLUSH_TOKEN_TTL_MS) then

@@ -1,5 +1,5 @@
 -- A task of a vectorized batch behind a shuffle stores its summary (see put_summary in
--- _common.lua), unless its run settled the batch already (a late speculative or zombie
+-- core/summaries.lua), unless its run settled the batch already (a late speculative or zombie
 -- attempt: its summary would never be read, nor deleted).
 -- ARGV: summary key suffix (token, hex), summary, summary_ttl_ms, run salt, batch prefix.
 -- Returns 1 stored, 0 not.

@@ -1,6 +1,6 @@
 """``on_dead_letter``: hand each dead letter of a pipeline's source to a driver callback.
 
-Every dead-lettering (lua/_common.lua ``fail_record``, lua/segment_settle.lua) appends
+Every dead-lettering (lua/core/failures.lua ``dead_letter``, lua/segment_settle.lua) appends
 (src, source) to its shard's dead-letter log, a stream capped at about ``DLQ_LOG_MAX``
 entries. After each batch the driver reads the log from the source's cursor (kept in
 Redis, per shard), calls the callback with each dead letter still held, then moves the

@@ -1,0 +1,42 @@
+-- core/records.lua -- stored records (serialization/stored.py) read in place, and the
+-- deadline of a record persisted now. Owns: deadline_for, tmo_key, source_of, budget_of,
+-- queue_fields_of, frame_len. Invariant: readers take a record at a byte offset of any
+-- string and copy nothing; a record is only ever copied whole (its lineage id and
+-- checksum go with it).
+-- Deadline of a record persisted now: the end of the bucket B intervals ahead, so it
+-- fails between (B-1)*I = T and B*I = T*B/(B-1) after it was persisted.
+local function deadline_for(interval_ms, buckets)
+  return (math.floor(NOW / interval_ms) + buckets) * interval_ms
+end
+
+local function tmo_key(deadline)
+  return PREFIX .. ':t:' .. string.format('%d', deadline)
+end
+
+-- A stored record (serialization/stored.py): payload_len u32 | hash_code i32 | partition
+-- i32 | source u16 | max_replays u16 | checksum u64 | lineage i64 | payload; its header is
+-- STORED_HEAD bytes (a constant of the prelude, from Python). Scripts copy a stored record
+-- whole, so its lineage id stays with it through every replay and re-drive.
+-- The readers below take the stored record at byte ``off`` (0-based, default 0) of a
+-- string, so a record inside a bucket's frames is read in place.
+local function source_of(frame, off)
+  return (sunpack('>I2', frame, (off or 0) + 13))
+end
+
+-- The record's replay budget, written into its frame by the pipeline that persisted it;
+-- an override >= 0 (a sidecar's --max-replays) replaces it.
+local function budget_of(frame, override, off)
+  if override >= 0 then return override end
+  return (sunpack('>I2', frame, (off or 0) + 15))
+end
+
+-- Its hash code, original partition and source index: what its replay queue entry
+-- carries, and which queue.
+local function queue_fields_of(frame, off)
+  local hc, part, source = sunpack('>i4i4I2', frame, (off or 0) + 5)
+  return hc, part, source
+end
+
+local function frame_len(frames, off)
+  return STORED_HEAD + sunpack('>I4', frames, off + 1)
+end
