@@ -25,7 +25,6 @@ from ftlayer.handler import AbstractFTHandler, FTHandler, NonFTHandler
 from ftlayer.ids import RecordId
 from ftlayer.layer import FTLayer, FTStats
 from ftlayer.persistence import ClaimedRecord, DeadLetter, Failure
-from ftlayer.rotating import RotatingHashMap
 from ftlayer.version import __version__
 
 __all__ = [
@@ -48,6 +47,5 @@ __all__ = [
     "RecordError",
     "RecordId",
     "RedisUnavailableError",
-    "RotatingHashMap",
     "__version__",
 ]

@@ -2,7 +2,7 @@
 
 A record persisted at time t gets the deadline ``(floor(t/I) + B) * I`` with
 ``I = T/(B-1)``: the end of the bucket B rotations ahead, so it fails between T and
-T*B/(B-1) after t -- RotatingHashMap's bound. Deadlines come from the Redis server clock,
+T*B/(B-1) after t -- the bound of Storm's RotatingMap. Deadlines come from the Redis server clock,
 so executors with skewed clocks agree. Each shard keeps one set per deadline and an index
 of deadlines; ``expire_due`` fails what is due, in chunks, idempotently: any number of
 rotators may run, and one killed mid-way leaves nothing half done.

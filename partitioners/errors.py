@@ -8,12 +8,9 @@ of these; it never guesses. Every class derives from :class:`PartitionerError`, 
 from __future__ import annotations
 
 __all__ = [
-    "HashSeedError",
     "InvalidPartitionError",
-    "NonPortableValueError",
     "PartitionerError",
     "TypeMismatchError",
-    "UnsupportedStrategyError",
     "UnsupportedTypeError",
     "ValueOutOfRangeError",
 ]
@@ -39,20 +36,6 @@ class ValueOutOfRangeError(PartitionerError):
     or a hash code outside the signed 32-bit range."""
 
 
-class HashSeedError(PartitionerError):
-    """``PYTHONHASHSEED`` is missing or invalid, or the Python hash of this interpreter
-    cannot be mirrored for the seed Spark's Python workers use."""
-
-
-class NonPortableValueError(PartitionerError):
-    """A value whose Python hash is not the same across processes (NaN, objects hashed by
-    identity) or that :func:`partitioners.portable_hash` does not mirror."""
-
-
 class InvalidPartitionError(PartitionerError):
-    """A bad partition count, an original partition outside ``[0, num_partitions)``, or range
-    bounds that are not strictly increasing or not comparable with a key."""
+    """A bad partition count."""
 
-
-class UnsupportedStrategyError(PartitionerError):
-    """:func:`partitioners.replay_partitioner` was given a strategy name it does not know."""

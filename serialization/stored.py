@@ -1,4 +1,5 @@
-"""The stored form of a frame: what Redis keeps of a pending record (docs/storage-layout.md).
+"""The stored form of a record: what Redis keeps of a pending record (docs/storage-layout.md),
+decoded as a :class:`serialization.frame.Frame`.
 
 Layout (big-endian, 28-byte header)::
 
@@ -16,11 +17,10 @@ Why a 32-bit checksum: it fails all but one in 4 billion corrupted payloads, and
 byte of the header is paid once per pending record (the lineage id added 8; the checksum
 gave 4 back).
 
-A frame (serialization.frame) minus what Redis knows without it: magic, version and flags
-(the namespace's settings name the layout: ``STORED_VERSION``), the source id (the key and
-slot of the record's ack entry name it), the current id (a replay gets a fresh one when
-claimed) and the header check (the ids it skipped are gone; a length past the stored
-bytes fails the bounds check, a changed payload the checksum). Lua reads ``payload_len``,
+What Redis knows without it is not stored: the layout's version (the namespace's settings
+name it: ``STORED_VERSION``), the source id (the key and slot of the record's ack entry
+name it) and the current id (a replay gets a fresh one when claimed). A length past the
+stored bytes fails the bounds check, a changed payload the checksum. Lua reads ``payload_len``,
 ``hash_code``, ``partition``, ``source`` and ``max_replays`` at these offsets
 (lua/core/records.lua).
 
@@ -43,12 +43,7 @@ from serialization.errors import (
     OversizedFrameError,
     TruncatedFrameError,
 )
-from serialization.frame import (
-    DEFAULT_MAX_PAYLOAD,
-    Frame,
-    describe_record,
-    encode_frame,
-)
+from serialization.frame import DEFAULT_MAX_PAYLOAD, Frame, describe_record
 
 __all__ = [
     "STORED",
@@ -59,7 +54,6 @@ __all__ = [
     "decode_stored_many",
     "encode_stored",
     "encode_stored_many",
-    "frame_of_stored",
 ]
 
 STORED = struct.Struct(">IiiHHIq")
@@ -220,11 +214,3 @@ def _why(stored: bytes, source_id: int, current_id: int, max_payload: int) -> Fr
                                  f"{n}", record=desc)  # fmt: skip
     return ChecksumMismatchError("payload checksum mismatch (payload corrupted)", record=desc)
 
-
-def frame_of_stored(stored: bytes, source_id: int, current_id: int = 0) -> bytes:
-    """The wire frame of a stored record (for tools that hand frames on); raises as
-    ``decode_stored``."""
-    f = decode_stored(stored, source_id, current_id, max_payload=1 << 31)
-    return encode_frame(f.payload, source_id, current_id, f.hash_code, f.source,
-                        partition=f.partition, max_replays=f.max_replays,
-                        max_payload=1 << 31)  # fmt: skip

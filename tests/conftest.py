@@ -1,11 +1,6 @@
 """Shared fixtures: a real redis-server per test session (the embedded one ftlayer ships),
-FTLayer objects on fresh namespaces of it, and a session-scoped local[2] SparkSession.
-
-Spark: PySpark starts its Python workers with ``PYTHONHASHSEED`` = the driver's value, or
-``"0"`` when the driver has none, and that overrides ``spark.executorEnv.PYTHONHASHSEED``.
-So when the caller did not set it, we set a fixed non-zero seed in ``os.environ`` only while
-the SparkContext is built (it captures the value then) and restore the environment after.
-Tests read the workers' seed from ``sc.environment``. Workers run this interpreter.
+FTLayer objects on fresh namespaces of it, and a session-scoped local[2] SparkSession whose
+Python workers run this interpreter.
 """
 
 from __future__ import annotations
@@ -131,13 +126,9 @@ def layer(make_layer: LayerFactory) -> FTLayer:
     return make_layer()
 
 
-WORKER_HASH_SEED = "2718"
-
-
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    saved = {k: os.environ.get(k) for k in ("PYTHONHASHSEED", "PYSPARK_PYTHON")}
-    os.environ.setdefault("PYTHONHASHSEED", WORKER_HASH_SEED)
+    saved = {k: os.environ.get(k) for k in ("PYSPARK_PYTHON",)}
     os.environ["PYSPARK_PYTHON"] = sys.executable
     try:
         session = (
@@ -146,7 +137,6 @@ def spark() -> Iterator[SparkSession]:
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.ui.enabled", "false")
             .config("spark.sql.shuffle.partitions", "8")
-            .config("spark.executorEnv.PYTHONHASHSEED", os.environ["PYTHONHASHSEED"])
             .config("spark.pyspark.python", sys.executable)
             .getOrCreate()
         )
@@ -159,10 +149,3 @@ def spark() -> Iterator[SparkSession]:
     yield session
     session.stop()
 
-
-@pytest.fixture()
-def worker_hash_seed(spark: SparkSession, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Set this process's PYTHONHASHSEED variable to the seed Spark's workers use."""
-    seed = spark.sparkContext.environment["PYTHONHASHSEED"]
-    monkeypatch.setenv("PYTHONHASHSEED", seed)
-    return seed

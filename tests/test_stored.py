@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serialization import decode_frame
 from serialization.errors import (
     ChecksumMismatchError,
     CorruptFrameError,
@@ -19,7 +18,6 @@ from serialization.stored import (
     decode_stored_many,
     encode_stored,
     encode_stored_many,
-    frame_of_stored,
 )
 
 records = st.lists(
@@ -43,7 +41,6 @@ def test_many_is_one_by_one_and_decodes_back(rows: list, source: int, budget: in
         f = decode_stored(one, sid, 7)
         assert (f.source_id, f.current_id, f.hash_code, f.partition) == (sid, 7, hc, part)
         assert (f.source, f.max_replays, f.payload) == (source, budget, p)
-        assert decode_frame(frame_of_stored(one, sid, 7)) == f
 
 
 def test_bad_records_name_themselves() -> None:

@@ -10,7 +10,6 @@ import datetime
 import functools
 import random
 from collections.abc import Callable
-from decimal import Decimal
 from typing import Any
 
 import pdata
@@ -18,14 +17,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812
 
-from partitioners import (
-    HashPartitioner,
-    PortableHashPartitioner,
-    RangePartitioner,
-    portable_hash,
-    spark_murmur3,
-    spark_xxhash64,
-)
+from partitioners import HashPartitioner, spark_murmur3, spark_xxhash64
 
 pytestmark = pytest.mark.spark
 
@@ -227,165 +219,6 @@ def test_collated_strings_are_placed_by_collation_key(spark: SparkSession) -> No
     assert placed["xyz"] == placed["XYZ"]
     byte_level = HashPartitioner(200, ["string"])
     assert byte_level.partition(("ABC",)) != byte_level.partition(("abc",))
-
-
-PORTABLE_KEYS: list[Any] = [
-    None,
-    0,
-    1,
-    -1,
-    2**61 - 1,
-    2**61,
-    2**64 + 5,
-    -(2**70),
-    True,
-    False,
-    0.0,
-    -0.0,
-    1.5,
-    -2.25,
-    float("inf"),
-    float("-inf"),
-    1e300,
-    Decimal("1.10"),
-    Decimal("-3"),
-    b"",
-    b"\x00\xff",
-    (None,),
-    (None, 1),
-    (1, (2, "x")),
-    ("a", b"b", None, 3.5),
-]
-
-
-def _portable_keys() -> list[Any]:
-    rng = R("portable")
-    keys = list(PORTABLE_KEYS)
-    keys += pdata.strings(rng, 600)
-    keys += pdata.binaries(rng, 200)
-    keys += pdata.ints(rng, "bigint", 300)
-    keys += [
-        (s, i) for s, i in zip(pdata.strings(rng, 300), pdata.ints(rng, "int", 300), strict=True)
-    ]
-    keys += [
-        (s, None, d)
-        for s, d in zip(pdata.strings(rng, 100), pdata.doubles(rng, 100), strict=True)
-        if d == d
-    ]
-    return keys
-
-
-@pytest.mark.parametrize("n", [1, 7, 16, 200])
-def test_portable_hash_partitioner_matches_partition_by(
-    spark: SparkSession, worker_hash_seed: str, n: int
-) -> None:
-    keys = _portable_keys()
-    placed = (
-        spark.sparkContext.parallelize([(k, i) for i, k in enumerate(keys)], 4)
-        .partitionBy(n)
-        .mapPartitionsWithIndex(lambda idx, it: [(i, idx) for _, i in it])
-        .collect()
-    )
-    assert len(placed) == len(keys)
-    partitioner = PortableHashPartitioner(n)
-    for i, p in placed:
-        assert partitioner.partition(keys[i]) == p, keys[i]
-        assert partitioner.select(12345, p) == (p,)
-
-
-def test_portable_hash_equals_worker_hash(spark: SparkSession, worker_hash_seed: str) -> None:
-    keys = _portable_keys()[:400]
-
-    def hashes(it: Any) -> Any:
-        from pyspark.rdd import portable_hash as spark_portable_hash
-
-        return [(i, spark_portable_hash(k)) for i, k in it]
-
-    got = spark.sparkContext.parallelize(list(enumerate(keys)), 2).mapPartitions(hashes).collect()
-    for i, h in got:
-        assert portable_hash(keys[i]) == h, keys[i]
-
-
-def _spark_order(ascending: bool, nulls_first: bool) -> Callable[[Any], Any]:
-    """Sort key of single values in Spark's order (test-side, independent of the mirror)."""
-
-    def key(v: Any) -> Any:
-        if v is None:
-            return (0,) if nulls_first else (2,)
-        if isinstance(v, float):
-            v = float("inf") if v != v else v + 0.0  # NaN is largest; no inf in the data
-            return (1, v if ascending else -v)
-        if isinstance(v, str):
-            code = [ord(c) for c in v]
-            return (1, code if ascending else [-c for c in code] + [1])
-        return (1, v if ascending else -v)
-
-    return key
-
-
-RANGE_CASES = {
-    "bigint": ("bigint", lambda r: pdata.ints(r, "bigint", N)),
-    "string": ("string", lambda r: pdata.strings(r, N)),
-    "double": (
-        "double",
-        lambda r: [d for d in pdata.doubles(r, N) if d != d or abs(d) != float("inf")],
-    ),
-}
-
-
-@pytest.mark.parametrize("ascending", [True, False], ids=["asc", "desc"])
-@pytest.mark.parametrize("name", sorted(RANGE_CASES))
-def test_range_partitioner_matches_repartition_by_range(
-    spark: SparkSession, name: str, ascending: bool
-) -> None:
-    t, make = RANGE_CASES[name]
-    rng = R(f"range-{name}")
-    values = pdata.with_nulls(rng, make(rng), rate=0.1)
-    df = spark.createDataFrame(list(enumerate(values)), f"id bigint, k {t}")
-    order = F.col("k").asc() if ascending else F.col("k").desc()
-    rows = (
-        df.repartitionByRange(16, order).select("id", F.spark_partition_id().alias("p")).collect()
-    )
-    by_partition: dict[int, list[Any]] = {}
-    for row in rows:
-        by_partition.setdefault(row["p"], []).append(values[row["id"]])
-    nulls_first = ascending
-    sort_key = _spark_order(ascending, nulls_first)
-    last = max(by_partition)
-    bounds = [max(by_partition[p], key=sort_key) for p in sorted(by_partition) if p != last]
-    assert sorted(by_partition) == list(range(last + 1)) and last >= 3
-    partitioner = RangePartitioner(bounds, ascending=ascending)
-    for row in rows:
-        assert partitioner.partition(values[row["id"]]) == row["p"], values[row["id"]]
-        assert partitioner.select(0, row["p"]) == (row["p"],)
-
-
-def test_range_partitioner_two_columns_nulls_last(spark: SparkSession) -> None:
-    rng = R("range-2")
-    a = pdata.with_nulls(rng, [rng.choice("abcdef") for _ in range(N)], rate=0.1)
-    b = pdata.with_nulls(rng, pdata.ints(rng, "bigint", N), rate=0.1)
-    keys = list(zip(a, b, strict=True))
-    df = spark.createDataFrame(
-        [(i, *k) for i, k in enumerate(keys)], "id bigint, a string, b bigint"
-    )
-    rows = (
-        df.repartitionByRange(12, F.col("a").asc_nulls_last(), F.col("b").asc_nulls_last())
-        .select("id", F.spark_partition_id().alias("p"))
-        .collect()
-    )
-    by_partition: dict[int, list[tuple]] = {}
-    for row in rows:
-        by_partition.setdefault(row["p"], []).append(keys[row["id"]])
-    one = _spark_order(True, False)
-    last = max(by_partition)
-    bounds = [
-        max(by_partition[p], key=lambda k: (one(k[0]), one(k[1])))
-        for p in sorted(by_partition)
-        if p != last
-    ]
-    partitioner = RangePartitioner(bounds, ascending=True, nulls_first=False)
-    for row in rows:
-        assert partitioner.partition(keys[row["id"]]) == row["p"], keys[row["id"]]
 
 
 def test_timestamps_follow_session_utc(spark: SparkSession) -> None:
