@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis
+from faults import ScriptCalls
 from pyspark.sql import SparkSession
 
 from benchmarks._postgres import LocalPostgres
@@ -67,6 +68,15 @@ def redis7_cluster() -> Iterator[EmbeddedCluster]:
     cluster = EmbeddedCluster(binary=_redis7_binary()).start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(params=["evalsha", "fcall"])
+def script_calls(request: pytest.FixtureRequest) -> ScriptCalls:
+    """Each lost-reply test runs twice: scripts by EVALSHA on the embedded Redis 6.2, and as
+    a Redis 7 function library called by FCALL (the default on Redis 7)."""
+    if request.param == "evalsha":
+        return ScriptCalls(request.getfixturevalue("redis_server"), b"EVALSHA", "eval")
+    return ScriptCalls(request.getfixturevalue("redis7_server"), b"FCALL", "functions")
 
 
 # redis_client's backends: the fixture each one runs on, and whether the scripts run there

@@ -12,14 +12,25 @@ import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
+from ftlayer import EmbeddedRedis
 from ftlayer.acker import ENTRY_BYTES, NOFRAME, AckEntry
 from ftlayer.ids import shard_of
 
-__all__ = ["TcpProxy", "kill_session", "session_pids", "socket_owner"]
+__all__ = ["ScriptCalls", "TcpProxy", "kill_session", "session_pids", "socket_owner"]
 
 Mode = Literal["forward", "swallow_replies", "hold_replies", "refuse"]
+
+
+class ScriptCalls(NamedTuple):
+    """A server and how ftlayer's scripts reach it: a lost-reply proxy matches ``marker``,
+    the command each script call starts with (EVALSHA, or FCALL for a function library;
+    conftest's ``script_calls`` gives both)."""
+
+    server: EmbeddedRedis
+    marker: bytes
+    script_mode: str
 
 
 class TcpProxy:

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 import redis
-from faults import TcpProxy
+from faults import ScriptCalls, TcpProxy
 
 from ftlayer import EmbeddedRedis, FlushError, FTConfig, FTLayer
 
@@ -23,12 +23,14 @@ def _config(**kw: object) -> FTConfig:
 
 
 def test_a_flush_retried_after_its_reply_was_lost_completes_nothing(
-    redis_server: EmbeddedRedis,
+    script_calls: ScriptCalls,
 ) -> None:
-    """The reproduction of the issue, through a real proxy that swallows Redis's reply."""
-    cfg = _config(flush_retries=1, flush_backoff_s=0.01)
-    truth = FTLayer(redis_server.client(), cfg)
-    with TcpProxy(redis_server.port, marker=b"EVALSHA") as proxy:
+    """The reproduction of the issue, through a real proxy that swallows Redis's reply (to
+    an EVALSHA, and to an FCALL)."""
+    server = script_calls.server
+    cfg = _config(flush_retries=1, flush_backoff_s=0.01, script_mode=script_calls.script_mode)
+    truth = FTLayer(server.client(), cfg)
+    with TcpProxy(server.port, marker=script_calls.marker) as proxy:
         layer = FTLayer(redis.Redis.from_url(proxy.url, socket_timeout=5), cfg)
         h = layer.handler()
         first = h.persist_record({"n": 1}, source=0)
@@ -55,13 +57,14 @@ def test_a_flush_retried_after_its_reply_was_lost_completes_nothing(
 
 
 def test_work_buffered_after_a_failed_flush_gets_a_token_of_its_own(
-    redis_server: EmbeddedRedis,
+    script_calls: ScriptCalls,
 ) -> None:
     """The frozen work is resent under its token; what was added since is applied too
     (a token reused for different work would skip it)."""
-    cfg = _config(flush_retries=0, flush_backoff_s=0.01)
-    truth = FTLayer(redis_server.client(), cfg)
-    with TcpProxy(redis_server.port, marker=b"EVALSHA") as proxy:
+    server = script_calls.server
+    cfg = _config(flush_retries=0, flush_backoff_s=0.01, script_mode=script_calls.script_mode)
+    truth = FTLayer(server.client(), cfg)
+    with TcpProxy(server.port, marker=script_calls.marker) as proxy:
         h = FTLayer(redis.Redis.from_url(proxy.url, socket_timeout=5), cfg).handler()
         a = h.persist_record("a", source=0)
         h.flush()  # registers the scripts through the proxy

@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer, RecordId
 from ftlayer.handler import AbstractFTHandler
-from tests.faults import TcpProxy, stored_ids
+from tests.faults import ScriptCalls, TcpProxy, stored_ids
 
 T = 0.05  # record timeout
 MAX_REPLAYS = 2
@@ -37,7 +37,8 @@ class Rec:
     failures: int = 0  # since the last re-drive
 
 
-def machine(server: EmbeddedRedis, proxy: TcpProxy) -> type[RuleBasedStateMachine]:
+def machine(server: EmbeddedRedis, proxy: TcpProxy,
+            script_mode: str = "auto") -> type[RuleBasedStateMachine]:  # fmt: skip
     class Protocol(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
@@ -48,6 +49,7 @@ def machine(server: EmbeddedRedis, proxy: TcpProxy) -> type[RuleBasedStateMachin
                 max_replays=MAX_REPLAYS,
                 flush_retries=3,
                 flush_backoff_s=0.01,
+                script_mode=script_mode,  # type: ignore[arg-type]
             )
             self.layer = FTLayer(server.client(), config)
             self.lossy = FTLayer(proxy_client(proxy), config)  # replies may be swallowed
@@ -197,12 +199,14 @@ def proxy_client(proxy: TcpProxy):  # noqa: ANN201
     return redis.Redis(host="127.0.0.1", port=proxy.port, socket_timeout=2)
 
 
-def test_the_protocol_never_loses_or_completes_early(redis_server: EmbeddedRedis) -> None:
+def test_the_protocol_never_loses_or_completes_early(script_calls: ScriptCalls) -> None:
+    """Replies to EVALSHA, then to FCALL, swallowed at random moments."""
     from hypothesis.stateful import run_state_machine_as_test
 
-    with TcpProxy(redis_server.port, marker=b"EVALSHA", limit=1) as proxy:
+    server = script_calls.server
+    with TcpProxy(server.port, marker=script_calls.marker, limit=1) as proxy:
         run_state_machine_as_test(
-            machine(redis_server, proxy),
+            machine(server, proxy, script_calls.script_mode),
             settings=settings(
                 max_examples=30,
                 stateful_step_count=14,

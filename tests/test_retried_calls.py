@@ -19,20 +19,23 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from faults import TcpProxy
+from faults import ScriptCalls, TcpProxy
 
-from ftlayer import EmbeddedRedis, FTConfig, FTLayer
+from ftlayer import FTConfig, FTLayer
 from ftlayer.scripts import script_source
 
 
 @pytest.fixture
-def pair(redis_server: EmbeddedRedis) -> Iterator[tuple[FTLayer, FTLayer, TcpProxy]]:
-    """(truth: a direct layer, flaky: the same namespace through the proxy, the proxy)."""
-    cfg = FTConfig(namespace=f"rc{uuid.uuid4().hex[:8]}", shards=1, max_replays=3)
-    truth = FTLayer(redis_server.client(), cfg)
+def pair(script_calls: ScriptCalls) -> Iterator[tuple[FTLayer, FTLayer, TcpProxy]]:
+    """(truth: a direct layer, flaky: the same namespace through the proxy, the proxy);
+    the scripts called by EVALSHA, then by FCALL."""
+    server = script_calls.server
+    cfg = FTConfig(namespace=f"rc{uuid.uuid4().hex[:8]}", shards=1, max_replays=3,
+                   script_mode=script_calls.script_mode)  # type: ignore[arg-type]
+    truth = FTLayer(server.client(), cfg)  # functions: the library is loaded now
     for name in ("claim", "fail", "dlq_replay"):  # loaded: the swallowed reply is a result
         truth.client.script_load(script_source(name))
-    with TcpProxy(redis_server.port, marker=b"EVALSHA", limit=1) as proxy:
+    with TcpProxy(server.port, marker=script_calls.marker, limit=1) as proxy:
         flaky = FTLayer(redis.Redis.from_url(proxy.url), cfg)
         yield truth, flaky, proxy
     truth.clear()
