@@ -8,11 +8,10 @@ must show it instead of failing."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
+from toolkit import cli
 
 from ftlayer import FTLayer, RecordError
 from serialization import encode_payload
@@ -52,11 +51,8 @@ def test_a_corrupt_and_an_oversized_replay_are_dead_lettered_alone(
     assert "checksum" in dead[corrupt].frame_error.lower()  # type: ignore[union-attr]
     assert len(dead[by_n[3]].raw) > 600
 
-    out = subprocess.run(
-        [sys.executable, "-m", "ftlayer.cli", "dlq", "list", "--json", "--redis-url",
-         url, "--namespace", layer.config.namespace, "--shards", "1"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    out = cli("dlq", "list", "--json", "--redis-url", url, "--namespace",
+              layer.config.namespace, "--shards", "1")  # fmt: skip
     assert out.returncode == 0, out.stderr
     listed = {d["id"]: d for d in json.loads(out.stdout)}
     assert set(listed) == {f"{s:016x}" for s in dead}

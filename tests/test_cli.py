@@ -13,11 +13,11 @@ from typing import Any
 
 import psutil
 import pytest
+from toolkit import CLI
 
 from ftlayer.scripts import SCRIPTS
 
 ROOT = Path(__file__).resolve().parents[1]
-FTLAYER = [sys.executable, "-m", "ftlayer.cli"]
 
 
 def _run(args: list[str], **kw) -> subprocess.CompletedProcess[str]:
@@ -35,7 +35,7 @@ def test_help_lists_commands_and_env_vars() -> None:
     for word in ("counters", "status", "demo", "redis"):
         assert re.search(rf"^    {word} ", out.stdout, re.M), (word, out.stdout)
     assert not re.search(r"^    stats\b", out.stdout, re.M), "the old name is hidden"
-    sub = _run([*FTLAYER, "counters", "--help"])
+    sub = _run([*CLI, "counters", "--help"])
     assert "FTLAYER_REDIS_URL" in sub.stdout and "FTLAYER_NAMESPACE" in sub.stdout
 
 
@@ -78,7 +78,7 @@ def test_readme_pipelines_are_the_tested_ones() -> None:
 def test_demo_json_loses_nothing() -> None:
     """The main job, small: a real streaming query, a real sidecar process, every kind of
     failure injected; `lost` is counted from the sink's contents."""
-    out = _run([*FTLAYER, "--log-level", "WARNING", "demo", "--records", "3000",
+    out = _run([*CLI, "--log-level", "WARNING", "demo", "--records", "3000",
                 "--batches", "3", "--fail-rate", "0.05", "--drop-rate", "0.03",
                 "--crash-rate", "1.0", "--timeout-s", "1.5", "--json"])  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
@@ -105,7 +105,7 @@ def test_demo_into_an_idempotent_table_counts_from_it(sink: str, postgres: Any) 
     Catches: rewrites that become duplicates in the table, a report counted from the
     Redis list instead of the table."""
     extra = ["--sink-url", postgres.url] if sink == "postgres" else []
-    out = _run([*FTLAYER, "--log-level", "WARNING", "demo", "--records", "2000",
+    out = _run([*CLI, "--log-level", "WARNING", "demo", "--records", "2000",
                 "--batches", "2", "--drop-rate", "0.05", "--timeout-s", "1.5", "--sink", sink,
                 *extra, "--json"])  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
@@ -116,7 +116,7 @@ def test_demo_into_an_idempotent_table_counts_from_it(sink: str, postgres: Any) 
 
 
 def test_demo_postgres_sink_without_a_server_says_so() -> None:
-    out = _run([*FTLAYER, "demo", "--records", "10", "--sink", "postgres"])
+    out = _run([*CLI, "demo", "--records", "10", "--sink", "postgres"])
     assert out.returncode == 2 and "--sink-url" in out.stderr, out.stderr[-2000:]  # usage
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
@@ -126,7 +126,7 @@ def test_demo_reads_like_a_report_and_shows_logs_only_when_asked() -> None:
     was a wall of log lines), a report without its table or verdict, and -v that shows
     nothing more."""
     small = ["demo", "--records", "1500", "--batches", "2", "--timeout-s", "1.5"]
-    out = _run([*FTLAYER, *small])
+    out = _run([*CLI, *small])
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout + out.stderr
     for noise in ("INFO", "WARN", "log4j", "[Stage", "Traceback", "NativeCodeLoader"):
@@ -136,7 +136,7 @@ def test_demo_reads_like_a_report_and_shows_logs_only_when_asked() -> None:
                      r"tasks? recovered \([\d.]+ s\)$", out.stdout, re.M), out.stdout  # fmt: skip
     assert re.search(r"^micro-batch 2/2: 1,500 records in", out.stdout, re.M), out.stdout
     assert re.search(r"^draining: \d+ pending$", out.stdout, re.M), out.stdout
-    loud = _run([*FTLAYER, *small, "-v"])
+    loud = _run([*CLI, *small, "-v"])
     assert loud.returncode == 0, loud.stderr[-3000:]
     assert "INFO ftlayer.spark.driver batch done" in loud.stderr
 
@@ -147,7 +147,7 @@ def test_demo_serve_keeps_the_status_page_up_until_interrupted() -> None:
     import signal
     import urllib.request
 
-    cmd = [*FTLAYER, "demo", "--records", "800", "--batches", "1", "--serve"]
+    cmd = [*CLI, "demo", "--records", "800", "--batches", "1", "--serve"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # fmt: skip
     try:
@@ -174,7 +174,7 @@ def test_demo_serve_keeps_the_status_page_up_until_interrupted() -> None:
 def test_counters_json_on_an_explicit_url(redis_server) -> None:
     from ftlayer import FTConfig, FTLayer
 
-    args = [*FTLAYER, "counters", "--json", "--redis-url", redis_server.url, "--namespace",
+    args = [*CLI, "counters", "--json", "--redis-url", redis_server.url, "--namespace",
             "cli-e"]  # fmt: skip
     out = _run(args)  # never opened: said so, not zeros (tests/test_settings.py)
     assert out.returncode == 1 and "does not exist" in out.stderr, out.stderr
@@ -197,7 +197,7 @@ def test_script_mode_picks_functions_or_eval(redis_server, redis7_server) -> Non
         cases = ((redis7_server, "functions", True), (redis_server, "eval", True),
                  (redis7_server, "eval", True), (redis_server, "functions", False))  # fmt: skip
         for server, mode, ok in cases:
-            out = _run([*FTLAYER, "counters", "--redis-url", server.url, "--namespace",
+            out = _run([*CLI, "counters", "--redis-url", server.url, "--namespace",
                         "cli-sm", "--script-mode", mode])  # fmt: skip
             if ok:
                 assert out.returncode == 0 and "persisted" in out.stdout, (mode, out.stderr)
@@ -229,18 +229,18 @@ def test_functions_lists_this_builds_library_and_prunes_other_builds_only(
         "#!lua name=userlib\nredis.register_function('userfn', function() return 2 end)"
     )
     FTLayer(client, FTConfig(namespace="cli-fn", script_mode="functions"))  # loads current
-    out = _run([*FTLAYER, "functions", "--redis-url", redis7_server.url])
+    out = _run([*CLI, "functions", "--redis-url", redis7_server.url])
     assert out.returncode == 0, out.stderr
     assert f"{current}  {len(SCRIPTS):>2} functions  this build's" in out.stdout, out.stdout
     assert f"{old}   1 functions  another build's" in out.stdout, out.stdout
     assert "userlib" not in out.stdout and "--prune` deletes it" in out.stdout
-    out = _run([*FTLAYER, "functions", "--redis-url", redis7_server.url, "--prune", "--json"])
+    out = _run([*CLI, "functions", "--redis-url", redis7_server.url, "--prune", "--json"])
     report = json.loads(out.stdout)
     assert [lib["name"] for lib in report["pruned"]] == [old]
     assert [(lib["name"], lib["current"]) for lib in report["libraries"]] == [(current, True)]
     names = {_lib_name(lib) for lib in client.function_list()}
     assert names == {current, "userlib"}, names
-    out = _run([*FTLAYER, "functions", "--redis-url", redis_server.url])
+    out = _run([*CLI, "functions", "--redis-url", redis_server.url])
     assert out.returncode == 0 and "no functions (Redis < 7)" in out.stdout, out
     client.function_delete("userlib")
 
@@ -250,14 +250,14 @@ def _lib_name(flat: list) -> str:
 
 
 def test_unreachable_redis_is_a_clear_error() -> None:
-    out = _run([*FTLAYER, "counters", "--redis-url", "redis://u:hunter2@127.0.0.1:1/0"])
+    out = _run([*CLI, "counters", "--redis-url", "redis://u:hunter2@127.0.0.1:1/0"])
     assert out.returncode == 1
     assert "cannot reach Redis" in out.stderr and "hunter2" not in out.stderr
 
 
 def test_counters_and_dlq_need_a_url() -> None:
     for args in (["counters"], ["dlq", "list"]):
-        out = _run([*FTLAYER, *args])
+        out = _run([*CLI, *args])
         assert out.returncode == 2 and "give --redis-url" in out.stderr, out.stderr  # usage
 
 
@@ -267,20 +267,20 @@ def test_global_options_go_anywhere_and_bad_values_are_one_line(redis_server) ->
 
     FTLayer(redis_server.client(), FTConfig(namespace="cli-globals")).handler()
     for args in (["--log-level", "warning", "counters"], ["counters", "--log-level", "warning"]):
-        out = _run([*FTLAYER, *args, "--redis-url", url, "--namespace", "cli-globals"])
+        out = _run([*CLI, *args, "--redis-url", url, "--namespace", "cli-globals"])
         assert out.returncode == 0 and "persisted" in out.stdout, out.stderr
     for bad in (["counters", "--log-level", "loud"], ["--log-format", "xml", "counters"],
                 ["counters", "--shards", "many"], ["dlq", "list", "--bogus"], ["dlq"],
                 ["counters", "--script-mode", "fast"]):  # fmt: skip
-        out = _run([*FTLAYER, *bad])
+        out = _run([*CLI, *bad])
         assert out.returncode == 2, (bad, out)
         assert len(out.stderr.strip().splitlines()) == 1, (bad, out.stderr)
         assert "error:" in out.stderr and "Traceback" not in out.stderr
     env = {**os.environ, "FTLAYER_LOG_LEVEL": "shouting"}
-    out = _run([*FTLAYER, "counters"], env=env)
+    out = _run([*CLI, "counters"], env=env)
     assert out.returncode == 2 and "'shouting' is not one of" in out.stderr
     env = {**os.environ, "FTLAYER_SCRIPT_MODE": "fast"}  # argparse's choices never see these
-    out = _run([*FTLAYER, "counters"], env=env)
+    out = _run([*CLI, "counters"], env=env)
     assert out.returncode == 2 and "'fast' is not one of" in out.stderr
 
 
@@ -293,14 +293,14 @@ def test_every_error_of_ours_is_one_line_usage_2_runtime_1(redis_server) -> None
                               "never-opened"], 1),
     }  # fmt: skip
     for why, (args, status) in cases.items():
-        out = _run([*FTLAYER, *args])
+        out = _run([*CLI, *args])
         assert out.returncode == status, (why, out)
         assert len(out.stderr.strip().splitlines()) == 1, (why, out.stderr)
         assert out.stderr.startswith("ftlayer"), (why, out.stderr)
 
 
 def test_json_logs_are_one_object_per_line_with_the_messages_fields() -> None:
-    out = _run([*FTLAYER, "counters", "--log-format", "json", "--log-level", "debug"])
+    out = _run([*CLI, "counters", "--log-format", "json", "--log-level", "debug"])
     assert out.returncode == 2
     *logs, last = out.stderr.strip().splitlines()
     assert last.startswith("ftlayer counters: error: `ftlayer counters` reads an existing "
@@ -318,7 +318,7 @@ def test_json_logs_are_one_object_per_line_with_the_messages_fields() -> None:
 
 
 def test_bash_completion_completes_commands_and_options(tmp_path) -> None:
-    out = _run([*FTLAYER, "completion", "bash"])
+    out = _run([*CLI, "completion", "bash"])
     assert out.returncode == 0, out.stderr
     script = tmp_path / "ftlayer.bash"
     script.write_text(out.stdout)
@@ -335,7 +335,7 @@ def test_bash_completion_completes_commands_and_options(tmp_path) -> None:
     assert complete("ftlayer", "dl") == ["dlq"]
     assert set(complete("ftlayer", "dlq", "")) >= {"list", "replay", "purge"}
     assert "--log-format" in complete("ftlayer", "counters", "--log-f")
-    assert _run([*FTLAYER, "completion", "zsh"]).stdout.startswith("#compdef ftlayer")
+    assert _run([*CLI, "completion", "zsh"]).stdout.startswith("#compdef ftlayer")
 
 
 def test_an_interrupt_re_raised_as_another_error_is_still_an_interrupt() -> None:

@@ -10,23 +10,18 @@ import queue
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
 from pathlib import Path
 
 import psutil
+from toolkit import CLI, cli
 
 from ftlayer import FTConfig, FTLayer
 from ftlayer.cli import build_parser
 
-FTLAYER = [sys.executable, "-m", "ftlayer.cli"]
 UNREACHABLE = ["--redis-url", "redis://127.0.0.1:1/0"]
-
-
-def _run(*args: str, **kw) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*FTLAYER, *args], capture_output=True, text=True, timeout=120, **kw)
 
 
 def _one_line(out: subprocess.CompletedProcess[str]) -> str:
@@ -57,7 +52,7 @@ def test_usage_errors_exit_2_in_every_command(tmp_path: Path) -> None:
         ["completion", "fish"],
     ]
     for args in cases:
-        out = _run(*args)
+        out = cli(*args)
         assert out.returncode == 2, (args, out.returncode, out.stderr)
         assert "error:" in _one_line(out), (args, out.stderr)
 
@@ -79,10 +74,10 @@ def test_runtime_errors_exit_1_in_every_command(tmp_path: Path) -> None:
         ["dlq", "purge", "--yes"],
     ]
     for args in cases:
-        out = _run(*args, *UNREACHABLE)
+        out = cli(*args, *UNREACHABLE)
         assert out.returncode == 1, (args, out.returncode, out.stderr)
         assert "cannot reach Redis" in out.stderr.strip().splitlines()[-1], (args, out.stderr)
-    out = _run("status", "--url", "http://127.0.0.1:1")
+    out = cli("status", "--url", "http://127.0.0.1:1")
     assert out.returncode == 1 and "no ftlayer sidecar answers" in _one_line(out), out.stderr
 
 
@@ -91,7 +86,7 @@ def test_refused_and_missing_are_runtime_errors(redis_server) -> None:
     without --yes: exit 1."""
     ns = f"conv{uuid.uuid4().hex[:8]}"
     url = ["--redis-url", redis_server.url]
-    missing = _run("counters", *url, "--namespace", ns)
+    missing = cli("counters", *url, "--namespace", ns)
     assert missing.returncode == 1 and "does not exist" in _one_line(missing)
     layer = FTLayer(redis_server.client(), FTConfig(namespace=ns, max_replays=0))
     try:
@@ -100,9 +95,9 @@ def test_refused_and_missing_are_runtime_errors(redis_server) -> None:
         h.flush()
         layer.fail([rid], error="boom")  # max_replays=0: a dead letter
         common = [*url, "--namespace", ns]
-        gone = _run("dlq", "show", "00000000000000ff", *common)
+        gone = cli("dlq", "show", "00000000000000ff", *common)
         assert gone.returncode == 1 and "no dead letter" in _one_line(gone)
-        refused = _run("dlq", "purge", *common, input="")
+        refused = cli("dlq", "purge", *common, stdin="")
         assert refused.returncode == 1 and "without --yes" in _one_line(refused)
         assert layer.stats().dead_letters == 1
     finally:
@@ -110,7 +105,7 @@ def test_refused_and_missing_are_runtime_errors(redis_server) -> None:
 
 
 def test_top_level_help_states_the_exit_statuses() -> None:
-    out = _run("--help")
+    out = cli("--help")
     assert out.returncode == 0
     text = out.stdout[out.stdout.index("exit status:") :]
     for status, words in (("0", "success"), ("1", "a runtime error"), ("2", "a usage error"),
@@ -125,7 +120,7 @@ def test_stats_is_a_hidden_deprecated_alias_of_counters(redis_server) -> None:
     layer = FTLayer(redis_server.client(), FTConfig(namespace=ns))
     try:
         common = ["--redis-url", redis_server.url, "--namespace", ns, "--json"]
-        new, old = _run("counters", *common), _run("stats", *common)
+        new, old = cli("counters", *common), cli("stats", *common)
         assert new.returncode == old.returncode == 0, (new.stderr, old.stderr)
         assert new.stdout == old.stdout and '"pending": 0' in new.stdout
         assert new.stderr == ""
@@ -141,11 +136,11 @@ def test_status_timeout_s_is_a_hidden_deprecated_alias_of_http_timeout_s() -> No
     assert parser.parse_args(["status", "--http-timeout-s", "7"]).http_timeout_s == 7.0
     assert parser.parse_args(["status", "--timeout-s", "9"]).http_timeout_s == 9.0
     assert parser.parse_args(["status"]).http_timeout_s == 5.0
-    help_text = _run("status", "--help").stdout
+    help_text = cli("status", "--help").stdout
     assert "--http-timeout-s" in help_text and "--timeout-s" not in help_text.replace(
         "--http-timeout-s", "")  # fmt: skip
-    old = _run("status", "--url", "http://127.0.0.1:1", "--timeout-s", "2")
-    new = _run("status", "--url", "http://127.0.0.1:1", "--http-timeout-s", "2")
+    old = cli("status", "--url", "http://127.0.0.1:1", "--timeout-s", "2")
+    new = cli("status", "--url", "http://127.0.0.1:1", "--http-timeout-s", "2")
     assert old.returncode == new.returncode == 1
     note, error = old.stderr.strip().splitlines()
     assert note == "ftlayer status: --timeout-s is deprecated, use --http-timeout-s", note
@@ -164,7 +159,7 @@ def test_fixed_sets_of_values_are_listed_in_help() -> None:
         ("completion",): ["{bash,zsh,tcsh}"],
     }  # fmt: skip
     for command, listed in wanted.items():
-        text = _run(*command, "--help").stdout
+        text = cli(*command, "--help").stdout
         for choice in listed:
             assert choice in text, (command, choice, text)
     parser = build_parser()
@@ -181,7 +176,7 @@ def test_serve_without_a_url_says_its_redis_is_an_empty_embedded_one() -> None:
     """Catches: a sidecar that silently times out records in a Redis no pipeline uses,
     with the warning only in a log line (or on stdout, among the URLs)."""
     env = {k: v for k, v in os.environ.items() if k != "FTLAYER_REDIS_URL"}
-    proc = subprocess.Popen([*FTLAYER, "--log-level", "ERROR", "serve", "--metrics-port", "-1"],
+    proc = subprocess.Popen([*CLI, "--log-level", "ERROR", "serve", "--metrics-port", "-1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)  # fmt: skip
     lines: queue.Queue = queue.Queue()

@@ -8,21 +8,15 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
 import uuid
 
 import msgpack
 import pytest
+from toolkit import CLI, cli
 
 from ftlayer import FTConfig, FTLayer
 from ftlayer.cli.dlq import parse_since
-
-FTLAYER = [sys.executable, "-m", "ftlayer.cli"]
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*FTLAYER, *args], capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture
@@ -53,7 +47,7 @@ def test_list_filters_and_previews(letters) -> None:
     layer, common = letters
 
     def ids(*args: str) -> list[str]:
-        out = _cli("dlq", "list", "--json", *common, *args)
+        out = cli("dlq", "list", "--json", *common, *args)
         assert out.returncode == 0, out.stderr
         return [d["preview"] for d in json.loads(out.stdout)]
 
@@ -65,45 +59,45 @@ def test_list_filters_and_previews(letters) -> None:
     assert len(ids("--limit", "2")) == 2 and ids("--limit", "2") == ids()[-2:]
     assert len(ids("--since", "1h")) == 5
     assert ids("--since", "2999-01-01T00:00") == []
-    table = _cli("dlq", "list", *common, "--source", "0")
+    table = cli("dlq", "list", *common, "--source", "0")
     assert table.returncode == 0
     assert "KeyError: 'sku'" in table.stdout and '{"order": 2, "sku": "B-2"}' in table.stdout
     assert "(3 shown" in table.stdout
-    bad = _cli("dlq", "list", *common, "--since", "yesterday-ish")
+    bad = cli("dlq", "list", *common, "--since", "yesterday-ish")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "neither a duration" in bad.stderr
 
 
 def test_show_gives_the_whole_payload_and_every_attempt(letters) -> None:
     layer, common = letters
-    listed = json.loads(_cli("dlq", "list", "--json", *common, "--reason", "KeyError").stdout)
+    listed = json.loads(cli("dlq", "list", "--json", *common, "--reason", "KeyError").stdout)
     (one,) = listed
-    out = _cli("dlq", "show", one["id"], "--json", *common)
+    out = cli("dlq", "show", one["id"], "--json", *common)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["payload"] == {"order": 2, "sku": "B-2"} and d["source"] == 0
     assert [(h["reason"], h["error"]) for h in d["history"]] == [("explicit", "KeyError: 'sku'")]
-    text = _cli("dlq", "show", one["id"], *common).stdout
+    text = cli("dlq", "show", one["id"], *common).stdout
     assert '"sku": "B-2"' in text and "explicit" in text and "KeyError: 'sku'" in text
-    missing = _cli("dlq", "show", "00000000000000ff", *common)
+    missing = cli("dlq", "show", "00000000000000ff", *common)
     assert missing.returncode == 1 and "no dead letter" in missing.stderr  # runtime, not usage
 
 
 def test_export_writes_json_lines_and_redrive_by_filter(letters, tmp_path) -> None:
     layer, common = letters
     path = tmp_path / "dlq.jsonl"
-    out = _cli("dlq", "export", str(path), *common)
+    out = cli("dlq", "export", str(path), *common)
     assert out.returncode == 0 and "exported: 5" in out.stderr
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert sorted(r["payload"]["order"] for r in rows) == [1, 2, 3, 4, 5]
     assert all(r["history"] and r["history"][-1]["time"] for r in rows)
-    out = _cli("dlq", "replay", "--reason", "timeout", *common)
+    out = cli("dlq", "replay", "--reason", "timeout", *common)
     assert out.returncode == 0 and "re-driven: 2" in out.stdout, out.stderr
     st = layer.stats()
     assert (st.dead_letters, st.queued_replays) == (3, 2)
     claimed = layer.claim_replays(1, 10)
     assert sorted(c.frame.decode()["order"] for c in claimed) == [4, 5]
-    both = _cli("dlq", "replay", "--all", "--source", "0", *common)
+    both = cli("dlq", "replay", "--all", "--source", "0", *common)
     assert both.returncode == 2 and "ids, --all, or filters" in both.stderr
 
 
@@ -125,19 +119,19 @@ def test_replay_dry_run_counts_per_source_and_reason_and_changes_nothing(letters
     """Catches: a dry run that re-drives, counts that ignore the filter, a breakdown that
     is not per source and reason, ids that do not exist passed over in silence."""
     layer, common = letters
-    out = _cli("dlq", "replay", "--all", "--dry-run", *common)
+    out = cli("dlq", "replay", "--all", "--dry-run", *common)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("dry run: would re-drive 5 dead letters; nothing changed")
     assert _table(out.stdout) == [("0", "explicit", 3), ("1", "timeout", 2)], out.stdout
-    out = _cli("dlq", "replay", "--reason", "valueerror", "--dry-run", *common)
+    out = cli("dlq", "replay", "--reason", "valueerror", "--dry-run", *common)
     assert "would re-drive 2 dead letters" in out.stdout
     assert _table(out.stdout) == [("0", "explicit", 2)], out.stdout
-    listed = json.loads(_cli("dlq", "list", "--json", *common, "--source", "1").stdout)
-    out = _cli("dlq", "replay", listed[0]["id"], "00000000000000ff", "--dry-run", *common)
+    listed = json.loads(cli("dlq", "list", "--json", *common, "--source", "1").stdout)
+    out = cli("dlq", "replay", listed[0]["id"], "00000000000000ff", "--dry-run", *common)
     assert "would re-drive 1 dead letter;" in out.stdout
     assert _table(out.stdout) == [("1", "timeout", 1)]
     assert "not found: 00000000000000ff" in out.stdout
-    out = _cli("dlq", "replay", "--all", "--rate", "1000", "--dry-run", *common)
+    out = cli("dlq", "replay", "--all", "--rate", "1000", "--dry-run", *common)
     assert "would re-drive 5" in out.stdout
     st = layer.stats()
     assert (st.dead_letters, st.queued_replays, st.redriven) == (5, 0, 0)
@@ -148,7 +142,7 @@ def test_replay_at_a_rate_is_paced_with_progress(letters) -> None:
     on average than 4 a second, with progress lines on stderr. Catches: a rate ignored
     (all at once), a pace measured without the chunk being sent, no progress."""
     layer, common = letters
-    proc = subprocess.Popen([*FTLAYER, "dlq", "replay", "--all", "--rate", "4", *common],
+    proc = subprocess.Popen([*CLI, "dlq", "replay", "--all", "--rate", "4", *common],
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     assert proc.stderr is not None and proc.stdout is not None
     progress = []
@@ -171,7 +165,7 @@ def test_replay_at_a_rate_stops_cleanly_on_ctrl_c(letters) -> None:
     that many are queued and the rest still dead letters. Catches: an interrupt that
     kills a chunk half-counted, or a count that is not what happened."""
     layer, common = letters
-    proc = subprocess.Popen([*FTLAYER, "dlq", "replay", "--all", "--rate", "2", *common],
+    proc = subprocess.Popen([*CLI, "dlq", "replay", "--all", "--rate", "2", *common],
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     assert proc.stderr is not None and proc.stdout is not None
     first = proc.stderr.readline()
@@ -192,28 +186,28 @@ def test_purge_by_filter_or_id_with_dry_run(letters) -> None:
     """Catches: a filtered purge that deletes everything, a dry run that deletes, a
     purge without --yes off a terminal, ids and filters mixed."""
     layer, common = letters
-    out = _cli("dlq", "purge", "--reason", "timeout", "--dry-run", *common)
+    out = cli("dlq", "purge", "--reason", "timeout", "--dry-run", *common)
     assert out.returncode == 0 and "would purge 2 dead letters" in out.stdout, out.stderr
     assert _table(out.stdout) == [("1", "timeout", 2)]
-    out = _cli("dlq", "purge", "--dry-run", *common)  # no filter: every one
+    out = cli("dlq", "purge", "--dry-run", *common)  # no filter: every one
     assert _table(out.stdout) == [("0", "explicit", 3), ("1", "timeout", 2)]
-    refused = _cli("dlq", "purge", "--reason", "timeout", *common)  # stdin not a terminal
+    refused = cli("dlq", "purge", "--reason", "timeout", *common)  # stdin not a terminal
     assert refused.returncode == 1 and "refusing to purge 2 dead letters without --yes" in (
         refused.stderr)  # fmt: skip
     assert layer.stats().dead_letters == 5
-    out = _cli("dlq", "purge", "--reason", "timeout", "--yes", *common)
+    out = cli("dlq", "purge", "--reason", "timeout", "--yes", *common)
     assert out.returncode == 0 and out.stdout.strip() == "purged: 2", out
-    left = json.loads(_cli("dlq", "list", "--json", *common).stdout)
+    left = json.loads(cli("dlq", "list", "--json", *common).stdout)
     assert len(left) == 3 and {d["source"] for d in left} == {0}
     key_error = [d["id"] for d in left if d["error"].startswith("KeyError")]
-    mixed = _cli("dlq", "purge", *key_error, "--source", "0", "--yes", *common)
+    mixed = cli("dlq", "purge", *key_error, "--source", "0", "--yes", *common)
     assert mixed.returncode == 2 and "ids or filters" in mixed.stderr
-    out = _cli("dlq", "purge", *key_error, "--yes", *common)
+    out = cli("dlq", "purge", *key_error, "--yes", *common)
     assert out.returncode == 0 and out.stdout.strip() == "purged: 1", out
-    again = _cli("dlq", "purge", *key_error, "--yes", *common)
+    again = cli("dlq", "purge", *key_error, "--yes", *common)
     assert again.returncode == 1 and "no dead letters match" in again.stdout
     assert layer.stats().dead_letters == 2
-    out = _cli("dlq", "purge", "--yes", *common)
+    out = cli("dlq", "purge", "--yes", *common)
     assert out.returncode == 0 and out.stdout.strip() == "purged: 2"
     assert layer.stats().dead_letters == 0
 
@@ -233,14 +227,14 @@ def test_export_parquet_is_what_dlq_list_says_read_by_spark(letters, tmp_path, s
     plain = h.persist_record("not a map", source=2)
     h.flush()
     layer.fail([plain], error="TypeError: not a map")
-    (again,) = json.loads(_cli("dlq", "list", "--json", *common, "--reason", "KeyError").stdout)
+    (again,) = json.loads(cli("dlq", "list", "--json", *common, "--reason", "KeyError").stdout)
     assert layer.dlq_replay([int(again["id"], 16)]) == 1  # re-driven, failed again:
     (claimed,) = layer.claim_replays(0, 10)  # explicit, redrive, explicit
     layer.fail([claimed.record_id], error="KeyError: 'sku' still")
     path = tmp_path / "dlq.parquet"
-    out = _cli("dlq", "export", str(path), "--format", "parquet", *common)
+    out = cli("dlq", "export", str(path), "--format", "parquet", *common)
     assert out.returncode == 0 and "exported: 6" in out.stderr, out.stderr
-    listed = {d["id"]: d for d in json.loads(_cli("dlq", "list", "--json", *common).stdout)}
+    listed = {d["id"]: d for d in json.loads(cli("dlq", "list", "--json", *common).stdout)}
     df = spark.read.parquet(str(path))
     columns = df.select("payload.*").columns  # as they first appear, oldest letter first
     assert sorted(columns) == ["blob", "order", "sku"] and columns[0] == "order", columns

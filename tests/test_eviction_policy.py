@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -15,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from toolkit import cli, until
 
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer
 from ftlayer.errors import ConfigError
@@ -110,30 +109,22 @@ def test_the_sidecar_shows_it_until_it_is_fixed(evicting: EmbeddedRedis) -> None
         server.stop()
 
 
-FTLAYER = [sys.executable, "-m", "ftlayer.cli"]
-
-
 def test_the_command_line_refuses_or_warns(evicting: EmbeddedRedis, tmp_path) -> None:
     ns = f"ev{uuid.uuid4().hex[:8]}"
     common = ["--redis-url", evicting.url, "--namespace", ns]
-    refused = subprocess.run([*FTLAYER, "serve", *common, "--metrics-port", "-1"],
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    refused = cli("serve", *common, "--metrics-port", "-1", timeout_s=60)
     assert refused.returncode == 1, refused
     assert "maxmemory-policy allkeys-lru" in refused.stderr and "Traceback" not in refused.stderr
 
     serve = Serve(evicting.url, ns, tmp_path / "serve.log", "--allow-eviction")
     try:
-        deadline = time.monotonic() + 20
-        while serve.lease() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
+        until(lambda: serve.lease() is not None, "the sidecar's lease", 20)
         code, body = serve.get("/readyz")
         assert code == 200 and "warning: redis maxmemory-policy is allkeys-lru" in body, body
     finally:
         serve.stop()
-    counters = subprocess.run([*FTLAYER, "counters", *common], capture_output=True, text=True,
-                              timeout=60)  # fmt: skip
+    counters = cli("counters", *common, timeout_s=60)
     assert counters.returncode == 0, counters.stderr
     assert counters.stderr.startswith("warning: redis maxmemory-policy is allkeys-lru")
-    js = subprocess.run([*FTLAYER, "counters", "--json", *common], capture_output=True,
-                        text=True, timeout=60)  # fmt: skip
+    js = cli("counters", "--json", *common, timeout_s=60)
     assert json.loads(js.stdout)["warnings"], js.stdout

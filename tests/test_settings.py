@@ -5,20 +5,13 @@ stats`` with the wrong ``--shards`` or ``--namespace`` printed zeros."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 
 import pytest
+from toolkit import cli
 
 from ftlayer import ConfigError, EmbeddedRedis, FTConfig, FTLayer
 from ftlayer.settings import read_settings
-
-CLI = [sys.executable, "-m", "ftlayer.cli"]
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120)
 
 
 def test_the_first_open_stores_the_settings_and_a_mismatch_is_refused(
@@ -52,16 +45,16 @@ def test_the_cli_reads_the_namespaces_settings_and_refuses_wrong_ones(
     h.flush()
     url = ["--redis-url", redis_server.url]
     try:
-        out = _cli("counters", *url, "--namespace", ns, "--json")  # no --shards: the stored 4
+        out = cli("counters", *url, "--namespace", ns, "--json")  # no --shards: the stored 4
         assert out.returncode == 0, out.stderr
         assert '"pending": 5' in out.stdout
-        wrong = _cli("counters", *url, "--namespace", ns, "--shards", "8")
+        wrong = cli("counters", *url, "--namespace", ns, "--shards", "8")
         assert wrong.returncode == 1 and "created with shards=4" in wrong.stderr, wrong
-        missing = _cli("counters", *url, "--namespace", f"{ns}nope")
+        missing = cli("counters", *url, "--namespace", f"{ns}nope")
         assert missing.returncode == 1 and "does not exist" in missing.stderr, missing
-        dlq = _cli("dlq", "list", *url, "--namespace", f"{ns}nope")
+        dlq = cli("dlq", "list", *url, "--namespace", f"{ns}nope")
         assert dlq.returncode == 1 and "does not exist" in dlq.stderr, dlq
-        serve = _cli("serve", *url, "--namespace", ns, "--shards", "8", "--metrics-port", "-1")
+        serve = cli("serve", *url, "--namespace", ns, "--shards", "8", "--metrics-port", "-1")
         assert serve.returncode == 1 and "created with shards=4" in serve.stderr, serve
     finally:
         layer.clear()

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -16,6 +14,7 @@ from collections import Counter
 import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
+from toolkit import cli, until
 
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer, FTLayerError, __version__
 from ftlayer.connection import connect
@@ -304,28 +303,16 @@ def test_a_redis_outage_makes_the_sidecar_unready_never_dead(tmp_path) -> None:
     server = EmbeddedRedis(data_dir=tmp_path / "redis", appendonly=True).start()
     sidecar = Serve(server.url, "outage", tmp_path / "serve.log")
     try:
-        _until(lambda: sidecar.get("/readyz")[0] == 200, "ready")
+        until(lambda: sidecar.get("/readyz")[0] == 200, "ready")
         server.stop(keep_dir=True)
-        _until(lambda: sidecar.get("/readyz")[0] == 503, "unready while Redis is down")
+        until(lambda: sidecar.get("/readyz")[0] == 503, "unready while Redis is down")
         assert sidecar.get("/healthz")[0] == 200, "alive while Redis is down"
         assert "redis not reached" in sidecar.get("/readyz")[1]
         server.start()
-        _until(lambda: sidecar.get("/readyz")[0] == 200, "ready again")
+        until(lambda: sidecar.get("/readyz")[0] == 200, "ready again")
     finally:
         sidecar.stop()
         server.stop()
-
-
-def _until(cond, what: str, timeout_s: float = 15.0) -> None:  # noqa: ANN001
-    end = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < end, f"never {what}"
-        time.sleep(0.1)
-
-
-def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ftlayer.cli", *args], capture_output=True,
-                          text=True, timeout=120, input=stdin)  # fmt: skip
 
 
 def test_stats_and_dlq_round_trips(redis_server, ns) -> None:
@@ -338,19 +325,19 @@ def test_stats_and_dlq_round_trips(redis_server, ns) -> None:
     layer.fail(rids, error="schema v2 rejected")
     common = ["--redis-url", redis_server.url, "--namespace", ns]
 
-    st = json.loads(_cli("counters", "--json", *common).stdout)
+    st = json.loads(cli("counters", "--json", *common).stdout)
     assert (st["dead_lettered"], st["dead_letters"], st["pending"]) == (3, 3, 0)
 
-    listed = json.loads(_cli("dlq", "list", "--json", *common).stdout)
+    listed = json.loads(cli("dlq", "list", "--json", *common).stdout)
     assert len(listed) == 3
     first = listed[0]
     assert first["source"] == 2 and first["attempts"] == 1 and first["payload_bytes"] > 0
     assert first["history"][0]["reason"] == "explicit"
     assert first["history"][0]["error"] == "schema v2 rejected"
-    table = _cli("dlq", "list", *common).stdout
+    table = cli("dlq", "list", *common).stdout
     assert first["id"] in table and "schema v2 rejected" in table
 
-    out = _cli("dlq", "replay", first["id"], *common)
+    out = cli("dlq", "replay", first["id"], *common)
     assert out.returncode == 0 and "re-driven: 1" in out.stdout
     [claimed] = layer.claim_replays(2, 10)
     assert claimed.frame.decode() in ({"n": 0}, {"n": 1}, {"n": 2})
@@ -360,13 +347,13 @@ def test_stats_and_dlq_round_trips(redis_server, ns) -> None:
     sink.ack(claimed.record_id)
     assert sink.flush().completed == 1
 
-    refused = _cli("dlq", "purge", *common, stdin="")
+    refused = cli("dlq", "purge", *common, stdin="")
     assert refused.returncode == 1 and "without --yes" in refused.stderr  # refused: runtime
-    assert len(json.loads(_cli("dlq", "list", "--json", *common).stdout)) == 2
-    out = _cli("dlq", "purge", "--yes", *common)
+    assert len(json.loads(cli("dlq", "list", "--json", *common).stdout)) == 2
+    out = cli("dlq", "purge", "--yes", *common)
     assert out.returncode == 0 and "purged: 2" in out.stdout
-    assert json.loads(_cli("dlq", "list", "--json", *common).stdout) == []
-    assert _cli("dlq", "replay", *common).returncode == 2  # neither ids nor --all: usage
+    assert json.loads(cli("dlq", "list", "--json", *common).stdout) == []
+    assert cli("dlq", "replay", *common).returncode == 2  # neither ids nor --all: usage
     layer.clear()
 
 
@@ -378,9 +365,9 @@ def test_passwords_never_printed(tmp_path) -> None:
             assert s.get("/healthz")[0] == 200 or time.sleep(0.5) or s.get("/healthz")[0] == 200
         finally:
             s.stop()
-        out = _cli("counters", "--redis-url", url, "--namespace", "pw")  # the one serve opened
+        out = cli("counters", "--redis-url", url, "--namespace", "pw")  # the one serve opened
         assert out.returncode == 0, out.stderr
         text = (tmp_path / "serve.log").read_text() + out.stdout + out.stderr
         assert "pa55word" not in text and "***" in (tmp_path / "serve.log").read_text()
-    env_leak = os.environ.get("FTLAYER_REDIS_URL")
+    env_leak = os.environ.get("CLI_REDIS_URL")
     assert env_leak is None or "pa55word" not in env_leak

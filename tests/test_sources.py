@@ -4,20 +4,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 
 import pytest
+from toolkit import cli
 
 from ftlayer import FTConfig, FTLayer
 from ftlayer.errors import ConfigError
 from ftlayer.sources import claim_source, forget_source, sources
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ftlayer.cli", *args], capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
 
 
 def test_the_first_owner_keeps_a_source_until_it_is_handed_over(redis_server) -> None:
@@ -39,17 +33,17 @@ def test_the_first_owner_keeps_a_source_until_it_is_handed_over(redis_server) ->
         rid = h.persist_record({"id": 1}, source=0)
         h.flush()
         common = ["--redis-url", redis_server.url, "--namespace", ns]
-        out = _cli("sources", "--forget", "0", *common)
+        out = cli("sources", "--forget", "0", *common)
         assert out.returncode != 0 and "1 pending records" in out.stderr, out.stderr
         with pytest.raises(ConfigError, match="drain its pipeline first"):
             forget_source(client, ns, 0, pending=1)
         layer.fail([rid], error="x", max_replays=0)  # dead-lettered: nothing pending
-        out = _cli("sources", "--forget", "0", "--json", *common)
+        out = cli("sources", "--forget", "0", "--json", *common)
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout) == {"forgot": True,
                                           "sources": {"1": "b @ struct<n:bigint>"}}
         claim_source(client, ns, 0, "b @ struct<n:bigint>")  # the new owner
-        text = _cli("sources", *common).stdout
+        text = cli("sources", *common).stdout
         assert "source 0     b @ struct<n:bigint>" in text, text
     finally:
         layer.clear()

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from toolkit import cli
 
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer, FTStats
 from ftlayer.service.status import latency_percentile
@@ -118,14 +117,12 @@ def test_ftlayer_status_prints_the_url_and_a_summary(served: tuple[FTLayer, Serv
     """Catches: a status command that cannot find the sidecar, a summary without the
     pending count, a traceback instead of one line when nothing answers."""
     _, serve = served
-    cli = [sys.executable, "-m", "ftlayer.cli", "status", "--url", serve.base]
-    out = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    out = cli("status", "--url", serve.base, timeout_s=60)
     assert out.returncode == 0, out.stderr
     assert f"status page: {serve.base}/" in out.stdout and "pending 5" in out.stdout
-    js = subprocess.run([*cli, "--json"], capture_output=True, text=True, timeout=60)
+    js = cli("status", "--url", serve.base, "--json", timeout_s=60)
     assert json.loads(js.stdout)["totals"]["pending"] == 5
-    nobody = [sys.executable, "-m", "ftlayer.cli", "status", "--url", "http://127.0.0.1:9"]
-    gone = subprocess.run(nobody, capture_output=True, text=True, timeout=60)
+    gone = cli("status", "--url", "http://127.0.0.1:9", timeout_s=60)
     assert gone.returncode == 1 and "Traceback" not in gone.stderr
     assert "no ftlayer sidecar answers" in gone.stderr
 

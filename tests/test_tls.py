@@ -8,12 +8,12 @@ import json
 import socket
 import ssl
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from toolkit import cli
 
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer
 
@@ -89,11 +89,7 @@ def test_layer_over_rediss(tls_url) -> None:
 def test_cli_over_rediss_never_prints_the_password(tls_url) -> None:
     url, _cert = tls_url
     FTLayer.open(FTConfig(namespace="tls-cli", redis_url=url)).close()  # the namespace exists
-    out = subprocess.run(
-        [sys.executable, "-m", "ftlayer.cli", "counters", "--json", "--redis-url", url,
-         "--namespace", "tls-cli"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    out = cli("counters", "--json", "--redis-url", url, "--namespace", "tls-cli", timeout_s=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["pending"] == 0
     assert "tls-secret" not in out.stdout + out.stderr

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import redis
 from pyspark import TaskContext, cloudpickle
+from toolkit import until
 
 
 def _clients() -> dict[tuple[int, str], redis.Redis]:
@@ -103,9 +103,5 @@ def first_seen(probe: Probe, tag: str, ids: Any, where: Any) -> Any:
 
 
 def wait_for(check: Callable[[], Any], timeout_s: float, what: str, pause: float = 0.25) -> None:
-    """Poll ``check`` until it is true; fail naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(pause)
+    """``toolkit.until`` in the argument order the Spark tests use (driver side only)."""
+    until(check, what, timeout_s, pause)
