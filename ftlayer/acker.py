@@ -23,23 +23,24 @@ from ftlayer.keys import ShardKeys
 from ftlayer.limits import MAX_ERROR_BYTES
 from ftlayer.scripts import NamespacePart
 from ftlayer.tally import Tally
+from ftlayer.wire import (
+    ENTRY_BYTES,
+    FAIL_HEAD,
+    NOFRAME,
+    PERSIST_HEAD,
+    REASON_CODES,
+    XOR_BYTES,
+)
 
 __all__ = ["AckEntry", "RedisAckerTable", "ShardBatch", "pack_fails"]
 
 _ENTRY_HEAD = struct.Struct(">Q")
 _ENTRY_TAIL = struct.Struct(">IH")
-ENTRY_BYTES = 26
-NOFRAME = 0xFFFF_FFFF
-PERSIST_HEAD = struct.Struct(">QQI")
-"""A record in a flush's persists argument: its delta, source id, stored length."""
-_FAIL_HEAD = struct.Struct(">QBH")
-REASON_CODES = {"explicit": 1, "timeout": 2, "dead_letter": 3}
-"""``dead_letter``: an explicit failure that no replay can fix (dead-lettered now)."""
 
 
 @dataclass(frozen=True, slots=True)
 class AckEntry:
-    """One decoded ack entry of a bucket (ENTRY in lua/core/layout.lua)."""
+    """One decoded ack entry of a bucket (wire.ENTRY_LUA)."""
 
     value: int
     deadline_ms: int
@@ -138,7 +139,7 @@ class ShardBatch:
         replayed at once, not found missing (an orphan) and replayed only at its timeout."""
         persists = self.persist_parts(max_bytes)
         packed = self.pack_xors()
-        step = max(16, max_bytes // 16 * 16)
+        step = max(XOR_BYTES, max_bytes // XOR_BYTES * XOR_BYTES)
         xors = [packed[i : i + step] for i in range(0, len(packed), step)]
         fails = _group(_packed_fails(self.fails), max_bytes)
         first_fail = max(0, len(persists) - 1)
@@ -174,7 +175,7 @@ def _packed_fails(fails: list[tuple[int, str, str]]) -> list[bytes]:
     out = []
     for src, reason, error in fails:
         err = error.encode("utf-8", "replace")[:MAX_ERROR_BYTES]
-        out.append(_FAIL_HEAD.pack(src, REASON_CODES[reason], len(err)) + err)
+        out.append(FAIL_HEAD.pack(src, REASON_CODES[reason], len(err)) + err)
     return out
 
 

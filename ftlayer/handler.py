@@ -32,6 +32,7 @@ from ftlayer.ids import (
 )
 from ftlayer.limits import MAX_RECORD_BYTES, MAX_SOURCE
 from ftlayer.tally import Tally
+from ftlayer.wire import PERSIST_DTYPE
 from serialization import FrameError, encode_payload
 from serialization.stored import (
     STORED_HEADER_SIZE,
@@ -42,8 +43,6 @@ from serialization.stored import (
 __all__ = ["AbstractFTHandler", "FTHandler", "NonFTHandler"]
 
 _NO_ID = RecordId(0, 0)
-_PERSIST_DTYPE = np.dtype([("delta", ">u8"), ("source_id", ">u8"), ("stored_len", ">u4")])
-"""One record of a flush's persists argument (acker.PERSIST_HEAD, lua/flush.lua)."""
 _REASONS = ("explicit", "timeout", "dead_letter")
 
 
@@ -407,7 +406,7 @@ class FTHandler(AbstractFTHandler):
         shard_ids = shards_of(blk.src, self.config.shards)
         for k in np.unique(shard_ids[keep]).tolist():
             rows = np.flatnonzero(keep & (shard_ids == k))
-            head = np.empty(len(rows), _PERSIST_DTYPE)
+            head = np.empty(len(rows), PERSIST_DTYPE)
             head["delta"] = delta[rows]
             head["source_id"] = blk.src[rows]
             head["stored_len"] = blk.headers["payload_len"][rows] + STORED_HEADER_SIZE

@@ -9,6 +9,7 @@ truncated when it is written.
 
 from __future__ import annotations
 
+from ftlayer import wire
 from serialization.stored import STORED_HEADER_SIZE
 
 __all__ = [
@@ -87,7 +88,7 @@ def lua_constants() -> str:
     """``local NAME = value`` lines for the scripts' prelude. The histogram's counter names
     are spelled out: Lua's number-to-string conversion costs about 0.5 µs each, and the
     prelude runs on every script call."""
-    lines = [f"local {name} = {globals()[name]}" for name in _LUA]
+    lines = [f"local {name} = {globals()[name]}" for name in _LUA] + wire.lua_constants()
     lines.append(f"local STORED_HEAD = {STORED_HEADER_SIZE}")
     lines.append(f"local LATENCY_BOUNDS_MS = {_lua_list(LATENCY_BOUNDS_MS)}")
     names = tuple(f"latency_le_{b}" for b in LATENCY_BOUNDS_MS)

@@ -21,11 +21,12 @@ import msgpack
 import numpy as np
 import xxhash
 
-from ftlayer.acker import NOFRAME, AckEntry, pack_fails
+from ftlayer.acker import AckEntry, pack_fails
 from ftlayer.ids import RecordId, mix64, new_ids, shard_of
 from ftlayer.keys import ShardKeys
 from ftlayer.limits import STREAM_TOKEN_TTL_MS
 from ftlayer.scripts import NamespacePart
+from ftlayer.wire import NOFRAME, QUEUE_ENTRY
 from serialization import Frame, FrameError
 from serialization.stored import STORED_HEADER_SIZE, decode_stored, decode_stored_many
 
@@ -33,9 +34,6 @@ __all__ = ["ClaimedRecord", "DeadLetter", "Failure", "RedisPersistenceLayer"]
 
 log = logging.getLogger(__name__)
 
-_QUEUE_ENTRY = np.dtype([("source_id", ">u8"), ("hash_code", ">i4"), ("partition", ">i4"),
-                         ("attempts", ">u2")])  # fmt: skip
-"""A replay queue entry (lua/core/failures.lua QUEUE_ENTRY)."""
 
 
 _CLAIM_CALL = 2_000
@@ -51,7 +49,7 @@ def _claimed(
     if not reply:
         return [], []
     items, blob, vanished = reply[0], reply[1], int(reply[2])
-    q = np.frombuffer(items, _QUEUE_ENTRY)
+    q = np.frombuffer(items, QUEUE_ENTRY)
     n = len(q)
     cur = np.frombuffer(curs, ">u8")
     if vanished:  # the k-th claimed took the current id of its place among those popped
@@ -77,7 +75,7 @@ def _claimed_count(reply: list[Any], popped: bool = False) -> int:
     popped, those whose records vanished since included, as far as the reply tells)."""
     if not reply:
         return 0
-    n = len(reply[0]) // _QUEUE_ENTRY.itemsize
+    n = len(reply[0]) // QUEUE_ENTRY.itemsize
     if popped and int(reply[2]):
         return max((int(i) for i in reply[3 + n : 3 + 2 * n]), default=0)
     return n
@@ -294,7 +292,7 @@ class RedisPersistenceLayer(NamespacePart):
                 for shard in self.keyspace.shards:
                     pipe.get(shard.claim(t))
             entries = b"".join(e for e in pipe.execute() if e)
-        return np.frombuffer(entries, _QUEUE_ENTRY)["source_id"].tolist()
+        return np.frombuffer(entries, QUEUE_ENTRY)["source_id"].tolist()
 
     def forget_stream(self, source: int, keep: str = "") -> None:
         """Stop keeping the open claims of ``source`` alive, but those whose token starts

@@ -18,7 +18,6 @@ driver, settles it once). Residues are written in the same call that deletes the
 from __future__ import annotations
 
 import logging
-import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -32,6 +31,7 @@ from ftlayer.lineage import LINEAGE_META, copy_lineage, reference_lineage
 from ftlayer.payloads import arrow_codecs, encode_record
 from ftlayer.scripts import NamespacePart
 from ftlayer.tally import Tally
+from ftlayer.wire import SegmentEntry, pack_segments
 from serialization.stored import STORED_DTYPE, STORED_HEADER_SIZE, encode_stored_many
 
 __all__ = ["Residues", "SegmentStore", "frames_of_rows"]
@@ -90,27 +90,6 @@ class Residues:
 
     failed: list[tuple[int, str]] = field(default_factory=list)
     pending: list[tuple[int, int]] = field(default_factory=list)
-
-
-SegmentEntry = tuple[str, int, list[tuple[bytes, str, int]], list[tuple[bytes, bytes]], int]
-"""(member, rows, failed rows as (unit, error, attempts used), pending rows as (unit, ack
-value), failed attempts its task replayed at once)"""
-_SEG_HEAD = struct.Struct(">I")
-
-
-def _pack_segments(segments: list[SegmentEntry]) -> bytes:
-    """The binary argument of lua/segment_settle.lua."""
-    out: list[bytes] = []
-    for member, rows, failed, pending, immediate in segments:
-        m = member.encode()
-        head = struct.pack(">IIII", rows, len(failed), len(pending), immediate)
-        out.append(struct.pack(">H", len(m)) + m + head)
-        for frame, err, attempts in failed:
-            e = err.encode("utf-8", "replace")[:_MAX_ERROR]
-            out += (_SEG_HEAD.pack(len(frame)), frame, struct.pack(">HH", attempts, len(e)), e)
-        for frame, value in pending:
-            out += (_SEG_HEAD.pack(len(frame)), frame, value)
-    return b"".join(out)
 
 
 class SegmentStore(NamespacePart):
@@ -271,7 +250,7 @@ class SegmentStore(NamespacePart):
                 keys=self.keyspace[shard].script_keys,
                 args=[
                     cfg.interval_ms, cfg.buckets, cfg.max_replays, reason, str(salt),
-                    _pack_segments(segments), ",".join(f"{t:x}" for t in tokens), batch,
+                    pack_segments(segments, _MAX_ERROR), ",".join(f"{t:x}" for t in tokens), batch,
                     str(int(elapsed_ms)),
                 ],
                 client=client,

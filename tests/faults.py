@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from ftlayer import EmbeddedRedis
-from ftlayer.acker import ENTRY_BYTES, NOFRAME, AckEntry
+from ftlayer.acker import AckEntry
 from ftlayer.ids import shard_of
+from ftlayer.wire import ENTRY_BYTES, NOFRAME
 
 __all__ = ["ScriptCalls", "TcpProxy", "kill_session", "session_pids", "socket_owner"]
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer, FTLayerError
-from ftlayer.acker import PERSIST_HEAD, ShardBatch, pack_fails
+from ftlayer.acker import ShardBatch, pack_fails
+from ftlayer.wire import PERSIST_HEAD
 
 
 def test_a_flush_past_the_servers_largest_argument_is_sent_in_chunks() -> None:

@@ -41,7 +41,7 @@ local pos, n, rpos = 1, #persists, 1
 local run_b, run_start, run_base = nil, 1, 0 -- consecutive records of one bucket
 while pos <= n do
   local dhi, dlo, hi, slot, lo, flen
-  dhi, dlo, hi, slot, lo, flen, pos = sunpack('>i4i4I5BI2I4', persists, pos)
+  dhi, dlo, hi, slot, lo, flen, pos = sunpack(PERSIST_HEAD, persists, pos)
   local b = bucket(hi, lo)
   if b ~= run_b then
     if run_b then add_frame(run_b, ssub(records, run_start, rpos - 1)) end
@@ -58,7 +58,7 @@ pos, n = 1, #xors
 local bhi, blo, b = -1, -1, nil
 while pos <= n do
   local hi, slot, lo, dhi, dlo
-  hi, slot, lo, dhi, dlo, pos = sunpack('>I5BI2i4i4', xors, pos)
+  hi, slot, lo, dhi, dlo, pos = sunpack(XOR, xors, pos)
   if hi ~= bhi or lo ~= blo then
     bhi, blo, b = hi, lo, bucket(hi, lo)
   end

@@ -34,16 +34,16 @@ local skipped = {}
 local segs, pos = ARGV[6], 1
 while pos <= #segs do
   local member, rows, nf, np, immediate
-  member, rows, nf, np, immediate, pos = sunpack('>Hc0I4I4I4I4', segs, pos)
+  member, rows, nf, np, immediate, pos = sunpack(SEGMENT, segs, pos)
   local failed, pending = {}, {}
   for i = 1, nf do
     local frame, attempts, err
-    frame, attempts, err, pos = sunpack('>I4c0I2Hc0', segs, pos)
+    frame, attempts, err, pos = sunpack(SEGMENT_FAILED, segs, pos)
     failed[i] = {frame, err, attempts}
   end
   for i = 1, np do
     local frame, value
-    frame, value, pos = sunpack('>I4c0c8', segs, pos)
+    frame, value, pos = sunpack(SEGMENT_PENDING, segs, pos)
     pending[i] = {frame, value}
   end
   if redis.call('ZSCORE', idx, member) then

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import msgpack
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -65,6 +64,7 @@ from ftlayer.spark.vector_tasks import (
     run_vector_task,
 )
 from ftlayer.tally import Tally
+from ftlayer.wire import BatchSummary
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -189,24 +189,6 @@ class Failure(NamedTuple):
     error: str
     attempts: int
     stage: str = SOURCE_STAGE
-
-
-@dataclass
-class Summary:
-    """A task's summary as its source task packed it (ftlayer.spark.vector_tasks)."""
-
-    raw: dict[str, Any]
-
-    @property
-    def key(self) -> tuple[int, int]:
-        return self.raw["stage"], self.raw["partition"]
-
-    @property
-    def stage(self) -> int:
-        return int(self.raw["stage"])
-
-    def ids(self, name: str) -> np.ndarray:
-        return np.frombuffer(self.raw[name], dtype=">u8").astype(np.uint64)
 
 
 @dataclass
@@ -388,13 +370,13 @@ class VectorRun:
         """The batch's job ended: read its task summaries and settle them in Redis."""
         log.info("batch settling batch_id=%s source=%d", self.result.batch_id,
                  self.plan.source)  # fmt: skip
-        summaries = [Summary(msgpack.unpackb(f, raw=False)) for f in finals]
+        summaries = [BatchSummary.decode(f) for f in finals]
         ok = self._gather(summaries)
         self._ran_replays(summaries)
         self._count(summaries)
         if self.layer is None:
             return self.result
-        fold = sum(int(s.raw["fold"]) for s in summaries) % (1 << 64)
+        fold = sum(s.fold for s in summaries) % (1 << 64)
         if fold != 0 or not ok:
             self.result.fold_ok = False
             log.error(
@@ -415,16 +397,15 @@ class VectorRun:
         self._settle_replays(failed, unconfirmed)
         self._count_outcomes()
         self.result.redis_calls = self.calls + sum(
-            1 for s in summaries if s.raw["stage"] < len(self.plan.segments) - 1 or
-            s.raw["segment"]
+            1 for s in summaries if s.stage < len(self.plan.segments) - 1 or s.segment
         )  # fmt: skip
         return self.result
 
-    def _gather(self, summaries: list[Summary]) -> bool:
+    def _gather(self, summaries: list[BatchSummary]) -> bool:
         """Fetch upstream summaries by token, stage by stage. False when one is missing
         or two attempts of one task both counted."""
         ok = True
-        frontier = [t for s in summaries for t in s.raw["upstream"]]
+        frontier = [t for s in summaries for t in s.upstream]
         while frontier and self.layer is not None:
             got = self.layer.segments.summaries(frontier)
             self.calls += len({self.layer.segments.token_shard(t) for t in frontier})
@@ -434,51 +415,50 @@ class VectorRun:
                     log.error("task summary missing token=%x", token)
                     ok = False
                     continue
-                s = Summary(msgpack.unpackb(raw, raw=False))
+                s = BatchSummary.decode(raw)
                 summaries.append(s)
-                frontier.extend(s.raw["upstream"])
+                frontier.extend(s.upstream)
         keys = [s.key for s in summaries]
         if len(set(keys)) != len(keys):
             log.error("two attempts of one task counted in batch_id=%s", self.result.batch_id)
             ok = False
         return ok
 
-    def _ran_replays(self, summaries: list[Summary]) -> None:
+    def _ran_replays(self, summaries: list[BatchSummary]) -> None:
         """The replays this batch ran, as the source tasks that counted report them
         (claimed by this run, or read from the replay stream): settled below."""
         self.injected, self.replay_keys = {}, {}
         for s in summaries:
-            if s.stage or not s.raw.get("rep_src"):
+            if s.stage or not len(s.rep_src):
                 continue
-            srcs = s.ids("rep_src").tolist()
-            self.injected.update(zip(srcs, s.ids("rep_cur").tolist(), strict=True))
+            srcs = s.rep_src.tolist()
+            self.injected.update(zip(srcs, s.rep_cur.tolist(), strict=True))
             if self.plan.record_key:
-                for k, src in zip(s.ids("rep_key").tolist(), srcs, strict=True):
+                for k, src in zip(s.rep_key.tolist(), srcs, strict=True):
                     if k < 1 << 63:  # a null or negative key was dead-lettered at the source
                         self.replay_keys.setdefault(k, []).append(src)
 
-    def _count(self, summaries: list[Summary]) -> None:
+    def _count(self, summaries: list[BatchSummary]) -> None:
         r = self.result
         for s in summaries:
-            raw = s.raw
             r.tasks += 1
-            r.fresh += raw["fresh"]
-            r.replayed += raw["replayed"]
-            r.written += raw["written"]
-            r.failed += len(raw["failed_src"]) // 8
-            r.immediate_replays += raw["immediate_replays"]
-            r.unconfirmed += len(raw["unc_src"]) // 8
-            for label, (rin, rout, failed, unc, extra, micros, now) in raw["counts"].items():
+            r.fresh += s.fresh
+            r.replayed += s.replayed
+            r.written += s.written
+            r.failed += len(s.failed_src)
+            r.immediate_replays += s.immediate_replays
+            r.unconfirmed += len(s.unc_src)
+            for label, (rin, rout, failed, unc, extra, micros, now) in s.counts.items():
                 r.stages.setdefault(label, StageCounts()).add(
                     StageCounts(rin, rout, failed, unc, extra, micros / 1e6, replayed=now)
                 )
-            for text in raw["errors"]:
+            for text in s.errors:
                 if len(r.errors) < MAX_MESSAGES:
                     r.errors.append(text)
 
     def _keys_to_ids(
         self,
-        summaries: list[Summary],
+        summaries: list[BatchSummary],
         keys_failed: dict[int, Failure],
         keys_unc: set[int],
         failed: dict[int, Failure],
@@ -495,14 +475,14 @@ class VectorRun:
                                        if k in self.replay_keys}  # fmt: skip
         assert self.plan.record_key
         for s in summaries:
-            member = s.raw["segment"]
-            table = self._segment(s.raw["partition"], member) if member else None
+            member = s.segment
+            table = self._segment(s.partition, member) if member else None
             if table is None:  # none, or timed out by the sidecar: its rows replay anyway
                 continue
             col = table.column(self.plan.record_key)
             keys = np.asarray(col.fill_null(-1).to_numpy()).view(np.uint64)
             rows = np.flatnonzero(np.isin(keys, wanted))
-            ids = batch_source_ids(s.raw["partition"], 0, s.raw["segment_rows"])[rows]
+            ids = batch_source_ids(s.partition, 0, s.segment_rows)[rows]
             for k, src in zip(keys[rows].tolist(), ids.tolist(), strict=True):
                 found.setdefault(k, []).append(src)
         missing = [k for k in wanted.tolist() if k not in found]
@@ -528,24 +508,20 @@ class VectorRun:
             self.tables[member] = None if blob is None else pa.ipc.open_stream(blob).read_all()
         return self.tables[member]
 
-    def _residues(self, summaries: list[Summary]) -> tuple[dict[int, Failure], set[int]]:
+    def _residues(self, summaries: list[BatchSummary]) -> tuple[dict[int, Failure], set[int]]:
         """Failed source ids with their first error and attempts used; unconfirmed ones
         (failed wins)."""
         failed: dict[int, Failure] = {}
         unconfirmed: set[int] = set()
         for s in summaries:
-            texts = s.raw["texts"]
-            idx = np.frombuffer(s.raw["failed_err"], dtype=">u4").tolist()
-            att = np.frombuffer(s.raw["failed_att"], dtype=">u2").tolist()
-            labels = s.raw["labels"]
-            lbl = np.frombuffer(s.raw["failed_stage"], dtype=">u2").tolist()
-            for src, i, a, j in zip(s.ids("failed_src").tolist(), idx, att, lbl, strict=True):
-                failed.setdefault(src, Failure(texts[i], a, labels[j]))
-            unconfirmed.update(s.ids("unc_src").tolist())
+            for src, err, att, stage in zip(s.failed_src.tolist(), s.failed_err,
+                                            s.failed_att.tolist(), s.failed_stage, strict=True):
+                failed.setdefault(src, Failure(err, att, stage))
+            unconfirmed.update(s.unc_src.tolist())
         return failed, unconfirmed - failed.keys()
 
     def _settle_segments(
-        self, summaries: list[Summary], failed: dict[int, Failure], unconfirmed: set[int]
+        self, summaries: list[BatchSummary], failed: dict[int, Failure], unconfirmed: set[int]
     ) -> None:
         assert self.layer is not None
         store, cfg, plan = self.layer.segments, self.layer.config, self.plan
@@ -560,12 +536,12 @@ class VectorRun:
         per_shard: dict[int, list[Any]] = {}
         tokens: dict[int, list[int]] = {}
         for s in summaries:
-            if s.raw["stage"] < len(plan.segments) - 1:
-                tokens.setdefault(store.token_shard(s.raw["token"]), []).append(s.raw["token"])
-            member = s.raw["segment"]
+            if s.stage < len(plan.segments) - 1:
+                tokens.setdefault(store.token_shard(s.token), []).append(s.token)
+            member = s.segment
             if not member:
                 continue
-            partition, rows = s.raw["partition"], s.raw["segment_rows"]
+            partition, n_rows = s.partition, s.segment_rows
             shard = store.shard_of_partition(partition)
             fails, pends = by_partition.get(partition, ([], []))
             fail_frames: list[tuple[bytes, str, int]] = []
@@ -581,7 +557,7 @@ class VectorRun:
                     max_payload=cfg.max_record_bytes,
                 )  # fmt: skip
                 if keep_all:
-                    pend_frames = [(f, os.urandom(8)) for f in make(np.arange(rows))]
+                    pend_frames = [(f, os.urandom(8)) for f in make(np.arange(n_rows))]
                 else:
                     if fails:
                         frames = make(np.array([r for r, _ in fails]))
@@ -594,7 +570,7 @@ class VectorRun:
                         frames = make(np.array([r for r, _ in pends]))
                         pend_frames = [(f, os.urandom(8)) for f in frames]
             per_shard.setdefault(shard, []).append(
-                (member, rows, fail_frames, pend_frames, s.raw["immediate_replays"])
+                (member, n_rows, fail_frames, pend_frames, s.immediate_replays)
             )
         jobs = {
             k: (per_shard.get(k, []), tokens.get(k, [])) for k in per_shard.keys() | tokens.keys()

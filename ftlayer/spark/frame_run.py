@@ -51,7 +51,7 @@ from ftlayer.ids import LOCAL_BIT
 from ftlayer.limits import DEAD_NOW
 from ftlayer.lineage import LINEAGE_META
 from ftlayer.segments import frames_of_rows
-from ftlayer.spark.batch_scope import Failure, Summary, VectorRun, arrow_schema, spark_schema
+from ftlayer.spark.batch_scope import Failure, VectorRun, arrow_schema, spark_schema
 from ftlayer.spark.frame_tasks import (
     DEAD_COL,
     ERROR_COL,
@@ -71,6 +71,7 @@ from ftlayer.spark.plan import (
 from ftlayer.spark.references import with_references
 from ftlayer.spark.results import StageCounts
 from ftlayer.spark.vector_tasks import LOC_COL, POS_COL, SRC_COL, segment_bytes, stage_label
+from ftlayer.wire import BatchSummary
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -409,9 +410,8 @@ class FrameRun(VectorRun):
             d = msgpack.unpackb(raw, raw=False)
             one.setdefault(d["partition"], d)
         last = len(plan.segments) - 1  # no summary tokens of shuffles to delete
-        summaries = [Summary({"stage": last, "partition": p, "segment": d["segment"],
-                               "segment_rows": d["rows"], "token": 0,
-                               "immediate_replays": 0}) for p, d in sorted(one.items())]
+        summaries = [BatchSummary(stage=last, partition=p, segment=d["segment"],
+                                  segment_rows=d["rows"]) for p, d in sorted(one.items())]
         self._settle_segments(summaries, failed, set())
 
     def _persist_failed(self, fresh: dict[tuple[int, int], Failure], rows: int) -> None:

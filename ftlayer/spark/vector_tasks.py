@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-import msgpack
 import numpy as np
 import pyarrow as pa
 
@@ -57,6 +56,7 @@ from ftlayer.spark.outcome import StageContractError, run_stage
 from ftlayer.spark.plan import MAX_MESSAGES, SOURCE_STAGE, Segment, stage_name
 from ftlayer.spark.policy import DEFAULT_POLICY, BatchContext, ErrorPolicy, wants_context
 from ftlayer.spark.worker import task_context, worker_layer
+from ftlayer.wire import BatchSummary
 
 __all__ = ["SRC_COL", "SUMMARY_COL", "VectorPlan", "run_vector_task", "stage_label"]
 
@@ -83,7 +83,6 @@ instead of the rows."""
 SUMMARY_COL = "__ft_summary"
 ID_FIELDS = [pa.field(SRC_COL, pa.int64())]
 LIN_FIELD = pa.field(LIN_COL, pa.int64())
-_U8 = np.dtype(">u8")
 
 
 @dataclass(frozen=True)
@@ -201,31 +200,23 @@ class _Task:
             self.counts.setdefault(label, [0] * 7)[6] += 1
 
     def pack(self, token: int, segment: str | None, segment_rows: int) -> bytes:
-        texts: dict[str, int] = {}
-        idx = np.array([texts.setdefault(e, len(texts)) for e in self.failed_err], np.uint32)
-        labels: dict[str, int] = {}
-        lbl = np.array([labels.setdefault(e, len(labels)) for e in self.failed_stage], np.uint16)
+        """This attempt's summary (wire.BatchSummary), encoded."""
 
-        def ids(parts: list[np.ndarray]) -> bytes:
-            return np.concatenate(parts).astype(_U8).tobytes() if parts else b""
+        def ids(parts: list[np.ndarray]) -> np.ndarray:
+            return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
 
-        return msgpack.packb(
-            {
-                "stage": self.stage, "partition": self.partition, "attempt": self.attempt,
-                "token": token, "fold": self.fold % (1 << 64), "fresh": self.fresh,
-                "replayed": self.replayed, "written": self.written, "segment": segment,
-                "segment_rows": segment_rows, "failed_src": ids(self.failed_src),
-                "failed_err": idx.astype(">u4").tobytes(), "texts": list(texts),
-                "failed_att": np.concatenate(self.failed_att).astype(">u2").tobytes()
-                if self.failed_att else b"",
-                "failed_stage": lbl.astype(">u2").tobytes(), "labels": list(labels),
-                "immediate_replays": self.immediate_replays,
-                "unc_src": ids(self.unc_src), "rep_src": ids(self.rep_src),
-                "rep_cur": ids(self.rep_cur), "rep_key": ids(self.rep_key),
-                "upstream": self.upstream, "counts": self.counts, "errors": self.errors,
-            },
-            use_bin_type=True,
-        )  # fmt: skip
+        return BatchSummary(
+            stage=self.stage, partition=self.partition, attempt=self.attempt, token=token,
+            fold=self.fold, fresh=self.fresh, replayed=self.replayed, written=self.written,
+            segment=segment, segment_rows=segment_rows,
+            immediate_replays=self.immediate_replays, failed_src=ids(self.failed_src),
+            failed_err=self.failed_err,
+            failed_att=np.concatenate(self.failed_att) if self.failed_att else
+            np.zeros(0, np.uint16),
+            failed_stage=self.failed_stage, unc_src=ids(self.unc_src),
+            rep_src=ids(self.rep_src), rep_cur=ids(self.rep_cur), rep_key=ids(self.rep_key),
+            upstream=self.upstream, counts=self.counts, errors=self.errors,
+        ).encode()  # fmt: skip
 
 
 def _u64(col: pa.Array) -> np.ndarray:

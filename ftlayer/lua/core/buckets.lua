@@ -11,7 +11,7 @@ local tmo_add      -- deadline -> {bucket key -> true}
 -- A source id as numbers, without making a string: (bucket hi: bytes 1..5, slot: byte 6,
 -- bucket lo: bytes 7..8). Lua strings are interned: each one made costs a hash and a table
 -- insert, so the per-record paths work on these numbers.
-local ID = '>I5BI2'
+-- (ID, from ftlayer/wire.py)
 local function split_id(src, pos)
   local hi, slot, lo = sunpack(ID, src, pos or 1)
   return hi, slot, lo

@@ -15,7 +15,7 @@ end
 -- A replay queue entry, 18 bytes: new id (as split_id reads it: bucket hi, slot, bucket
 -- lo) | hash code | original partition | failed attempts (claim hands them to the stage
 -- contexts). Made by one spack: no string of the id or of the fields on the way.
-local QUEUE_ENTRY = '>I5BI2i4i4I2'
+-- (QUEUE_ENTRY, from ftlayer/wire.py)
 
 -- Note a dead letter in this shard's dead-letter log (a capped stream that the drivers'
 -- on_dead_letter callbacks read: ftlayer/deadletters.py).
@@ -206,17 +206,16 @@ end
 
 -- Parse a packed list of failures: repeated [source id 8][reason u8: 1 explicit,
 -- 2 timeout, 3 explicit and dead-lettered now][err_len u16][err].
-local REASONS = {'explicit', 'timeout', 'explicit'}
 local function parse_fails(fails, max_replays)
   local list = {}
   local pos, n = 1, #fails
   while pos <= n do
     local src, code, elen
-    src, code, elen, pos = sunpack('>c8BI2', fails, pos)
+    src, code, elen, pos = sunpack(FAIL_HEAD, fails, pos)
     local err = ssub(fails, pos, pos + elen - 1)
     pos = pos + elen
     local budget = max_replays
-    if code == 3 then budget = 0 end
+    if code == DEAD_LETTER_CODE then budget = 0 end
     list[#list + 1] = {src, REASONS[code] or 'explicit', err, budget}
   end
   return list

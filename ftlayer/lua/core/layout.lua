@@ -37,11 +37,9 @@ local STATS, TIDX, DLQ, PREFIX -- KEYS[1..3], PREFIX: STATS without ':stats'
 -- Redis 7.0, 6.5 by EVAL). Set by begin(): a library's top level cannot read globals.
 -- (A table of the 128 history fields built here cost every EVAL 4.6 us: schar(slot) is one.)
 local sunpack, spack, ssub, schar, bxor -- struct.unpack/pack, string.sub/char, bit.bxor
-local ENTRY = '>i4i4I6I6I4H'
-local ENTRY_BYTES = 26
--- ENTRY_BYTES zero bytes, spelled out: a function library's top level cannot call string.rep
-local NO_ENTRY = '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0'
-local NOFRAME = 4294967295
+-- ENTRY, ENTRY_BYTES, NO_ENTRY (ENTRY_BYTES zero bytes, spelled out: a function library's
+-- top level cannot call string.rep), NOFRAME, ID, XOR, FAIL_HEAD, REASONS and QUEUE_ENTRY
+-- come from ftlayer/wire.py, the one owner of every layout shared with Python
 -- MAX_REPLAYS, UNKNOWN_SOURCE, FLUSH_TOKEN_TTL_MS, ... come from ftlayer/limits.py
 -- LATENCY_BOUNDS_MS and their counter names LATENCY_NAMES come from ftlayer/limits.py too
 local CHUNK = 1000 -- arguments per bulk command (even: HSET pairs stay whole)
