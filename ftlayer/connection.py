@@ -51,8 +51,8 @@ class BufferPacker:
     """redis-py's command packer for ftlayer's connections: hiredis packs ordinary
     commands; a command with a ``memoryview`` argument (a segment, a flush chunk: megabytes)
     is packed by redis-py's Python serializer, which sends such an argument as its own
-    buffer instead of copying it into the command (hiredis copies it, slowly: ~13 ms per
-    6 MB measured). Callers pass ``memoryview(buf)`` to ask for that."""
+    buffer instead of copying it into the command (hiredis copies it). Callers pass
+    ``memoryview(buf)`` to ask for that."""
 
     def __init__(self) -> None:
         encode = redis.connection.Encoder("utf-8", "strict", False).encode

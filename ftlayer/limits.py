@@ -85,9 +85,9 @@ def _lua_list(values: tuple[object, ...]) -> str:
 
 
 def lua_constants() -> str:
-    """``local NAME = value`` lines for the scripts' prelude. The histogram's counter names
-    are spelled out: Lua's number-to-string conversion costs about 0.5 µs each, and the
-    prelude runs on every script call."""
+    """``local NAME = value`` lines for the scripts' core: these limits and ftlayer.wire's
+    layouts. The histogram's counter names are spelled out, so a script converts no
+    number to a string to count a latency."""
     lines = [f"local {name} = {globals()[name]}" for name in _LUA] + wire.lua_constants()
     lines.append(f"local STORED_HEAD = {STORED_HEADER_SIZE}")
     lines.append(f"local LATENCY_BOUNDS_MS = {_lua_list(LATENCY_BOUNDS_MS)}")

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 _CLAIM_CALL = 2_000
 """Records per claim call: small enough that decoding one call's reply overlaps the next
-call, large enough that a call's fixed cost (~10 µs) stays below 1 % of it."""
+call, large enough that a call's fixed cost is small beside it (benchmarks/claim.py)."""
 
 
 def _claimed(

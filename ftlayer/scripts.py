@@ -3,8 +3,8 @@ and as EVALSHA scripts elsewhere (Redis 6.2, the embedded server).
 
 The core ``lua/core/*.lua`` (concatenated in the order of :data:`CORE`, each part's header
 says what it owns) is shared by every shard script. As EVAL (redis-py's
-Script: EVALSHA first, reloaded on NoScriptError) each call builds it anew: ~7.6 µs on
-Redis 7.0, which is most of a small flush. As a function library (``FUNCTION LOAD``, one
+Script: EVALSHA first, reloaded on NoScriptError) each call builds it anew, most of a
+small flush's cost (benchmarks/call_overhead.py). As a function library (``FUNCTION LOAD``, one
 library per ftlayer build, named by a hash of its text) it is built once, and a call only
 resets its state (``begin`` in the core). A server that lost the library (a restart
 without persistence, ``FUNCTION FLUSH``) gets it loaded again on the next call.

@@ -1,4 +1,4 @@
-"""Issue 12, defect 2: one bad replay must not strand a whole claim.
+"""One bad replay must not strand a whole claim.
 
 ``claim.lua`` pops and re-inits every claimed record in one call; a record whose frame no
 longer decodes (corrupt bytes, or larger than ``max_record_bytes``) must be dead-lettered

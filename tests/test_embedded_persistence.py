@@ -1,4 +1,4 @@
-"""Issue 12, suspected and confirmed: the embedded Redis ran without persistence and said
+"""The embedded Redis ran without persistence and said
 nothing, so a restart lost all FT state. Now ``FTConfig(embedded_data_dir=...)`` gives it
 an append-only file, and without one ``FTLayer.open`` warns once."""
 

@@ -1,4 +1,4 @@
-"""Issue 12, defect 4: a flush larger than Redis's largest argument (``proto-max-bulk-len``)
+"""A flush larger than Redis's largest argument (``proto-max-bulk-len``)
 used to fail forever; a shard's records now go in calls of at most ``flush_chunk_bytes``."""
 
 from __future__ import annotations

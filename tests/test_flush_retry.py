@@ -1,4 +1,4 @@
-"""Issue 12, defect 1: retrying a flush must never complete a record early.
+"""Retrying a flush must never complete a record early.
 
 A flush that Redis applied but whose reply was lost (a dropped connection, a ``WAIT``
 that timed out) raises FlushError with the work kept; calling ``flush()`` again must not

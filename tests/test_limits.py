@@ -1,4 +1,4 @@
-"""Issue 12, defect 5: every setting is checked against its encoding when it is built,
+"""Every setting is checked against its encoding when it is built,
 and Python and Lua share one source of truth for the limits (ftlayer.limits)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A model-based test of the whole protocol (issue 12): a hypothesis state machine drives
+"""A model-based test of the whole protocol: a hypothesis state machine drives
 real handlers against a real Redis -- record trees of random shape, explicit fails,
 dropped work, flushes whose reply is lost and retried (through a loopback proxy that
 swallows it), a task's flush re-sent under its token, a task re-run with fresh ids after

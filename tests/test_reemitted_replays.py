@@ -1,4 +1,4 @@
-"""Issue 12, suspicion: "a re-run or speculative source task re-emits claimed replays under
+"""Suspected: "a re-run or speculative source task re-emits claimed replays under
 the same RecordIds, so the first attempt's ids never complete (or complete early)".
 
 A claimed replay is inited with the current id it must be emitted with, so every attempt

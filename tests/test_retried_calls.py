@@ -1,4 +1,4 @@
-"""Issue 12, suspected: ``claim``, ``fail`` and ``dlq replay`` carry no idempotency token,
+"""``claim``, ``fail`` and ``dlq replay`` carry no idempotency token,
 so a call retried after its reply was lost applies twice. ftlayer now retries each of
 them on a lost connection (as it does flushes), so each is tested through a real TCP proxy
 that lets Redis run the call and drops its one reply.

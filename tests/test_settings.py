@@ -1,4 +1,4 @@
-"""Issue 12: a namespace's settings are stored by its first open and checked by every
+"""A namespace's settings are stored by its first open and checked by every
 later one (pipeline, sidecar, ``stats``, ``dlq``). Suspected and confirmed: ``ftlayer serve
 --shards 4`` against a namespace written with 8 shards expired nothing, and ``ftlayer
 stats`` with the wrong ``--shards`` or ``--namespace`` printed zeros."""

@@ -5,8 +5,8 @@ Concurrent writers: a commit whose table version another writer took first fails
 the whole merge runs again, with backoff, against the new version -- where the rows the
 other writer committed now match and are skipped. The sink never lets delta-rs rebase a
 commit onto a newer version (``max_commit_retries=0``): its conflict checker compares
-files, not keys, and lets two insert-only merges of one key both land (measured here:
-8 overlapping writers left duplicates in about 1 run of 5 until rebasing was off).
+files, not keys, and lets two insert-only merges of one key both land (overlapping
+writers left duplicates until rebasing was off: tests/test_sinks.py races them).
 
 Invariant: a write commits all of its new rows or none (one Delta commit); a row is
 skipped only when a row with its key was committed before. A write that cannot commit

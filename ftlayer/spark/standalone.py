@@ -7,8 +7,8 @@ starts a master and N workers, each its own process (and process group), every w
 loopback address of its own (127.0.0.2, 127.0.0.3, ...: Linux routes all of 127.0.0.0/8 to
 ``lo``), so Spark sees N hosts. Executors run this interpreter (``PYSPARK_PYTHON``).
 
-Used by the speculation tests now (tests/spark/test_speculation.py); the cluster end-to-end
-run of a later issue will reuse it. A driver connects from its own process (one JVM per process)::
+Used by the speculation and preflight tests and the cluster rehearsal
+(benchmarks/cluster_e2e.py). A driver connects from its own process (one JVM per process)::
 
     with StandaloneCluster(workers=2, cores=1) as cluster:
         subprocess.run([sys.executable, "job.py", cluster.url], env=cluster.env())

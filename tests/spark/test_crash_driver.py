@@ -1,5 +1,5 @@
 """``kill -9`` of the driver of a streaming query in the middle of a batch, then a restart
-on the same checkpoint (issue 12, crash test a).
+on the same checkpoint.
 
 The driver runs as its own process session (crash_driver_job.py): Python driver, its JVM
 and PySpark's Python workers. The test kills every process of that session with SIGKILL

@@ -1,4 +1,4 @@
-"""A Python worker killed with ``kill -9`` inside a flush (issue 12, crash test b).
+"""A Python worker killed with ``kill -9`` inside a flush.
 
 The executors reach Redis through a loopback TCP proxy. The first call of one script (the
 task flush of ``ack_scope="task"``, the segment write of a vectorized source task) is

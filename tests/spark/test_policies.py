@@ -163,7 +163,7 @@ def test_backpressure_waits_bounded_and_drain_reports_what_remains(
 def test_backpressure_never_waits_on_replays_only_a_batch_can_claim(
     spark: SparkSession, make_ft: Any, probe: Probe, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 12, defect 3: queued replays are pending but not in flight; only the next
+    """Queued replays are pending but not in flight; only the next
     batch's claim moves them. Counting them made the next batch (and every drain batch)
     wait out ``backpressure_timeout_s``; drain(timeout_s=3) took 13.5 s."""
     ft = make_ft(timeout_s=2, max_pending=5, backpressure_timeout_s=20)

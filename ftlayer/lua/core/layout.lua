@@ -33,9 +33,9 @@
 -- of one call, declared without a value and set by begin() at the end (see there).
 local STATS, TIDX, DLQ, PREFIX -- KEYS[1..3], PREFIX: STATS without ':stats'
 -- The library functions used per record, as locals: a global costs a table lookup at each
--- use (two in a function library, whose globals sit behind a metatable: 12 ns a use on
--- Redis 7.0, 6.5 by EVAL). Set by begin(): a library's top level cannot read globals.
--- (A table of the 128 history fields built here cost every EVAL 4.6 us: schar(slot) is one.)
+-- use (two in a function library, whose globals sit behind a metatable). Set by begin():
+-- a library's top level cannot read globals. Nothing per-slot is precomputed here (the
+-- core is built anew on every EVAL): a history field is schar(slot) when needed.
 local sunpack, spack, ssub, schar, bxor -- struct.unpack/pack, string.sub/char, bit.bxor
 -- ENTRY, ENTRY_BYTES, NO_ENTRY (ENTRY_BYTES zero bytes, spelled out: a function library's
 -- top level cannot call string.rep), NOFRAME, ID, XOR, FAIL_HEAD, REASONS and QUEUE_ENTRY
