@@ -70,6 +70,15 @@ def redis7_cluster() -> Iterator[EmbeddedCluster]:
     cluster.stop()
 
 
+@pytest.fixture(params=["single", "cluster"])
+def backend_url(request: pytest.FixtureRequest, redis_server: EmbeddedRedis) -> str:
+    """The URL of one Redis server, then of a 3-master Redis Cluster: a test that takes it
+    runs on both (for FTLayer objects on every backend, take ``make_layer``)."""
+    if request.param == "single":
+        return redis_server.url
+    return str(request.getfixturevalue("redis_cluster").url)
+
+
 @pytest.fixture(params=["evalsha", "fcall"])
 def script_calls(request: pytest.FixtureRequest) -> ScriptCalls:
     """Each lost-reply test runs twice: scripts by EVALSHA on the embedded Redis 6.2, and as

@@ -103,14 +103,6 @@ def ns() -> str:
     return f"side{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture(params=["single", "cluster"])
-def backend_url(request: pytest.FixtureRequest, redis_server: EmbeddedRedis) -> str:
-    """The chaos tests run on one server and on a 3-master Redis Cluster."""
-    if request.param == "single":
-        return redis_server.url
-    return str(request.getfixturevalue("redis_cluster").url)
-
-
 def test_kill_9_at_random_moments_loses_nothing(backend_url, ns, tmp_path) -> None:
     """Invariants 1, 6 and 8: SIGKILL of the sidecar at any moment loses nothing and
     replays no expiry twice."""
