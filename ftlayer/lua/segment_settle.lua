@@ -59,7 +59,9 @@ while pos <= #segs do
         done[4] = done[4] + 1
       else
         local hi, slot, lo = split_id(src)
-        queue_replay(bucket(hi, lo), slot, frame, hist)
+        local b = bucket(hi, lo)
+        local hc, part = queue_fields_of(frame)
+        enqueue(b, slot, add_frame(b, frame), hc, part, source, packed_history(hist), attempts)
         done[3] = done[3] + 1
         count(pending_name(source))
         count('replayed')

@@ -32,9 +32,6 @@ local FAILED = {explicit = 'failed_explicit', timeout = 'failed_timeout'}
 -- each to the stage it failed in).
 local dlq_set, queues, dead_ids
 
--- Store a record under ``id`` (its slot ``slot`` of bucket b) and queue it for replay
--- (it already counts as pending). Its entry holds only the frame: it has no ack value and
--- no timeout until a source task claims it.
 local first_failures -- reason -> err -> packed one-entry history (memo: a bulk expiry
                      -- fails thousands of records with the same first entry)
 local function first_history(reason, err)
@@ -52,11 +49,12 @@ local function packed_history(hist)
   return cmsgpack.pack(hist)
 end
 
--- As queue_replay below, with the history packed and its attempts since the last redrive.
 local queue_names -- source -> its replay queue's key
--- The entry of a queued record (slot ``slot`` of bucket b, its frame at ``off`` of b's
--- frames already), its history and its queue entry.
-local function queue_item(b, slot, off, hc, part, source, packed_hist, attempts)
+-- The one way a record joins its source's replay queue: as slot ``slot`` of bucket b, its
+-- stored record at ``off`` of b's frames (placed there already), with its packed history
+-- and its failed attempts since the last redrive. It already counts as pending; its entry
+-- holds only the frame: no ack value and no timeout until a source task claims it.
+local function enqueue(b, slot, off, hc, part, source, packed_hist, attempts)
   put(b, slot, 0, 0, 0, 0, off, source)
   set_history(b, slot, packed_hist)
   local items = queues[source]
@@ -69,36 +67,13 @@ local function queue_item(b, slot, off, hc, part, source, packed_hist, attempts)
   items[#items + 1] = spack(QUEUE_ENTRY, b.hi, slot, b.lo, hc, part, attempts)
 end
 
-local function queue_packed(b, slot, frame, packed_hist, attempts)
+-- Queue the stored record ``frame`` for replay under a new source id, in a fresh bucket of
+-- the shard whose low id bits are ``lo`` (invariant 5). It is copied as it is: it holds no
+-- ids (the entry's place names the record).
+local function requeue(frame, packed_hist, attempts, lo)
+  local b, slot = new_source_id(lo, #frame)
   local hc, part, source = queue_fields_of(frame)
-  queue_item(b, slot, add_frame(b, frame), hc, part, source, packed_hist, attempts)
-end
-
--- Queue ``frame`` for replay as the record of slot ``slot`` of bucket b.
-local function queue_replay(b, slot, frame, hist)
-  queue_packed(b, slot, frame, packed_history(hist), attempts_since_redrive(hist))
-end
-
--- Queue a failed record for replay under a new source id, in a fresh bucket of the shard
--- whose low id bits are ``lo``. Its stored form is copied as it is: it holds no ids (the
--- entry's place names the record).
-local function requeue(frame, hist, lo)
-  local b, slot = new_source_id(lo, #frame)
-  queue_replay(b, slot, frame, hist)
-end
-
--- requeue of a record at its first failure (no history yet): no table made for it.
-local function requeue_first(frame, reason, err, lo)
-  local b, slot = new_source_id(lo, #frame)
-  queue_packed(b, slot, frame, first_history(reason, err), 1)
-end
-
--- The same for the stored frame at ``off`` (``len`` bytes; its fields read already) of
--- bucket src's frames string, copied without making a string of it.
-local function requeue_first_at(src, off, len, hc, part, source, reason, err)
-  local b, slot = new_source_id(src.lo, len)
-  queue_item(b, slot, copy_frame(b, src, off, len), hc, part, source,
-             first_history(reason, err), 1)
+  enqueue(b, slot, add_frame(b, frame), hc, part, source, packed_hist, attempts)
 end
 
 -- pending: it counted as pending until now (a vectorized batch's residue did not).
@@ -162,11 +137,13 @@ local function fail_many(srcs, bs, slots, offs, reason, err, budget)
         elseif bu >= 0 then first = bu >= 1
         else first = own >= 1 end
       end
-      if first and flen then
-        requeue_first_at(b, off, flen, hc, part, source, r, e)
+      if first and flen then  -- requeue, the frame copied in place (no string made)
+        local nb, slot = new_source_id(b.lo, flen)
+        enqueue(nb, slot, copy_frame(nb, b, off, flen), hc, part, source,
+                first_history(r, e), 1)
         done[1] = done[1] + 1
       elseif first then
-        requeue_first(frame, r, e, b.lo)
+        requeue(frame, first_history(r, e), 1, b.lo)
         done[1] = done[1] + 1
       else
         if not frame then frame = ssub(b.frames, off + 1, off + flen) end
@@ -181,7 +158,7 @@ local function fail_many(srcs, bs, slots, offs, reason, err, budget)
           dead_letter(src or id_of(b, slot), frame, hist, source_of(frame), true)
           done[2] = done[2] + 1
         else
-          requeue(frame, hist, b.lo)
+          requeue(frame, packed_history(hist), attempt, b.lo)
           done[1] = done[1] + 1
         end
       end
