@@ -10,7 +10,6 @@ truncated when it is written.
 from __future__ import annotations
 
 from ftlayer import wire
-from serialization.stored import STORED_HEADER_SIZE
 
 __all__ = [
     "BUCKET_MAX_BYTES",
@@ -89,7 +88,6 @@ def lua_constants() -> str:
     layouts. The histogram's counter names are spelled out, so a script converts no
     number to a string to count a latency."""
     lines = [f"local {name} = {globals()[name]}" for name in _LUA] + wire.lua_constants()
-    lines.append(f"local STORED_HEAD = {STORED_HEADER_SIZE}")
     lines.append(f"local LATENCY_BOUNDS_MS = {_lua_list(LATENCY_BOUNDS_MS)}")
     names = tuple(f"latency_le_{b}" for b in LATENCY_BOUNDS_MS)
     lines.append(f"local LATENCY_NAMES = {_lua_list(names)}")

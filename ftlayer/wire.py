@@ -8,7 +8,8 @@ the Lua scripts, executors and the driver.
 * The batch scope's task summary is :class:`BatchSummary`, encoded by the executor task
   that ran it and decoded by the driver with the same class.
 
-The stored record itself (what a bucket's frames hold) is ``serialization.stored``'s.
+The stored record itself (what a bucket's frames hold) is ``serialization.stored``'s; the
+offsets and formats the scripts read it with are generated here from its dtype.
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from serialization.stored import STORED_DTYPE, STORED_HEADER_SIZE
+
 __all__ = [
-    "ENTRY_BYTES", "ENTRY_LUA", "FAIL_HEAD", "FAIL_HEAD_LUA", "ID_LUA", "NOFRAME",
-    "PERSIST_DTYPE", "PERSIST_HEAD", "PERSIST_HEAD_LUA", "QUEUE_ENTRY", "QUEUE_ENTRY_LUA",
-    "REASON_CODES", "SEGMENT_FAILED_LUA", "SEGMENT_LUA", "SEGMENT_PENDING_LUA", "XOR_BYTES",
+    "ACK_VALUE_LUA", "ENTRY_BYTES", "ENTRY_LUA", "FAIL_HEAD", "FAIL_HEAD_LUA", "ID_LUA",
+    "NOFRAME", "PERSIST_DTYPE", "PERSIST_HEAD", "PERSIST_HEAD_LUA", "QUEUE_ENTRY",
+    "QUEUE_ENTRY_LUA", "REASON_CODES", "SEGMENT_FAILED_LUA", "SEGMENT_LUA",
+    "SEGMENT_PENDING_LUA", "STORED_HEAD_LUA", "STORED_QUEUE_LUA", "STORED_U16_LUA", "XOR_BYTES",
     "XOR_LUA", "BatchSummary", "SegmentEntry", "lua_constants", "pack_segments",
 ]  # fmt: skip
 
@@ -33,6 +37,9 @@ ENTRY_LUA = ">i4i4I6I6I4H"
 ENTRY_BYTES = 26
 NOFRAME = 0xFFFF_FFFF
 """The frame offset of an entry without a stored record (made by an XOR before its init)."""
+
+ACK_VALUE_LUA = ">i4i4"
+"""An 8-byte ack value (or current id) as an entry holds it: its hi and lo halves."""
 
 # -- ids as the scripts split them, without making strings -------------------------------
 ID_LUA = ">I5BI2"
@@ -63,6 +70,41 @@ QUEUE_ENTRY = np.dtype([("source_id", ">u8"), ("hash_code", ">i4"), ("partition"
                         ("attempts", ">u2")])  # fmt: skip
 QUEUE_ENTRY_LUA = ">I5BI2i4i4I2"
 """New id (as ID_LUA), hash code, original partition, failed attempts."""
+
+
+# -- the stored record as the scripts read it in place (serialization.stored owns it) ---------
+def _lua_fields(dtype: np.dtype, names: tuple[str, ...]) -> str:
+    """The Lua ``struct`` format of consecutive fields ``names`` of a big-endian dtype."""
+    kinds = {"u": "I", "i": "i"}
+    return ">" + "".join(kinds[dtype[n].kind] + str(dtype[n].itemsize) for n in names)
+
+
+def _lua_at(dtype: np.dtype, name: str) -> int:
+    """The 1-based position of field ``name`` (Lua's string positions)."""
+    fields = dtype.fields
+    assert fields is not None
+    return 1 + int(fields[name][1])
+
+
+STORED_HEAD_LUA = _lua_fields(
+    STORED_DTYPE, ("payload_len", "hash_code", "partition", "source", "max_replays")
+)
+"""Its length, hash code, partition, source index and replay budget, read from its start."""
+STORED_QUEUE_LUA = _lua_fields(STORED_DTYPE, ("hash_code", "partition", "source"))
+"""What its replay queue entry carries (and which queue), read at STORED_QUEUE_AT."""
+STORED_U16_LUA = _lua_fields(STORED_DTYPE, ("source",))
+"""A u16 field of it (source, max_replays), read at STORED_SOURCE_AT / STORED_BUDGET_AT."""
+assert STORED_U16_LUA == _lua_fields(STORED_DTYPE, ("max_replays",))
+
+
+def _stored_constants() -> list[str]:
+    at = {"QUEUE": "hash_code", "SOURCE": "source", "BUDGET": "max_replays"}
+    return [
+        f"local STORED_HEAD = {STORED_HEADER_SIZE}",
+        f"local STORED_HEAD_FIELDS = '{STORED_HEAD_LUA}'",
+        f"local STORED_QUEUE_FIELDS = '{STORED_QUEUE_LUA}'",
+        f"local STORED_U16 = '{STORED_U16_LUA}'",
+    ] + [f"local STORED_{k}_AT = {_lua_at(STORED_DTYPE, f)}" for k, f in at.items()]
 
 
 # -- a settlement's segments argument (lua/segment_settle.lua) ------------------------------
@@ -102,6 +144,7 @@ def lua_constants() -> list[str]:
                         for name, code in REASON_CODES.items())  # fmt: skip
     return [
         f"local ENTRY = '{ENTRY_LUA}'",
+        f"local ACK_VALUE = '{ACK_VALUE_LUA}'",
         f"local ENTRY_BYTES = {ENTRY_BYTES}",
         f"local NO_ENTRY = '{zeros}'",
         f"local NOFRAME = {NOFRAME}",
@@ -115,6 +158,7 @@ def lua_constants() -> list[str]:
         f"local SEGMENT = '{SEGMENT_LUA}'",
         f"local SEGMENT_FAILED = '{SEGMENT_FAILED_LUA}'",
         f"local SEGMENT_PENDING = '{SEGMENT_PENDING_LUA}'",
+        *_stored_constants(),
     ]
 
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from ftlayer import EmbeddedRedis, wire
 from ftlayer.limits import lua_constants
+from serialization.stored import encode_stored
 
 ID8 = "'12345678'"  # an 8-byte string, for a c8 field
 PAIRS = {  # Lua spelling -> (its Python twin's width, the Lua values of one record)
@@ -66,3 +67,22 @@ def test_a_task_summary_decodes_to_what_was_encoded() -> None:
     assert back.key == (1, 3)
     empty = wire.BatchSummary.decode(wire.BatchSummary(stage=0, partition=0).encode())
     assert len(empty.failed_src) == 0 and empty.failed_err == [] and empty.segment is None
+
+
+def test_the_scripts_read_a_stored_record_where_python_wrote_it(
+    redis_server: EmbeddedRedis,
+) -> None:
+    """The STORED_* constants the scripts read a stored record with are generated from
+    serialization.stored's layout: every field reads back as encoded (a shifted offset or
+    a wrong width reads another field's bytes)."""
+    stored = encode_stored(b"payload", -123456, 513, partition=7, max_replays=300)
+    script = lua_constants() + (
+        "local s = ARGV[1]\n"
+        "local n, hc, part, src, budget = struct.unpack(STORED_HEAD_FIELDS, s, 1)\n"
+        "local qhc, qpart, qsrc = struct.unpack(STORED_QUEUE_FIELDS, s, STORED_QUEUE_AT)\n"
+        "return {STORED_HEAD + n, hc, part, src, budget, qhc, qpart, qsrc,\n"
+        "        (struct.unpack(STORED_U16, s, STORED_SOURCE_AT)),\n"
+        "        (struct.unpack(STORED_U16, s, STORED_BUDGET_AT))}\n"
+    )
+    got = redis_server.client().eval(script, 0, stored)
+    assert got == [len(stored), -123456, 7, 513, 300, -123456, 7, 513, 513, 300]

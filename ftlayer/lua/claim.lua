@@ -67,7 +67,7 @@ local function claim(items, all, deadline, init)
     end
     if len then
       if init then
-        local chi, clo = sunpack('>i4i4', curs, (i - 1) * 8 + 1)
+        local chi, clo = sunpack(ACK_VALUE, curs, (i - 1) * 8 + 1)
         put(b, slot, chi, clo, deadline, NOW, off, src_index)
         if b ~= timed then
           add_timeout(b, deadline)

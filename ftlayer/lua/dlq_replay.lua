@@ -17,7 +17,8 @@ for _, src in ipairs(wanted) do
     local entry = cmsgpack.unpack(raw)
     local frame, hist = entry[1], entry[2]
     hist[#hist + 1] = {'redrive', NOW, 0, ''}
-    requeue(frame, packed_history(hist), attempts_since_redrive(hist), sunpack('>I2', src, 7))
+    local _, _, lo = split_id(src)
+    requeue(frame, packed_history(hist), attempts_since_redrive(hist), lo)
     redis.call('HDEL', DLQ, src)
     count(pending_name(source_of(frame)))
     count('redriven')

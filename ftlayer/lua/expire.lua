@@ -4,13 +4,13 @@
 -- Idempotent and safe to run from several sidecars at once: SPOP hands each bucket of a
 -- deadline to exactly one call, and only entries whose own deadline has passed are
 -- touched (one whose deadline moved, reset_timeout, is left for its new deadline).
--- A due entry with a frame fails with reason 'timeout' (all of them in one bulk
--- fail_many); one without is an orphan (XORs of a retired or unknown id) and is dropped.
+-- A due entry with a frame fails with reason 'timeout' (fail_one, once every due entry
+-- was found); one without is an orphan (XORs of a retired or unknown id) and is dropped.
 -- Returns {processed, timed_out, orphans, more (1 if due entries remain)}.
 
 local limit, max_replays = tonumber(ARGV[1]), tonumber(ARGV[2])
 local processed, timed_out, orphans = 0, 0, 0
-local srcs, bs, slots, offs = {}, {}, {}, {} -- the due records with a frame (fail_many)
+local bs, slots, offs = {}, {}, {} -- the due records with a frame: bucket, slot, offset
 while processed < limit do
   local due = redis.call('ZRANGEBYSCORE', TIDX, '-inf', NOW, 'LIMIT', 0, 1)
   if #due == 0 then break end
@@ -27,8 +27,7 @@ while processed < limit do
           b.expired[slot] = true
           if off ~= NOFRAME then
             timed_out = timed_out + 1
-            srcs[timed_out], bs[timed_out], slots[timed_out] = false, b, slot
-            offs[timed_out] = off
+            bs[timed_out], slots[timed_out], offs[timed_out] = b, slot, off
           else
             remove(b, slot)
             count('orphans')
@@ -40,7 +39,9 @@ while processed < limit do
   end
   if redis.call('SCARD', key) == 0 then redis.call('ZREM', TIDX, due[1]) end
 end
-fail_many(srcs, bs, slots, offs, 'timeout', '', max_replays)
+for i = 1, timed_out do
+  fail_one(false, bs[i], slots[i], offs[i], 'timeout', '', max_replays)
+end
 commit_failures()
 local more = #redis.call('ZRANGEBYSCORE', TIDX, '-inf', NOW, 'LIMIT', 0, 1)
 flush_counts()

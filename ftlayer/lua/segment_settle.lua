@@ -73,7 +73,7 @@ while pos <= #segs do
       local frame = ssub(unit, 9)
       local b = bucket(hi, lo)
       local source = source_of(frame)
-      local hi, lo = sunpack('>i4i4', value)
+      local hi, lo = sunpack(ACK_VALUE, value)
       put(b, slot, hi, lo, deadline, NOW, add_frame(b, frame), source)
       add_timeout(b, deadline)
       done[5] = done[5] + 1

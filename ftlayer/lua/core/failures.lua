@@ -1,6 +1,6 @@
 -- core/failures.lua -- failing records: replay (a new id, queued) or dead letter. Owns:
--- the failure histories' reading and packing, the replay queue entries, fail_many and its
--- argument parsers, commit_failures. Invariants (docs/architecture.md 5, 6, 8): a failure
+-- the failure histories' reading and packing, the replay queue entries, fail_one (in steps)
+-- and its argument parser, commit_failures. Invariants (docs/architecture.md 5, 6, 8): a failure
 -- retires the old id and writes the new entry (or the dead letter) in the same call;
 -- nothing here ever acks; a record past its budget goes to the dead letters with its
 -- history, never dropped.
@@ -93,92 +93,93 @@ local function commit_failures()
   dlq_set, queues = {}, {}
 end
 
--- FTLayer.fail for many records (invariants 5, 6, 8): retire each source id; either
--- re-persist the record under a new source id in the same shard and queue it for replay
--- with its hash code and original partition, or, past its budget, move it to the
--- dead-letter hash with its history. Never acks.
--- Parallel arrays, one index per record: srcs (8-byte ids, or false: made from the bucket
--- and slot if a dead letter needs it), bs and slots (its bucket and
--- slot), offs (its frame's offset if the caller read its entry already, else false: then
--- the entry is looked up; each such src must appear once); reason, err and budget either
--- arrays or one value for all (budget -1: the record's own, from its frame).
--- Returns {replayed, dead_lettered, orphans}; writes are buffered (commit_failures()).
-local function fail_many(srcs, bs, slots, offs, reason, err, budget)
-  local done = {0, 0, 0}
-  local rs, es, bud = type(reason) == 'table', type(err) == 'table', type(budget) == 'table'
-  for i = 1, #srcs do
-    local src, b, slot, off = srcs[i], bs[i], slots[i], offs[i]
-    local r, e, bu = reason, err, budget
-    if rs then r = reason[i] end
-    if es then e = err[i] end
-    if bud then bu = budget[i] end
-    local frame, flen, hc, part, source, own = nil, nil, nil, nil, nil, nil
-    if not off then
-      local hi, _, _, _, o = get(b, slot)
-      if hi then off = o end
-    end
-    if off then
-      remove(b, slot)
-      if off ~= NOFRAME then
-        -- whole in the stored frames: read in place, copied without a string
-        flen, hc, part, source, own = stored_head(b, off)
-        if not flen then frame = frame_at(b, off) end
-      end
-    end
-    if not frame and not flen then
-      count('orphans')
-      done[3] = done[3] + 1
-    else
-      if rs then count(FAILED[r] or ('failed_' .. r)) end
-      local packed = histories_of(b)[schar(slot)]
-      local first = false -- the common case: a first failure within the budget
-      if not packed then
-        if not flen then first = budget_of(frame, bu) >= 1
-        elseif bu >= 0 then first = bu >= 1
-        else first = own >= 1 end
-      end
-      if first and flen then  -- requeue, the frame copied in place (no string made)
-        local nb, slot = new_source_id(b.lo, flen)
-        enqueue(nb, slot, copy_frame(nb, b, off, flen), hc, part, source,
-                first_history(r, e), 1)
-        done[1] = done[1] + 1
-      elseif first then
-        requeue(frame, first_history(r, e), 1, b.lo)
-        done[1] = done[1] + 1
-      else
-        if not frame then frame = ssub(b.frames, off + 1, off + flen) end
-        local hist = {}
-        if packed then
-          hist = cmsgpack.unpack(packed)
-          del_history(b, slot)
-        end
-        local attempt = attempts_since_redrive(hist) + 1
-        hist[#hist + 1] = {r, NOW, attempt, e}
-        if attempt > budget_of(frame, bu) then
-          dead_letter(src or id_of(b, slot), frame, hist, source_of(frame), true)
-          done[2] = done[2] + 1
-        else
-          requeue(frame, packed_history(hist), attempt, b.lo)
-          done[1] = done[1] + 1
-        end
-      end
-    end
+-- What fail_one did with a record: an index into a fail call's outcome tallies
+-- {replayed, dead_lettered, orphans}.
+local REPLAYED, DEAD, ORPHAN = 1, 2, 3
+
+-- fail_one in steps. A first failure within the budget (the common case): requeued with
+-- a one-entry history; the stored record copied in place when it lies whole in the frames
+-- read (flen set: no string made), else from ``frame``.
+local function replay_first(b, off, flen, frame, reason, err)
+  if flen then
+    local hc, part, source = queue_fields_of(b.frames, off)
+    local nb, nslot = new_source_id(b.lo, flen)
+    enqueue(nb, nslot, copy_frame(nb, b, off, flen), hc, part, source,
+            first_history(reason, err), 1)
+  else
+    requeue(frame, first_history(reason, err), 1, b.lo)
   end
-  if done[1] > 0 then count('replayed', done[1]) end
-  local failed = #srcs - done[3]
-  if not rs and failed > 0 then count(FAILED[reason] or ('failed_' .. reason), failed) end
-  return done
 end
 
--- fail_many for a list of {src, reason, err, budget} tables (parse_fails).
-local function fail_records(list)
-  local srcs, bs, slots, offs, reasons, errs, budgets = {}, {}, {}, {}, {}, {}, {}
-  for i, f in ipairs(list) do
-    local hi, slot, lo = split_id(f[1])
-    srcs[i], bs[i], slots[i], offs[i] = f[1], bucket(hi, lo), slot, false
-    reasons[i], errs[i], budgets[i] = f[2], f[3], f[4]
+-- A later failure: its history (``packed``, nil: none) grows by one entry, the old one
+-- deleted; requeued within the budget, dead-lettered past it. Returns REPLAYED or DEAD.
+local function fail_again(src, b, slot, frame, packed, reason, err, budget)
+  local hist = {}
+  if packed then
+    hist = cmsgpack.unpack(packed)
+    del_history(b, slot)
   end
-  return fail_many(srcs, bs, slots, offs, reasons, errs, budgets)
+  local attempt = attempts_since_redrive(hist) + 1
+  hist[#hist + 1] = {reason, NOW, attempt, err}
+  if attempt > budget_of(frame, budget) then
+    dead_letter(src or id_of(b, slot), frame, hist, source_of(frame), true)
+    return DEAD
+  end
+  requeue(frame, packed_history(hist), attempt, b.lo)
+  return REPLAYED
+end
+
+-- FTLayer.fail for one record (invariants 5, 6, 8): retire its source id (entry ``slot``
+-- of bucket b); either re-persist the record under a new source id in the same shard and
+-- queue it for replay with its hash code and original partition, or, past its budget,
+-- move it to the dead-letter hash with its history. Never acks. An entry without a stored
+-- record (or none at all) is an orphan: counted, nothing else.
+-- src: its 8-byte id, or false (made from b and slot if a dead letter needs it). off: its
+-- frame's offset if the caller read the entry already, else false (looked up now).
+-- budget: replays allowed, -1 for the record's own (from its stored record).
+-- Returns REPLAYED, DEAD or ORPHAN; writes are buffered (commit_failures()).
+local function fail_one(src, b, slot, off, reason, err, budget)
+  if not off then
+    local hi, _, _, _, o = get(b, slot)
+    if not hi then
+      count('orphans')
+      return ORPHAN
+    end
+    off = o
+  end
+  remove(b, slot)
+  local flen, own, frame
+  if off ~= NOFRAME then
+    flen = stored_len(b, off)
+    if flen then own = budget_of(b.frames, budget, off) else frame = frame_at(b, off) end
+  end
+  if not flen and not frame then
+    count('orphans')
+    return ORPHAN
+  end
+  count(FAILED[reason] or ('failed_' .. reason))
+  local packed = histories_of(b)[schar(slot)]
+  local outcome = REPLAYED
+  if not packed and (own or budget_of(frame, budget)) >= 1 then
+    replay_first(b, off, flen, frame, reason, err)
+  else
+    if not frame then frame = ssub(b.frames, off + 1, off + flen) end
+    outcome = fail_again(src, b, slot, frame, packed, reason, err, budget)
+  end
+  if outcome == REPLAYED then count('replayed') end
+  return outcome
+end
+
+-- fail_one for a list of {src, reason, err, budget} tables (parse_fails). Returns the
+-- outcome tallies {replayed, dead_lettered, orphans}.
+local function fail_records(list)
+  local done = {0, 0, 0}
+  for _, f in ipairs(list) do
+    local hi, slot, lo = split_id(f[1])
+    local outcome = fail_one(f[1], bucket(hi, lo), slot, false, f[2], f[3], f[4])
+    done[outcome] = done[outcome] + 1
+  end
+  return done
 end
 
 -- Parse a packed list of failures: repeated [source id 8][reason u8: 1 explicit,

@@ -21,7 +21,7 @@
 --                    history; deleted with the bucket, so a replayed record that completes
 --                    leaves nothing behind
 --   :t:<deadline>    set of bucket keys holding entries due at that deadline
--- Ack entry, struct ENTRY '>i4i4I6I6I4H', 26 bytes:
+-- Ack entry, struct ENTRY (ENTRY_BYTES bytes, from ftlayer/wire.py):
 --   ack value hi, lo | deadline_ms (0: none, a queued replay) | inited_ms (0: init not
 --   applied yet) | 1 + offset of its frame in the bucket's frames (0: none, an entry made
 --   by an XOR before its init) | source index (UNKNOWN_SOURCE: unknown)

@@ -13,30 +13,31 @@ local function tmo_key(deadline)
   return PREFIX .. ':t:' .. string.format('%d', deadline)
 end
 
--- A stored record (serialization/stored.py): payload_len u32 | hash_code i32 | partition
--- i32 | source u16 | max_replays u16 | checksum u64 | lineage i64 | payload; its header is
--- STORED_HEAD bytes (a constant of the prelude, from Python). Scripts copy a stored record
--- whole, so its lineage id stays with it through every replay and re-drive.
+-- A stored record (serialization/stored.py): a STORED_HEAD-byte header (length, hash code,
+-- partition, source index, replay budget, checksum, lineage id), then its payload. The
+-- positions and formats of its fields (STORED_*) are constants of the prelude, generated
+-- from Python's layout (ftlayer/wire.py). Scripts copy a stored record whole, so its
+-- lineage id stays with it through every replay and re-drive.
 -- The readers below take the stored record at byte ``off`` (0-based, default 0) of a
 -- string, so a record inside a bucket's frames is read in place.
 local function source_of(frame, off)
-  return (sunpack('>I2', frame, (off or 0) + 13))
+  return (sunpack(STORED_U16, frame, (off or 0) + STORED_SOURCE_AT))
 end
 
 -- The record's replay budget, written into its frame by the pipeline that persisted it;
 -- an override >= 0 (a sidecar's --max-replays) replaces it.
 local function budget_of(frame, override, off)
   if override >= 0 then return override end
-  return (sunpack('>I2', frame, (off or 0) + 15))
+  return (sunpack(STORED_U16, frame, (off or 0) + STORED_BUDGET_AT))
 end
 
 -- Its hash code, original partition and source index: what its replay queue entry
 -- carries, and which queue.
 local function queue_fields_of(frame, off)
-  local hc, part, source = sunpack('>i4i4I2', frame, (off or 0) + 5)
+  local hc, part, source = sunpack(STORED_QUEUE_FIELDS, frame, (off or 0) + STORED_QUEUE_AT)
   return hc, part, source
 end
 
 local function frame_len(frames, off)
-  return STORED_HEAD + sunpack('>I4', frames, off + 1)
+  return STORED_HEAD + (sunpack(STORED_HEAD_FIELDS, frames, off + 1))
 end
