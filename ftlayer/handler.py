@@ -19,26 +19,12 @@ import numpy as np
 from ftlayer.acker import RedisAckerTable, ShardBatch
 from ftlayer.config import FTConfig
 from ftlayer.errors import FailRecord, FTLayerError, RecordError
-from ftlayer.ids import (
-    IdPool,
-    RecordId,
-    SourceIds,
-    as_ids,
-    new_ids,
-    persisted_ids,
-    shard_of,
-    shards_of,
-    xor_fold,
-)
-from ftlayer.limits import MAX_RECORD_BYTES, MAX_SOURCE
+from ftlayer.ids import IdPool, RecordId, SourceIds, as_ids, new_ids, persisted_ids
+from ftlayer.limits import MAX_SOURCE
+from ftlayer.pending_work import BornMany, PendingWork
 from ftlayer.tally import Tally
-from ftlayer.wire import PERSIST_DTYPE
 from serialization import FrameError, encode_payload
-from serialization.stored import (
-    STORED_HEADER_SIZE,
-    encode_stored,
-    encode_stored_many,
-)
+from serialization.stored import STORED_HEADER_SIZE, encode_stored_many
 
 __all__ = ["AbstractFTHandler", "FTHandler", "NonFTHandler"]
 
@@ -48,6 +34,8 @@ _REASONS = ("explicit", "timeout", "dead_letter")
 
 class AbstractFTHandler:
     """The interface shared by FTHandler and NonFTHandler."""
+
+    __slots__ = ()
 
     def persist(
         self, payload: bytes, hash_code: int = 0, source: int = 0, partition: int = -1
@@ -150,25 +138,14 @@ class _Unsent(NamedTuple):
 
     token: str
     batches: dict[int, ShardBatch]
-    srcs: frozenset[int]
-    born_many: tuple[np.ndarray, ...]
-
-
-class _BornMany(NamedTuple):
-    """Records of one ``persist_many`` call: source and current ids, frame headers
-    (serialization.many.HEADER_DTYPE) and payloads, aligned."""
-
-    src: np.ndarray
-    cur: np.ndarray
-    headers: np.ndarray
-    payloads: list[bytes]
+    work: PendingWork
 
 
 class FTHandler(AbstractFTHandler):
     """The operating handler of one task attempt."""
 
-    __slots__ = ("table", "config", "partition", "_deltas", "_born", "_failed", "_anchor",
-                 "_ids", "_reset", "_unsent", "_rejected", "_xors", "_born_many")  # fmt: skip
+    __slots__ = ("table", "config", "partition", "_work", "_anchor", "_ids", "_sources",
+                 "_reset", "_unsent")  # fmt: skip
 
     def __init__(
         self,
@@ -181,12 +158,7 @@ class FTHandler(AbstractFTHandler):
         self._reset = reset
         self.config = config
         self.partition = partition
-        self._deltas: dict[int, int] = {}
-        self._xors: list[tuple[np.ndarray, np.ndarray]] = []  # emit_many / ack_many events
-        self._born: dict[int, tuple[bytes, int, int, int]] = {}
-        self._born_many: list[_BornMany] = []
-        self._failed: dict[int, tuple[str, str]] = {}
-        self._rejected: set[int] = set()  # born here to be dead-lettered (budget 0)
+        self._work = PendingWork()
         self._anchor: RecordId | None = None
         self._ids = IdPool()
         self._sources = SourceIds()
@@ -216,8 +188,8 @@ class FTHandler(AbstractFTHandler):
             raise RecordError(f"hash_code {hash_code} of a source {source} record is not int32")
         src = self._sources.next(STORED_HEADER_SIZE + len(payload))
         cur = self._ids.next()
-        self._born[src] = (bytes(payload), hash_code, source, partition)
-        self._deltas[src] = cur
+        self._work.born[src] = (bytes(payload), hash_code, source, partition)
+        self._work.xors[src] = cur
         return RecordId(src, cur)
 
     def persist_many(
@@ -254,8 +226,8 @@ class FTHandler(AbstractFTHandler):
         src = persisted_ids(headers["payload_len"].astype(np.int64) + STORED_HEADER_SIZE)
         headers["lineage"] = src.view(np.int64)  # a record's lineage id: its first source id
         cur = new_ids(n)
-        self._born_many.append(_BornMany(src, cur, headers, payloads))
-        self._xors.append((src, cur))
+        self._work.born_many.append(BornMany(src, cur, headers, payloads))
+        self._work.xor_arrays.append((src, cur))
         return src, cur
 
     def reject(
@@ -272,9 +244,10 @@ class FTHandler(AbstractFTHandler):
         if not -(2**31) <= hash_code < 2**31:
             hash_code = 0
         src, cur = self._sources.next(STORED_HEADER_SIZE + len(raw)), self._ids.next()
-        self._born[src] = (bytes(raw), hash_code, source, partition)
-        self._failed[src] = ("explicit", error)
-        self._rejected.add(src)
+        work = self._work
+        work.born[src] = (bytes(raw), hash_code, source, partition)
+        work.fail(src, "explicit", error)
+        work.rejected.add(src)
         return RecordId(src, cur)
 
     # -- task side ---------------------------------------------------------------------
@@ -292,15 +265,12 @@ class FTHandler(AbstractFTHandler):
             )
         src = parent[0]
         cur = self._ids.next()
-        deltas = self._deltas
-        deltas[src] = deltas.get(src, 0) ^ cur
+        self._work.xor(src, cur)
         return RecordId(src, cur)
 
     def ack(self, record_id: RecordId) -> None:
         """This task is done with ``record_id`` (after emitting its children)."""
-        src = record_id[0]
-        deltas = self._deltas
-        deltas[src] = deltas.get(src, 0) ^ record_id[1]
+        self._work.xor(record_id[0], record_id[1])
 
     # -- many at once: the same events for whole numpy arrays, no Python per record ------
     def emit_many(self, src: Any) -> np.ndarray:
@@ -309,7 +279,7 @@ class FTHandler(AbstractFTHandler):
         at flush, like every XOR of this handler."""
         s = as_ids(src)
         cur = new_ids(len(s))
-        self._xors.append((s, cur))
+        self._work.xor_arrays.append((s, cur))
         return cur
 
     def ack_many(self, src: Any, cur: Any) -> None:
@@ -317,14 +287,15 @@ class FTHandler(AbstractFTHandler):
         s, c = as_ids(src), as_ids(cur)
         if s.shape != c.shape:
             raise FTLayerError(f"ack_many: {len(s)} source ids for {len(c)} current ids")
-        self._xors.append((s, c))
+        self._work.xor_arrays.append((s, c))
 
     def fail_many(self, src: Any, error: str = "", reason: str = "explicit") -> None:
         """``fail`` for each source id of ``src`` (failures are rare: one dict entry each)."""
         if reason not in _REASONS:
             raise FTLayerError(f"reason must be one of {_REASONS}, not {reason!r}")
+        work = self._work
         for s in as_ids(src).tolist():
-            self._failed.setdefault(s, (reason, error))
+            work.fail(s, reason, error)
 
     def fail(self, record_id: RecordId, error: str = "", reason: str = "explicit") -> None:
         """Fail the source record of ``record_id``: at flush it is retired and replayed
@@ -332,32 +303,33 @@ class FTHandler(AbstractFTHandler):
         flush wins; its XORs from this task are dropped, later ones become orphans."""
         if reason not in _REASONS:
             raise FTLayerError(f"reason must be one of {_REASONS}, not {reason!r}")
-        self._failed.setdefault(record_id[0], (reason, error))
+        self._work.fail(record_id[0], reason, error)
 
     def reset_timeout(self, record_id: RecordId) -> bool:
         if self._reset is None:
             raise FTLayerError("this handler was built without a timeout layer")
         src = record_id[0]
-        many = [b.src for b in self._born_many]
-        many += self._unsent.born_many if self._unsent else ()
-        if (src in self._born or (self._unsent and src in self._unsent.srcs)
-                or any(np.isin(np.uint64(src), m) for m in many)):  # fmt: skip
+        if self._work.holds_born(src) or (self._unsent and self._unsent.work.holds_born(src)):
             return True  # not (known to be) in Redis yet: its timeout starts at flush
-        return self._reset([record_id[0]]) == 1
+        return self._reset([src]) == 1
+
+    def pending_batches(self) -> dict[int, ShardBatch]:
+        """What the next flush would send for the work buffered since the last one (one
+        ShardBatch per shard), without sending or forgetting it."""
+        return self._work.batches(self.config)
+
+    def pending_deltas(self) -> dict[int, int]:
+        """Each source id's folded delta in the work buffered since the last flush."""
+        srcs, vals = self._work.folded()
+        return dict(zip(srcs.tolist(), vals.tolist(), strict=True))
 
     @property
     def pending_sources(self) -> int:
         """Source ids with unflushed work in this handler."""
-        unsent: set[int] = set(self._unsent.srcs) if self._unsent else set()
-        for arr in self._unsent.born_many if self._unsent else ():
-            unsent.update(arr.tolist())
-        many = {int(s) for s in xor_fold(*self._folded_arrays())[0]} if self._xors else set()
-        return len(self._deltas.keys() | self._failed.keys() | unsent | many)
-
-    def _folded_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every XOR event of the numpy APIs, as two concatenated arrays."""
-        return (np.concatenate([s for s, _ in self._xors]),
-                np.concatenate([c for _, c in self._xors]))  # fmt: skip
+        ids = self._work.source_ids()
+        if self._unsent is not None:
+            ids |= self._unsent.work.source_ids()
+        return len(ids)
 
     def flush(self) -> Tally:
         """Send everything to Redis; afterwards every record born here is complete or
@@ -375,119 +347,10 @@ class FTHandler(AbstractFTHandler):
         if self._unsent is not None:
             result.merge(self.table.apply(self._unsent.batches, token=self._unsent.token))
             self._unsent = None
-        batches = self._batches()
+        batches = self.pending_batches()  # raises with the work kept
+        work, self._work = self._work, PendingWork()
         if batches:
-            srcs = frozenset(self._deltas.keys() | self._failed.keys() | self._born.keys())
-            many = tuple(b.src for b in self._born_many)
-            self._unsent = _Unsent(os.urandom(12).hex(), batches, srcs, many)
-            self._deltas.clear()
-            self._xors.clear()
-            self._born.clear()
-            self._born_many.clear()
-            self._failed.clear()
-            self._rejected.clear()
+            self._unsent = _Unsent(os.urandom(12).hex(), batches, work)
             result.merge(self.table.apply(batches, token=self._unsent.token))
             self._unsent = None
         return result
-
-    def _add_born_many(
-        self,
-        blk: _BornMany,
-        delta: np.ndarray,
-        failed_ids: np.ndarray,
-        batches: dict[int, ShardBatch],
-    ) -> int:
-        """Persist ``blk``'s records whose tree did not complete here (delta != 0) or that
-        failed (stored, then failed by the same call: delta 0), one packed buffer per
-        shard; returns how many completed inside the task."""
-        failed = np.isin(blk.src, failed_ids) if len(failed_ids) else np.zeros(len(delta), bool)
-        delta = np.where(failed, np.uint64(0), delta)
-        keep = failed | (delta != 0)
-        shard_ids = shards_of(blk.src, self.config.shards)
-        for k in np.unique(shard_ids[keep]).tolist():
-            rows = np.flatnonzero(keep & (shard_ids == k))
-            head = np.empty(len(rows), PERSIST_DTYPE)
-            head["delta"] = delta[rows]
-            head["source_id"] = blk.src[rows]
-            head["stored_len"] = blk.headers["payload_len"][rows] + STORED_HEADER_SIZE
-            parts: list[Any] = [None] * (2 * len(rows))
-            parts[0::2] = blk.headers[rows].view(f"V{STORED_HEADER_SIZE}").tolist()
-            payloads = blk.payloads
-            parts[1::2] = payloads if len(rows) == len(payloads) else [payloads[i] for i in rows]
-            b = batches.get(k) or batches.setdefault(k, ShardBatch())
-            b.add_persists(head.tobytes(), b"".join(parts), head["stored_len"].astype(np.int64))
-        return int(len(keep) - keep.sum())
-
-    def _all_deltas(self) -> tuple[np.ndarray, np.ndarray]:
-        """Each source id this handler XORed into, with its folded delta (one entry per
-        id, zeros included): the per-record calls' dict and the numpy calls' events."""
-        d = self._deltas
-        srcs = np.fromiter(d.keys(), dtype=np.uint64, count=len(d))
-        vals = np.fromiter(d.values(), dtype=np.uint64, count=len(d))
-        if not self._xors:
-            return srcs, vals
-        many_s, many_v = self._folded_arrays()
-        return xor_fold(np.concatenate([srcs, many_s]), np.concatenate([vals, many_v]))
-
-    def _batches(self) -> dict[int, ShardBatch]:
-        shards = self.config.shards
-        max_payload = self.config.max_record_bytes
-        budget = self.config.max_replays
-        failed = self._failed
-        srcs, vals = self._all_deltas()
-        # born and failed records need their delta one by one (few); persist_many's born
-        # records are taken out as arrays; the rest stay arrays
-        special = np.fromiter(self._born.keys() | failed.keys(), np.uint64)
-        one_by_one = np.isin(srcs, special) if len(special) else np.zeros(len(srcs), bool)
-        born_many = []
-        for blk in self._born_many:  # xor_fold sorted srcs (a block's born XOR is in _xors)
-            at = np.searchsorted(srcs, blk.src)
-            born_many.append((blk, vals[at]))
-            one_by_one[at] = True
-        deltas = dict(zip(srcs[one_by_one].tolist(), vals[one_by_one].tolist(), strict=True))
-        srcs, vals = srcs[~one_by_one], vals[~one_by_one]
-        batches: dict[int, ShardBatch] = {}
-
-        def batch(src: int) -> ShardBatch:
-            k = shard_of(src, shards)
-            b = batches.get(k)
-            if b is None:
-                b = batches[k] = ShardBatch()
-            return b
-
-        local_done = 0
-        rejected = self._rejected
-        for src, (payload, hash_code, source, partition) in self._born.items():
-            delta = deltas.pop(src, 0)
-            if src in failed:
-                delta = 0  # stored only, then failed by the same call
-            elif delta == 0:
-                local_done += 1
-                continue
-            stored = encode_stored(
-                payload,
-                hash_code,
-                source,
-                partition=partition,
-                max_replays=0 if src in rejected else budget,
-                max_payload=MAX_RECORD_BYTES if src in rejected else max_payload,
-                source_id=src,
-                lineage=src,  # its lineage id: its first source id (bit 63 is 0)
-            )
-            batch(src).add_persist(delta, src, stored)
-        failed_ids = np.fromiter(failed.keys(), np.uint64, len(failed))
-        for blk, delta in born_many:
-            local_done += self._add_born_many(blk, delta, failed_ids, batches)
-        if local_done:
-            batch(0).local_completed = local_done
-        for src, (reason, error) in failed.items():
-            batch(src).fails.append((src, reason, error))
-        if len(srcs):
-            keep = vals != 0
-            srcs, vals = srcs[keep], vals[keep]
-            shard_ids = shards_of(srcs, shards)
-            for k in np.unique(shard_ids).tolist():
-                sel = shard_ids == k
-                b = batches.get(k) or batches.setdefault(k, ShardBatch())
-                b.xor_srcs, b.xor_deltas = srcs[sel], vals[sel]
-        return batches
