@@ -34,7 +34,7 @@ from ftlayer.tally import Tally
 from ftlayer.wire import SegmentEntry, pack_segments
 from serialization.stored import STORED_DTYPE, STORED_HEADER_SIZE, encode_stored_many
 
-__all__ = ["Residues", "SegmentStore", "frames_of_rows"]
+__all__ = ["Residues", "SegmentStore", "frames_of_rows", "unit_source_id"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,11 @@ def frames_of_rows(
     unit["id"], unit["head"] = ids, heads
     return [u + p for u, p in zip(unit.view(f"V{unit.itemsize}").tolist(), payloads,
                                   strict=True)]  # fmt: skip
+
+
+def unit_source_id(unit: bytes) -> int:
+    """The source id a unit (as frames_of_rows makes it) starts with."""
+    return int.from_bytes(unit[:8], "big")
 
 
 def segment_lineage(table: Any, rows: np.ndarray, source: int, partition: int) -> np.ndarray:

@@ -109,8 +109,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _build_commands(sub: Any) -> None:
-
+    """Every command, in the order ``ftlayer --help`` lists them."""
     add_sources_command(sub)
+    _add_counters(sub)
+    _add_demo(sub)
+    _add_serve(sub)
+    add_dlq_commands(sub)
+    add_status_command(sub)
+    add_functions_command(sub)
+    _add_redis(sub)
+    _add_completion(sub)
+
+
+def _add_counters(sub: Any) -> None:
     counters = sub.add_parser(
         "counters",
         help="print the FT counters of a namespace, read from Redis",
@@ -125,6 +136,8 @@ def _build_commands(sub: Any) -> None:
         p.set_defaults(func=_cmd_counters)
     old.set_defaults(deprecated="`ftlayer stats` is deprecated, use `ftlayer counters`")
 
+
+def _add_demo(sub: Any) -> None:
     demo = sub.add_parser(
         "demo",
         help="the main job: a Structured Streaming query with failures injected",
@@ -175,6 +188,8 @@ def _build_commands(sub: Any) -> None:
                       "until Ctrl-C")  # fmt: skip
     demo.set_defaults(func=_cmd_demo)
 
+
+def _add_serve(sub: Any) -> None:
     serve = sub.add_parser(
         "serve",
         help="run the acker sidecar: timeouts, replays, lease, metrics",
@@ -212,10 +227,8 @@ def _build_commands(sub: Any) -> None:
         "[env: FTLAYER_ALLOW_EVICTION]")  # fmt: skip
     serve.set_defaults(func=_cmd_serve)
 
-    add_dlq_commands(sub)
-    add_status_command(sub)
-    add_functions_command(sub)
 
+def _add_redis(sub: Any) -> None:
     server = sub.add_parser(
         "redis", help="run an embedded redis-server in the foreground and print its URL"
     )
@@ -224,6 +237,8 @@ def _build_commands(sub: Any) -> None:
     server.add_argument("--appendonly", action="store_true", help="turn AOF persistence on")
     server.set_defaults(func=_cmd_redis)
 
+
+def _add_completion(sub: Any) -> None:
     completion = sub.add_parser(
         "completion", help="print a shell completion script",
         description="Completion of commands and options. bash: "

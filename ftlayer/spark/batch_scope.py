@@ -45,13 +45,13 @@ from ftlayer.ids import RecordId, batch_source_ids, is_local, new_ids, shard_of,
 from ftlayer.limits import DEAD_NOW
 from ftlayer.lineage import copy_seed
 from ftlayer.persistence import ClaimedRecord
-from ftlayer.segments import frames_of_rows
+from ftlayer.segments import frames_of_rows, unit_source_id
 from ftlayer.spark.plan import MAX_MESSAGES, SOURCE_STAGE, Segment
 from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy
 from ftlayer.spark.references import references, resolve
 from ftlayer.spark.replay_rows import replay_table, stored_schema
 from ftlayer.spark.results import BatchResult, StageCounts
-from ftlayer.spark.vector_tasks import (
+from ftlayer.spark.vector_plan import (
     ATT_COL,
     CUR_COL,
     LIN_COL,
@@ -61,8 +61,8 @@ from ftlayer.spark.vector_tasks import (
     SRC_COL,
     SUMMARY_COL,
     VectorPlan,
-    run_vector_task,
 )
+from ftlayer.spark.vector_tasks import run_vector_task
 from ftlayer.tally import Tally
 from ftlayer.wire import BatchSummary
 
@@ -564,7 +564,7 @@ class VectorRun:
                         why = [failed[src] for _, src in fails]
                         fail_frames = [(f, w.error, w.attempts)
                                        for f, w in zip(frames, why, strict=True)]  # fmt: skip
-                        self.sent[member] = {int.from_bytes(f[:8], "big"): w.stage
+                        self.sent[member] = {unit_source_id(f): w.stage
                                              for f, w in zip(frames, why, strict=True)}
                     if pends:  # pending with a live timeout: any non-zero ack value
                         frames = make(np.array([r for r, _ in pends]))

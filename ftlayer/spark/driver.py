@@ -75,7 +75,7 @@ from ftlayer.spark.row_tasks import (
     run_shuffled_task,
     run_source_task,
 )
-from ftlayer.spark.vector_tasks import (
+from ftlayer.spark.vector_plan import (
     ATT_COL,
     CUR_COL,
     LIN_COL,

@@ -50,7 +50,7 @@ from ftlayer.errors import ConfigError, FTLayerError
 from ftlayer.ids import LOCAL_BIT
 from ftlayer.limits import DEAD_NOW
 from ftlayer.lineage import LINEAGE_META
-from ftlayer.segments import frames_of_rows
+from ftlayer.segments import frames_of_rows, unit_source_id
 from ftlayer.spark.batch_scope import Failure, VectorRun, arrow_schema, spark_schema
 from ftlayer.spark.frame_tasks import (
     DEAD_COL,
@@ -70,7 +70,8 @@ from ftlayer.spark.plan import (
 )
 from ftlayer.spark.references import with_references
 from ftlayer.spark.results import StageCounts
-from ftlayer.spark.vector_tasks import LOC_COL, POS_COL, SRC_COL, segment_bytes, stage_label
+from ftlayer.spark.vector_plan import LOC_COL, POS_COL, SRC_COL, stage_label
+from ftlayer.spark.vector_tasks import segment_bytes
 from ftlayer.wire import BatchSummary
 
 if TYPE_CHECKING:
@@ -447,7 +448,7 @@ class FrameRun(VectorRun):
             # shard 0's segment also counts the rows that completed (persisted, completed)
             seg_rows = max(rows - elsewhere, len(mine)) if shard == 0 else len(mine)
             jobs[shard] = ([(member, seg_rows, fails, [], 0)], [])
-            self.sent[member] = {int.from_bytes(f[:8], "big"): why.stage
+            self.sent[member] = {unit_source_id(f): why.stage
                                  for f, (_, why) in zip(frames, mine, strict=True)}  # fmt: skip
         self.calls += 2 * len(jobs)
         tallies = store.settle_shards(jobs, salt=plan.salt, batch=batch,

@@ -31,7 +31,8 @@ from ftlayer.ids import batch_source_ids, is_local
 from ftlayer.spark.outcome import run_stage
 from ftlayer.spark.plan import BatchStage
 from ftlayer.spark.policy import BatchContext, ErrorPolicy
-from ftlayer.spark.vector_tasks import LOC_COL, POS_COL, segment_bytes
+from ftlayer.spark.vector_plan import LOC_COL, POS_COL
+from ftlayer.spark.vector_tasks import segment_bytes
 from ftlayer.spark.worker import worker_layer
 
 __all__ = ["DEAD_COL", "ERROR_COL", "FAILED_COL", "CopySource", "PythonStep", "outcome_fields"]

@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from ftlayer.errors import ConfigError
-from ftlayer.spark.vector_tasks import CUR_COL, LOC_COL, POS_COL, REPLAY_COLS, SRC_COL
+from ftlayer.spark.vector_plan import CUR_COL, LOC_COL, POS_COL, REPLAY_COLS, SRC_COL
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

@@ -1,5 +1,5 @@
 """Claimed replays as Arrow rows of their source's schema, with the columns a replay
-carries into the source stage (ftlayer.spark.vector_tasks.REPLAY_COLS).
+carries into the source stage (ftlayer.spark.vector_plan.REPLAY_COLS).
 
 Used by both ways a replay enters a batch: the replay stream's tasks
 (ftlayer.spark.replay_stream) and a batch that claims its replays itself (``drain``, a
@@ -19,7 +19,7 @@ import pyarrow as pa
 from ftlayer.ids import RecordId
 from ftlayer.payloads import arrow_codecs, decode_record
 from ftlayer.persistence import ClaimedRecord
-from ftlayer.spark.vector_tasks import ATT_COL, CUR_COL, LIN_COL, LOC_COL, POS_COL, SRC_COL
+from ftlayer.spark.vector_plan import ATT_COL, CUR_COL, LIN_COL, LOC_COL, POS_COL, SRC_COL
 
 __all__ = ["replay_schema", "replay_table", "stored_schema"]
 

@@ -48,7 +48,7 @@ from pyspark.sql.types import StructType
 from ftlayer.config import FTConfig
 from ftlayer.spark.batch_scope import arrow_schema, spark_schema
 from ftlayer.spark.replay_rows import replay_schema, replay_table, stored_schema
-from ftlayer.spark.vector_tasks import SRC_COL
+from ftlayer.spark.vector_plan import SRC_COL
 from ftlayer.spark.worker import worker_layer
 
 if TYPE_CHECKING:

@@ -30,201 +30,40 @@ the segment written by the same attempt, so residues always point at the right r
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from ftlayer.config import FTConfig
 from ftlayer.ids import (
     batch_source_ids,
     edge_hashes,
     fold_sum,
     is_local,
     marker_id,
-    mix64,
-    new_ids,
     split_local,
 )
 from ftlayer.limits import DEAD_NOW
 from ftlayer.lineage import LINEAGE_META, copy_lineage, reference_lineage
-from ftlayer.spark.outcome import StageContractError, run_stage
-from ftlayer.spark.plan import MAX_MESSAGES, SOURCE_STAGE, Segment, stage_name
-from ftlayer.spark.policy import DEFAULT_POLICY, BatchContext, ErrorPolicy, wants_context
+from ftlayer.spark.chain import Chain, TaskRun, note_failures, run_chain, u64_ids
+from ftlayer.spark.plan import SOURCE_STAGE
+from ftlayer.spark.policy import BatchContext
+from ftlayer.spark.vector_plan import (
+    ATT_COL,
+    CUR_COL,
+    LIN_COL,
+    LOC_COL,
+    REF_COLS,
+    SRC_COL,
+    SUMMARY_COL,
+    VectorPlan,
+)
 from ftlayer.spark.worker import task_context, worker_layer
-from ftlayer.wire import BatchSummary
 
-__all__ = ["SRC_COL", "SUMMARY_COL", "VectorPlan", "run_vector_task", "stage_label"]
+__all__ = ["run_vector_task", "segment_bytes"]
 
 log = logging.getLogger(__name__)
-
-SRC_COL = "__ft_src"
-ATT_COL = "__ft_att"
-"""Claimed replays enter the source stage with their failed attempts so far (int32)."""
-CUR_COL = "__ft_cur"
-"""... and with the current id their claim inited them with (int64): the source task
-reports (source id, current id) of every replay it ran, and the batch's settlement
-completes or fails exactly those (the replays of the attempt that counted)."""
-LIN_COL = "__ft_lin"
-"""... and with its lineage id (int64, ftlayer.lineage). Past the source stage the
-column carries every row's lineage id when the sink asked for it (Segment.sink_lineage)."""
-REPLAY_COLS = (SRC_COL, ATT_COL, CUR_COL, LIN_COL)
-"""The columns a replay carries into the source stage (null in fresh rows)."""
-LOC_COL = "__ft_loc"
-POS_COL = "__ft_pos"
-REF_COLS = (LOC_COL, POS_COL)
-"""A source kept by reference (ftlayer.spark.references): each row's location id and
-position (int64 each). When the source stage's input has them, its segment holds them
-instead of the rows."""
-SUMMARY_COL = "__ft_summary"
-ID_FIELDS = [pa.field(SRC_COL, pa.int64())]
-LIN_FIELD = pa.field(LIN_COL, pa.int64())
-
-
-@dataclass(frozen=True)
-class VectorPlan:
-    """What every task of one vectorized batch run needs (picklable, no live client)."""
-
-    config: FTConfig
-    source: int
-    batch_key: str
-    salt: int
-    segments: tuple[Segment, ...]
-    on_error: str
-    immediate_replays: int
-    """How many times a row failing in the task that read it fresh is replayed there at
-    once before it becomes a residue (replay queue, or dead letters past its budget)."""
-    inputs: tuple[pa.Schema, ...]
-    """User columns entering each segment."""
-    outputs: tuple[tuple[pa.Schema, ...], ...]
-    """Output schema of each batch stage of each segment."""
-    errors: ErrorPolicy = DEFAULT_POLICY
-    """The pipeline's error policy (a stage's own ``errors=`` overrides it)."""
-    record_key: str | None = None
-    """The pipeline's record key column (Pipeline.record_key): folded and reported after
-    a shuffle instead of ``__ft_src``, which then is not added."""
-    lineage_seed: int = 0
-    """The seed of the lineage ids of this batch's fresh copied rows (ftlayer.lineage)."""
-    run_again: bool = True
-    """This batch id began before (Spark running it again): its rows may have been
-    written (BatchContext.written_before). True unless the driver knows otherwise."""
-
-    @property
-    def lineage(self) -> str | None:
-        """The column the sink is given every row's lineage id in (None: not asked)."""
-        return self.segments[-1].sink_lineage
-
-    @cached_property
-    def wants_lineage(self) -> tuple[bool, ...]:
-        """Whether each segment's tasks know their rows' lineage ids: all of them when the
-        sink asks for them (the ids cross every shuffle), else the source segment when one
-        of its stages takes a context."""
-        if self.lineage is not None:
-            return (True,) * len(self.segments)
-        return (self.wants_context[0],) + (False,) * (len(self.segments) - 1)
-
-    @cached_property
-    def wants_context(self) -> tuple[bool, ...]:
-        """Whether any stage of each segment (its sink included) takes a context: if
-        none does, its tasks build none."""
-        return tuple(
-            any(wants_context(op.fn) for _, op in seg.ops)
-            or (seg.sink is not None and wants_context(seg.sink))
-            for seg in self.segments
-        )
-
-    @cached_property
-    def edge_salts(self) -> tuple[int, ...]:
-        """The salt of the shuffle edge leaving each segment."""
-        seeds = np.array([self.salt ^ (i + 1) for i in range(len(self.segments))], np.uint64)
-        return tuple(int(x) for x in mix64(seeds))
-
-    @cached_property
-    def id_schemas(self) -> tuple[pa.Schema, ...]:
-        """The schema of the rows leaving each segment through a shuffle, ids included."""
-        ids = [] if self.record_key else ID_FIELDS
-        if self.lineage is not None and not self.record_key:
-            ids = [*ids, LIN_FIELD]
-        return tuple(pa.schema([*s, *ids]) for s in (*self.inputs[1:], pa.schema([])))
-
-
-def stage_label(segment: int, op: int, fn: Any, sink: bool = False) -> str:
-    """``map_batches[0.1] price``: a stage's name in ``BatchResult.stages`` (row stages,
-    compiled by ftlayer.spark.row_stages, say ``rows``)."""
-    kind = "sink" if sink else getattr(fn, "ft_kind", "map_batches")
-    return f"{kind}[{segment}.{op}] {stage_name(fn)}"
-
-
-@dataclass
-class _Task:
-    """What one task attempt did: its fold, residues and counts (its summary)."""
-
-    stage: int
-    partition: int
-    attempt: int
-    fold: int = 0
-    fresh: int = 0
-    replayed: int = 0
-    written: int = 0
-    immediate_replays: int = 0
-    failed_src: list[np.ndarray] = field(default_factory=list)
-    failed_err: list[str] = field(default_factory=list)
-    failed_att: list[np.ndarray] = field(default_factory=list)
-    failed_stage: list[str] = field(default_factory=list)
-    unc_src: list[np.ndarray] = field(default_factory=list)
-    rep_src: list[np.ndarray] = field(default_factory=list)
-    rep_cur: list[np.ndarray] = field(default_factory=list)
-    rep_key: list[np.ndarray] = field(default_factory=list)
-    upstream: list[int] = field(default_factory=list)
-    counts: dict[str, list[int]] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
-
-    def count(self, label: str, rows_in: int, rows_out: int, failed: int, unc: int, extra: int,
-              micros: int) -> None:
-        """Sum one call of a stage: rows in, out, failed, unconfirmed, extra calls
-        (bisection), and the microseconds the stage took (its function, bisection
-        included): StageCounts' fields, in this order. A seventh counts the stage's
-        failed rows this task replayed at once (:meth:`replayed_now`)."""
-        c = self.counts.setdefault(label, [0] * 7)
-        for i, v in enumerate((rows_in, rows_out, failed, unc, extra, micros)):
-            c[i] += v
-
-    def replayed_now(self, stages: list[str]) -> None:
-        """Rows replayed at once in this task, one per label of the stage they failed in."""
-        self.immediate_replays += len(stages)
-        for label in stages:
-            self.counts.setdefault(label, [0] * 7)[6] += 1
-
-    def pack(self, token: int, segment: str | None, segment_rows: int) -> bytes:
-        """This attempt's summary (wire.BatchSummary), encoded."""
-
-        def ids(parts: list[np.ndarray]) -> np.ndarray:
-            return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
-
-        return BatchSummary(
-            stage=self.stage, partition=self.partition, attempt=self.attempt, token=token,
-            fold=self.fold, fresh=self.fresh, replayed=self.replayed, written=self.written,
-            segment=segment, segment_rows=segment_rows,
-            immediate_replays=self.immediate_replays, failed_src=ids(self.failed_src),
-            failed_err=self.failed_err,
-            failed_att=np.concatenate(self.failed_att) if self.failed_att else
-            np.zeros(0, np.uint16),
-            failed_stage=self.failed_stage, unc_src=ids(self.unc_src),
-            rep_src=ids(self.rep_src), rep_cur=ids(self.rep_cur), rep_key=ids(self.rep_key),
-            upstream=self.upstream, counts=self.counts, errors=self.errors,
-        ).encode()  # fmt: skip
-
-
-def _u64(col: pa.Array) -> np.ndarray:
-    """The ids of a column as uint64 (nulls, the fresh rows of a source batch, as 0)."""
-    if col.null_count:
-        col = col.fill_null(0)
-    return np.asarray(col.to_numpy(zero_copy_only=False)).view(np.uint64)
-
 
 _MARKER_HIGH = np.uint64(int(marker_id(0)) >> 40)
 
@@ -245,7 +84,7 @@ def _may_hold_markers(user: pa.RecordBatch, key: str | None) -> bool:
 
 def _valid_keys(
     plan: VectorPlan,
-    task: _Task,
+    task: TaskRun,
     batch: pa.RecordBatch,
     src: np.ndarray,
     before: np.ndarray | None,
@@ -262,140 +101,16 @@ def _valid_keys(
     rows = np.flatnonzero(bad)
     texts = [f"record_key {plan.record_key!r} is {col[int(i)].as_py()}: a record key must be "
              "a non-negative integer" for i in rows]  # fmt: skip
-    _note_failures(task, texts[:1])
+    note_failures(task, texts[:1])
     _residue(task, src[rows], texts, [SOURCE_STAGE] * len(rows), 1 | DEAD_NOW)
     good = ~bad
     return (batch.filter(pa.array(good)), src[good],
             None if before is None else before[good])  # fmt: skip
 
 
-@dataclass
-class _Chain:
-    """What one pass of a segment's stages over one input batch gave: the batch to send
-    on (None: nothing to send), and its failures as input row indices (one entry per
-    failed output row, so a fanned-out row may repeat) with their error texts."""
-
-    out: pa.RecordBatch | None
-    failed: np.ndarray
-    texts: list[str]
-    dead: np.ndarray  # bool, aligned with failed: dead-letter it now (no replay fixes it)
-    stages: list[str]  # aligned with failed: the label of the stage it failed in
-
-    def only(self, mask: np.ndarray) -> _Chain:
-        """The failures where ``mask`` holds (and the same output)."""
-        return _Chain(self.out, self.failed[mask], _pick(self.texts, mask), self.dead[mask],
-                      _pick(self.stages, mask))  # fmt: skip
-
-
-_NO_ROWS = np.zeros(0, np.int64)
-_NO_DEAD = np.zeros(0, bool)
-
-
-def _run_chain(
-    plan: VectorPlan,
-    stage: int,
-    task: _Task,
-    batch: pa.RecordBatch,
-    src: np.ndarray | None,
-    ctx: BatchContext | None = None,
-    lin: np.ndarray | None = None,
-) -> _Chain:
-    """Run one segment's stages over one input batch. ``origin`` maps each row to the
-    input row it derives from (for its source id and for replays at the source).
-    ``ctx``: the input rows' context, for stages that declare one; ``lin``: the input
-    rows' lineage ids (int64; None: not known here), sent on with them and given to the
-    sink when it asked for them."""
-    seg = plan.segments[stage]
-    bisect = plan.on_error != "fail_batch"
-    origin: np.ndarray | None = None  # None: row i derives from input row i
-    given = batch
-    failed: list[np.ndarray] = []
-    dead: list[np.ndarray] = []
-    texts: list[str] = []
-    stages: list[str] = []
-
-    def note(label: str, rows: np.ndarray, errors: list[str], fatal: np.ndarray) -> None:
-        if len(rows):
-            failed.append(_at(origin, rows))
-            dead.append(np.isin(rows, fatal) if len(fatal) else np.zeros(len(rows), bool))
-            texts.extend(errors)
-            stages.extend([label] * len(rows))
-        _note_failures(task, errors)
-
-    def done(out: pa.RecordBatch | None) -> _Chain:
-        if not failed:
-            return _Chain(out, _NO_ROWS, texts, _NO_DEAD, stages)
-        return _Chain(out, np.concatenate(failed), texts, np.concatenate(dead), stages)
-
-    def context(fn: Any) -> BatchContext | None:
-        if not wants_context(fn):
-            return None
-        if ctx is None:  # FT off: no ids, no timeouts
-            return BatchContext(np.zeros(batch.num_rows, np.uint64), None, task.partition,
-                                task.attempt, stage)  # fmt: skip
-        return ctx if origin is None else ctx.take(origin)
-
-    for j, (_, op) in enumerate(seg.ops):
-        label = stage_label(stage, j, op.fn)
-        t0 = time.perf_counter()
-        res = run_stage(op.fn, batch, label, schema=plan.outputs[stage][j], pandas=op.pandas,
-                        bisect=bisect, policy=op.errors or plan.errors,
-                        ctx=context(op.fn))  # fmt: skip
-        n_out = 0 if res.output is None else res.output.num_rows
-        task.count(label, batch.num_rows, n_out, len(res.failed), 0, res.extra_calls,
-                   _micros(t0))
-        note(label, res.failed, res.errors, res.dead)
-        if res.output is None or n_out == 0:
-            return done(None)
-        if not res.identity:
-            origin = _at(origin, res.parents)
-        batch = res.output
-    if seg.sink is None:
-        if src is None:
-            return done(batch)
-        if plan.record_key:  # the key column is the rows' identity past the shuffle
-            keys = _u64(batch.column(plan.record_key))
-            expect = _u64(given.column(plan.record_key))
-            expect = expect if origin is None else expect[origin]
-            if not np.array_equal(keys, expect):
-                row = int(np.flatnonzero(keys != expect)[0])
-                raise StageContractError(
-                    f"segment {stage} changed record_key {plan.record_key!r} of a row: "
-                    f"{expect[row].view(np.int64)} became {keys[row].view(np.int64)} "
-                    "(record_key stages must pass the key through unchanged)"
-                )
-            task.fold += fold_sum(edge_hashes(keys, plan.edge_salts[stage]))  # sent
-            return done(batch)
-        out = src if origin is None else src[origin]
-        task.fold += fold_sum(edge_hashes(out, plan.edge_salts[stage]))  # sent
-        ids = [pa.array(out.view(np.int64))]
-        if plan.lineage is not None:
-            assert lin is not None
-            ids.append(pa.array(lin if origin is None else lin[origin]))
-        return done(pa.RecordBatch.from_arrays([*batch.columns, *ids],
-                                               schema=plan.id_schemas[stage]))  # fmt: skip
-    label = stage_label(stage, len(seg.ops), seg.sink, sink=True)
-    if seg.sink_lineage is not None:
-        if lin is None:  # FT off: ids unique to this call, for sinks that need the column
-            lin = new_ids(given.num_rows).view(np.int64)
-        batch = batch.append_column(seg.sink_lineage, pa.array(lin if origin is None else
-                                                               lin[origin]))  # fmt: skip
-    t0 = time.perf_counter()
-    res = run_stage(seg.sink, batch, label, schema=None, pandas=seg.sink_pandas,
-                    is_sink=True, bisect=bisect, policy=seg.sink_errors or plan.errors,
-                    ctx=context(seg.sink))  # fmt: skip
-    task.count(label, batch.num_rows, 0, len(res.failed), len(res.unconfirmed), res.extra_calls,
-               _micros(t0))
-    note(label, res.failed, res.errors, res.dead)
-    task.written += batch.num_rows - len(res.failed) - len(res.unconfirmed)
-    if src is not None and len(res.unconfirmed):
-        task.unc_src.append(src[_at(origin, res.unconfirmed)])
-    return done(None)
-
-
 def _run_with_replays(
     plan: VectorPlan,
-    task: _Task,
+    task: TaskRun,
     batch: pa.RecordBatch,
     src: np.ndarray,
     budget: int,
@@ -413,7 +128,7 @@ def _run_with_replays(
     if plan.wants_context[0]:
         prior = np.zeros(len(src), np.int32) if before is None else before
         ctx = _context(plan, task, 0, src, prior + 1, lin)
-    chain = _run_chain(plan, 0, task, batch, src, ctx, lin)
+    chain = run_chain(plan, 0, task, batch, src, ctx, lin)
     attempts = 1
     while True:
         if chain.out is not None:
@@ -430,25 +145,25 @@ def _run_with_replays(
         sub_lin = None if lin is None else lin[rows]
         if plan.wants_context[0]:
             sub = _context(plan, task, 0, src[rows], prior[rows] + attempts + 1, sub_lin)
-        retry = _run_chain(plan, 0, task, batch.take(pa.array(rows)), src[rows], sub, sub_lin)
-        chain = _Chain(retry.out, rows[retry.failed], retry.texts, retry.dead, retry.stages)
+        retry = run_chain(plan, 0, task, batch.take(pa.array(rows)), src[rows], sub, sub_lin)
+        chain = Chain(retry.out, rows[retry.failed], retry.texts, retry.dead, retry.stages)
         attempts += 1
     _residue(task, src[chain.failed], chain.texts, chain.stages, attempts)
 
 
-def _note_replays(plan: VectorPlan, task: _Task, batch: pa.RecordBatch, keep: np.ndarray) -> None:
+def _note_replays(plan: VectorPlan, task: TaskRun, batch: pa.RecordBatch, keep: np.ndarray) -> None:
     """Report the replays this task ran: (source id, current id) each, and its record key
     (with ``record_key``: a replay failing past a shuffle is reported by it)."""
-    task.rep_src.append(_u64(batch.column(SRC_COL))[keep])
-    task.rep_cur.append(_u64(batch.column(CUR_COL))[keep])
+    task.add(rep_src=u64_ids(batch.column(SRC_COL))[keep],
+             rep_cur=u64_ids(batch.column(CUR_COL))[keep])
     if plan.record_key:
-        task.rep_key.append(_u64(batch.column(plan.record_key).fill_null(-1))[keep])
+        task.add(rep_key=u64_ids(batch.column(plan.record_key).fill_null(-1))[keep])
 
 
 def _key_lineage(plan: VectorPlan, batch: pa.RecordBatch) -> np.ndarray:
     """With ``record_key``: the lineage id is the key."""
     assert plan.record_key is not None
-    return _u64(batch.column(plan.record_key)).view(np.int64)
+    return u64_ids(batch.column(plan.record_key)).view(np.int64)
 
 
 def _fresh_lineage(
@@ -459,7 +174,7 @@ def _fresh_lineage(
     if plan.record_key:
         return _key_lineage(plan, part)
     if refs is not None:
-        loc, pos = (_u64(refs.column(c)).view(np.int64) for c in REF_COLS)
+        loc, pos = (u64_ids(refs.column(c)).view(np.int64) for c in REF_COLS)
         return reference_lineage(plan.source, loc, pos)
     return copy_lineage(plan.lineage_seed, ids)
 
@@ -478,7 +193,7 @@ def _first_of_each(src: np.ndarray, replays: np.ndarray) -> np.ndarray:
 
 def _context(
     plan: VectorPlan,
-    task: _Task,
+    task: TaskRun,
     stage: int,
     src: np.ndarray,
     attempts: np.ndarray | None,
@@ -503,19 +218,18 @@ def _context(
                         before, batch_id, plan.salt)  # fmt: skip
 
 
-def _residue(task: _Task, src: np.ndarray, texts: list[str], stages: list[str],
+def _residue(task: TaskRun, src: np.ndarray, texts: list[str], stages: list[str],
              attempts: int) -> None:  # fmt: skip
     """Failed rows (by source id) with their errors and the labels of the stages they
     failed in, after ``attempts`` failed attempts each (with the ``DEAD_NOW`` bit:
     dead-lettered at settlement whatever their budget)."""
     if len(src):
-        task.failed_src.append(src)
+        task.add(failed_src=src, failed_att=np.full(len(src), attempts, np.uint16))
         task.failed_err.extend(texts)
         task.failed_stage.extend(stages)
-        task.failed_att.append(np.full(len(src), attempts, np.uint16))
 
 
-def _residues(task: _Task, src: np.ndarray, chain: _Chain, attempts: int) -> None:
+def _residues(task: TaskRun, src: np.ndarray, chain: Chain, attempts: int) -> None:
     """A chain's failed rows: the dead ones with ``DEAD_NOW``, the rest with ``attempts``."""
     if not chain.dead.any():
         _residue(task, src[chain.failed], chain.texts, chain.stages, attempts)
@@ -525,32 +239,13 @@ def _residues(task: _Task, src: np.ndarray, chain: _Chain, attempts: int) -> Non
         _residue(task, src[part.failed], part.texts, part.stages, n)
 
 
-def _pick(texts: list[str], mask: np.ndarray) -> list[str]:
-    return [t for t, keep in zip(texts, mask, strict=True) if keep]
-
-
-def _micros(t0: float) -> int:
-    return int((time.perf_counter() - t0) * 1e6)
-
-
-def _at(origin: np.ndarray | None, rows: np.ndarray) -> np.ndarray:
-    """The input rows of ``rows`` (``origin`` None: the identity)."""
-    return rows if origin is None else origin[rows]
-
-
-def _note_failures(task: _Task, errors: list[str]) -> None:
-    for text in errors[: MAX_MESSAGES - len(task.errors)]:
-        task.errors.append(text)
-        log.info("record failed stage=%d partition=%d %s", task.stage, task.partition, text)
-
-
 def run_vector_task(
     plan: VectorPlan, stage: int, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function of segment ``stage`` (see the module docstring)."""
     partition, attempt = task_context()
     ft = plan.config.enabled
-    task = _Task(stage, partition, attempt)
+    task = TaskRun(stage, partition, attempt)
     names = plan.inputs[stage].names
     final = stage == len(plan.segments) - 1
     fresh: list[pa.RecordBatch] = []
@@ -558,7 +253,7 @@ def run_vector_task(
         if batch.num_rows == 0:
             continue
         if not ft:
-            out = _run_chain(plan, stage, task, batch.select(names), None).out
+            out = run_chain(plan, stage, task, batch.select(names), None).out
             if out is not None:
                 yield out
             continue
@@ -567,7 +262,7 @@ def run_vector_task(
         user = batch.select(names)
         if stage == 0:  # fresh rows (no id yet) and claimed replays (their persisted ids)
             if has_ids:
-                src = _u64(batch.column(SRC_COL))
+                src = u64_ids(batch.column(SRC_COL))
                 is_fresh = src == 0
                 n_fresh = int(is_fresh.sum())
             else:  # no replays were claimed: every row is fresh
@@ -602,14 +297,14 @@ def run_vector_task(
                 lin = None
                 if plan.wants_lineage[0]:
                     lin = (_key_lineage(plan, part) if plan.record_key else
-                           _u64(batch.column(LIN_COL))[keep].view(np.int64))  # fmt: skip
+                           u64_ids(batch.column(LIN_COL))[keep].view(np.int64))  # fmt: skip
                 yield from _run_with_replays(plan, task, part, ids, 0, before, lin)
             continue
-        src = _u64(batch.column(plan.record_key or SRC_COL))
+        src = u64_ids(batch.column(plan.record_key or SRC_COL))
         lin = None
         if plan.wants_lineage[stage]:
             lin = (src.view(np.int64) if plan.record_key else
-                   _u64(batch.column(LIN_COL)).view(np.int64))  # fmt: skip
+                   u64_ids(batch.column(LIN_COL)).view(np.int64))  # fmt: skip
         if _may_hold_markers(user, plan.record_key) and (markers := _markers(src)).any():
             task.upstream.extend(split_local(src[markers])[1].tolist())
             keep = ~markers
@@ -620,7 +315,7 @@ def run_vector_task(
         task.fold -= fold_sum(edge_hashes(src, plan.edge_salts[stage - 1]))  # received
         ctx = (_context(plan, task, stage, src, None, lin) if plan.wants_context[stage]
                else None)  # fmt: skip
-        chain = _run_chain(plan, stage, task, user, src, ctx, lin)
+        chain = run_chain(plan, stage, task, user, src, ctx, lin)
         _residues(task, src, chain, 1)
         if chain.out is not None:
             yield chain.out
@@ -628,7 +323,7 @@ def run_vector_task(
 
 
 def _finish(
-    plan: VectorPlan, stage: int, task: _Task, fresh: list[pa.RecordBatch], final: bool
+    plan: VectorPlan, stage: int, task: TaskRun, fresh: list[pa.RecordBatch], final: bool
 ) -> Iterator[pa.RecordBatch]:
     """Store or return the task's summary (and, in a source task, its segment)."""
     if not plan.config.enabled:
@@ -718,3 +413,4 @@ def segment_bytes(batches: list[pa.RecordBatch], codec: str, lineage: bytes = b"
 
 def _summary_batch(summary: bytes) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([pa.array([summary], pa.binary())], names=[SUMMARY_COL])
+
