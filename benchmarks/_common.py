@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import os
@@ -9,6 +10,7 @@ import platform
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,10 +23,35 @@ from ftlayer.connection import connect, is_cluster
 from ftlayer.connection import masters as primaries
 from ftlayer.embedded import EmbeddedCluster, EmbeddedRedis
 
+RECORD = Path(__file__).resolve().parent / "results"
+"""The figures of record: RESULTS.md and the docs are generated from the JSON here."""
 # FTLAYER_BENCH_RESULTS redirects the results (the smoke tests write to a temp dir)
-RESULTS = Path(
-    os.environ.get("FTLAYER_BENCH_RESULTS") or Path(__file__).resolve().parent / "results"
-)
+_out: Path | None = Path(os.environ.get("FTLAYER_BENCH_RESULTS") or RECORD)
+
+
+def parse_args(ap: argparse.ArgumentParser, argv: Any = None) -> argparse.Namespace:
+    """A benchmark's arguments, with the options every benchmark shares: ``--json``, and
+    where its results go: the figures of record by default, ``--results DIR`` elsewhere,
+    ``--no-save`` nowhere (a comparison run that must not replace the figures of record)."""
+    global _out
+    ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--results", type=Path, metavar="DIR",
+                       help="write the results (JSON, chart) to DIR, not benchmarks/results")
+    where.add_argument("--no-save", action="store_true",
+                       help="write no results file: print only")  # fmt: skip
+    args = ap.parse_args(argv)
+    if args.no_save:
+        _out = None
+    elif args.results:
+        _out = args.results
+    return args
+
+
+def load(name: str) -> dict[str, Any]:
+    """The results ``<name>.json`` where this run writes (empty if none, or ``--no-save``)."""
+    path = _out / f"{name}.json" if _out else None
+    return json.loads(path.read_text()) if path and path.exists() else {}
 
 
 @contextmanager
@@ -100,9 +127,18 @@ def machine() -> str:
     return f"{platform.machine()} {platform.processor() or ''} py{platform.python_version()}"
 
 
-def save(name: str, result: dict[str, Any]) -> Path:
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.json"
+def provenance(module: str) -> dict[str, str]:
+    """How a result was made: the command as it was run, the machine, the date."""
+    return {"command": f"python -m benchmarks.{module} " + " ".join(sys.argv[1:]),
+            "machine": machine(), "date": time.strftime("%Y-%m-%d")}  # fmt: skip
+
+
+def save(name: str, result: dict[str, Any]) -> Path | None:
+    """Write ``<name>.json`` where this run's results go (None: ``--no-save``)."""
+    if _out is None:
+        return None
+    _out.mkdir(parents=True, exist_ok=True)
+    path = _out / f"{name}.json"
     path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     return path
 
@@ -117,8 +153,10 @@ def save_chart(name: str, draw: Callable[[Any], None]) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.png"
+    if _out is None:
+        return None
+    _out.mkdir(parents=True, exist_ok=True)
+    path = _out / f"{name}.png"
     plt.figure(figsize=(7, 4.5))
     try:
         draw(plt)

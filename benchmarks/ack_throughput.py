@@ -55,6 +55,7 @@ from benchmarks._common import (
     machine,
     median,
     node_of_key,
+    parse_args,
     primaries,
     redis_benchmark_set,
     redis_for_benchmark,
@@ -572,8 +573,7 @@ def main() -> None:
         default="auto",
         help="FTConfig.script_mode: on Redis 7 auto runs the scripts as functions",
     )
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = parse_args(ap)
     sweep = sorted({int(b) for b in args.sweep.split(",") if b.strip()} | {args.batch})
     result = run(args.records, args.batch, sweep, args.repeat, args.redis_url,
                  cluster=args.cluster, shards=args.shards,

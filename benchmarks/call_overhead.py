@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from benchmarks._common import machine, redis_for_benchmark, save, server_usec
+from benchmarks._common import machine, parse_args, redis_for_benchmark, save, server_usec
 from ftlayer.keys import Keyspace
 from ftlayer.scripts import script_source
 
@@ -94,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                                  description=__doc__.split("\n\n")[0])  # fmt: skip
     ap.add_argument("--calls", type=int, default=20_000)
     ap.add_argument("--redis-url", default=None, help="default: an embedded redis-server")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
+    args = parse_args(ap, argv)
     with redis_for_benchmark(args.redis_url) as client:
         result = run(client, args.calls)
     save("call_overhead", result)

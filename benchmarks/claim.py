@@ -23,7 +23,7 @@ import json
 import time
 import uuid
 
-from benchmarks._common import machine, redis_for_benchmark, save, script_usec
+from benchmarks._common import machine, parse_args, redis_for_benchmark, save, script_usec
 from ftlayer import FTConfig, FTHandler, FTLayer
 
 PAYLOAD = b"\xc4\x62" + b"p" * 98  # msgpack bin8 of 98 bytes: 100 bytes in all
@@ -108,8 +108,7 @@ def main() -> None:
         default="auto",
         help="FTConfig.script_mode",
     )
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = parse_args(ap)
     result = run(args.records, args.limit, args.redis_url, args.script_mode)
     save("claim", result)
     if args.json:

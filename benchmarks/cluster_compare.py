@@ -24,7 +24,7 @@ import os
 import time
 from typing import Any
 
-from benchmarks._common import machine, save
+from benchmarks._common import machine, parse_args, save
 from benchmarks.ack_throughput import print_split, run_on
 from ftlayer.connection import connect
 from ftlayer.embedded import EmbeddedCluster, EmbeddedRedis
@@ -105,8 +105,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--shards", type=int, default=8, help="FTConfig.shards (hash tags)")
     ap.add_argument("--masters", type=int, default=3)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = parse_args(ap)
     result = run(args.records, args.batch, args.repeat, args.shards, args.masters)
     save("cluster_compare", result)
     if args.json:

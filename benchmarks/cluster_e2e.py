@@ -49,7 +49,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import machine, save
+from benchmarks._common import machine, parse_args, save
 from benchmarks._postgres import LocalPostgres
 from benchmarks.cluster_faults import KINDS, FaultPlan, RedisWork, SettleWatch
 from ftlayer.demo import DemoProgress, run_demo
@@ -259,8 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs, one after the other")
     ap.add_argument("--sweep", action="store_true",
                     help="vary the master kill's moment over the runs (see the module doc)")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
+    args = parse_args(ap, argv)
     kinds = tuple(k for k in args.faults.split(",") if k)
     bad = [k for k in kinds if k not in KINDS]
     if bad:

@@ -35,23 +35,23 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import RESULTS, machine, median, redis_for_benchmark, save, url_of
-from benchmarks._wide import net_input_bytes, read_events, write_events
-from benchmarks.pipeline_overhead import (
-    PARTITIONS,
-    _session,
-    _time,
-    goals_unmet,
-    paired_figures,
+from benchmarks._common import (
+    load,
+    median,
+    parse_args,
+    provenance,
+    redis_for_benchmark,
+    save,
+    url_of,
 )
+from benchmarks._paired import PARTITIONS, PairedRounds, goals_unmet, spark_session
+from benchmarks._wide import net_input_bytes, read_events, write_events
 from ftlayer import FTConfig
 from ftlayer.spark import FaultTolerance, FileSource
 
@@ -149,7 +149,7 @@ class Runs:
 
 
 def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> dict[str, Any]:
-    spark = _session()
+    spark = spark_session()
     tmp = Path(tempfile.mkdtemp(prefix="ftbench-df-"))
     try:
         with redis_for_benchmark(url) as client:
@@ -164,19 +164,16 @@ def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> 
                 "df_ft_on_failing": lambda: runs.ft_on(noop, True, records),
                 "df_parquet": lambda: runs.ft_on(runs.parquet_sink(), False, records),
             }
-            times: dict[str, list[float]] = {k: [] for k in variants}
-            ratios: dict[str, list[float]] = {k: [] for k in PAIRS}
+
+            def prepare(name: str) -> Callable[[], Any]:
+                shutil.rmtree(tmp / "out", ignore_errors=True)  # an earlier run's output
+                for out in tmp.glob("out-*"):
+                    shutil.rmtree(out, ignore_errors=True)
+                return variants[name]()
+
+            rounds = PairedRounds(PAIRS, warmup)
             for rnd in range(warmup + repeat):
-                for i, (name, base) in enumerate(PAIRS.items()):
-                    order = (base, name) if (rnd + i) % 2 == 0 else (name, base)
-                    dt = {k: _time(variants[k]) for k in order}
-                    shutil.rmtree(tmp / "out", ignore_errors=True)
-                    for out in tmp.glob("out-*"):
-                        shutil.rmtree(out, ignore_errors=True)
-                    if rnd >= warmup:
-                        times[base].append(dt[base])
-                        times[name].append(dt[name])
-                        ratios[name].append(dt[base] / dt[name])
+                rounds.round(rnd, prepare)
             runs.close()
     finally:
         spark.stop()
@@ -188,12 +185,10 @@ def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> 
         "source_bytes": source_bytes,
         "repeat": repeat,
         "warmup": warmup,
-        **paired_figures(records, times, ratios, RATIOS),
+        **rounds.figures(records, RATIOS),
         "redis_bytes_per_record": round(median(runs.sent), 3) if runs.sent else None,
         "goals": GOALS,
-        "command": "python -m benchmarks.dataframe_overhead " + " ".join(sys.argv[1:]),
-        "machine": machine(),
-        "date": time.strftime("%Y-%m-%d"),
+        **provenance("dataframe_overhead"),
     }
 
 
@@ -206,8 +201,7 @@ def merge(r: dict[str, Any]) -> None:
     """Put a run's goal figures into pipeline_overhead.json, where every pipeline goal is
     read: under ``dataframe_stages[W]``, and at the top the lowest of each ratio over the
     widths recorded (the goals hold at every width)."""
-    path = RESULTS / "pipeline_overhead.json"
-    main = json.loads(path.read_text()) if path.exists() else {}
+    main = load("pipeline_overhead")
     width = str(r["payload_bytes"])
     runs = main.setdefault("dataframe_stages", {})
     runs[width] = {"source": f"dataframe_overhead_{width}.json", "date": r["date"],
@@ -215,7 +209,7 @@ def merge(r: dict[str, Any]) -> None:
                    "ratio_quartiles": r["ratio_quartiles"]}  # fmt: skip
     for key in RATIOS.values():
         main[key] = min(run[key] for run in runs.values())
-    path.write_text(json.dumps(main, indent=2, sort_keys=True) + "\n")
+    save("pipeline_overhead", main)
 
 
 def main() -> None:
@@ -225,8 +219,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--redis-url", default=None)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = parse_args(ap)
     r = run(args.records, args.payload_bytes, args.repeat, args.warmup, args.redis_url)
     save(f"dataframe_overhead_{args.payload_bytes}", r)
     merge(r)

@@ -18,7 +18,7 @@ import os
 import time
 import uuid
 
-from benchmarks._common import machine, median, redis_for_benchmark, save, script_usec
+from benchmarks._common import machine, median, parse_args, redis_for_benchmark, save, script_usec
 from ftlayer import FTConfig, FTHandler, FTLayer
 
 
@@ -37,7 +37,7 @@ def run(xors: int, repeat: int, url: str | None) -> dict[str, float | int | str]
                 for rid in roots:
                     task.emit(rid)
                     task.ack(rid)
-                batches = task._batches()
+                batches = task.pending_batches()
                 t1 = time.perf_counter()
                 calls0, usec0 = script_usec(client)
                 result = layer.acker.apply(batches, token=os.urandom(12).hex())
@@ -84,8 +84,7 @@ def main() -> None:
     ap.add_argument("--xors", type=int, default=10_000)
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--redis-url", default=None)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = parse_args(ap)
     result = run(args.xors, args.repeat, args.redis_url)
     save("flush_cost", result)
     if args.json:

@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 
-from benchmarks._common import machine, redis_for_benchmark, save
+from benchmarks._common import machine, parse_args, redis_for_benchmark, save
 
 PAYLOAD = b"\xc4\x62" + b"p" * 98  # msgpack bin8 of 98 bytes: 100 bytes in all
 ENTRY, HEADER, SHARDS, SLOTS = 26, 48, 8, 128
@@ -154,8 +154,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--redis-url", default=None, help="a server of its own: it is FLUSHDBed")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = parse_args(ap)
     result = run(args.records, args.redis_url)
     save("layout_candidates", result)
     if args.json:

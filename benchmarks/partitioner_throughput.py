@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from benchmarks._common import parse_args
 from partitioners import HashPartitioner, spark_murmur3
 
 
@@ -68,8 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=200_000, help="keys per case")
     parser.add_argument("--repeat", type=int, default=3, help="runs per case (best is kept)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     if args.keys < 1 or args.repeat < 1:
         parser.error("--keys and --repeat must be positive")
     result = measure(args.keys, args.repeat)

@@ -22,7 +22,7 @@ import time
 import uuid
 from typing import Any
 
-from benchmarks._common import machine, redis_for_benchmark, save, save_chart
+from benchmarks._common import machine, parse_args, redis_for_benchmark, save, save_chart
 from ftlayer import FTConfig, FTHandler, FTLayer
 from serialization.stored import STORED_HEADER_SIZE
 
@@ -111,8 +111,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--batch", type=int, default=10_000, help="records per task flush")
     ap.add_argument("--redis-url", default=None)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = parse_args(ap)
     result = run(args.records, args.batch, args.redis_url)
     save("pending_memory", result)
     chart = save_chart("pending_memory", _chart(result))

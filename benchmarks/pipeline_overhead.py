@@ -48,12 +48,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import statistics
-import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -65,14 +61,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from benchmarks._common import (
-    RESULTS,
-    machine,
+    load,
     median,
+    parse_args,
+    provenance,
     redis_for_benchmark,
     save,
     save_chart,
     url_of,
 )
+from benchmarks._paired import PARTITIONS, PairedRounds, quartiles, spark_session, time_run
 from benchmarks._wide import (
     RedisMemory,
     arrow_parse,
@@ -88,7 +86,6 @@ from ftlayer import FTConfig
 from ftlayer.spark import FaultTolerance, FileSource, Outcome
 from ftlayer.spark.references import with_references
 
-PARTITIONS = 4
 FAIL_RATE = 0.05
 S1 = "id long, key long, total double"
 S2 = "id long, key long, vat double"
@@ -327,19 +324,6 @@ class FTRunner:
         self._made.clear()
 
 
-def _session() -> Any:
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master("local[2]").appName("ftlayer-bench")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", str(PARTITIONS))
-             .config("spark.pyspark.python", sys.executable).getOrCreate())  # fmt: skip
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
 def _input(spark: Any, n: int) -> Any:
     from pyspark.sql import functions as F  # noqa: N812
 
@@ -350,45 +334,9 @@ def _input(spark: Any, n: int) -> Any:
     return df
 
 
-def _quartiles(xs: list[float]) -> list[float]:
-    """First and third quartile (the one value twice when there is only one)."""
-    return statistics.quantiles(xs, n=4)[::2] if len(xs) > 1 else [xs[0], xs[0]]
-
-
-def paired_figures(
-    records: int, times: dict[str, list[float]], ratios: dict[str, list[float]],
-    names: dict[str, str],
-) -> dict[str, Any]:
-    """The figures of paired rounds: records/s of each variant (median time), each
-    pair's median ratio under its name in ``names``, the ratios' quartiles, the times."""
-    return {
-        "records_per_s": {k: round(records / median(v)) for k, v in times.items() if v},
-        **{names[k]: round(median(v), 3) for k, v in ratios.items()},
-        "ratio_quartiles": {k: [round(q, 3) for q in _quartiles(v)] for k, v in ratios.items()},
-        "runs_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
-    }
-
-
-def goals_unmet(r: dict[str, Any], names: dict[str, str], goals: dict[str, float]) -> list[str]:
-    """The goals a run's ratios did not meet, one line each (empty: all met)."""
-    return [f"{names[k]}: {r[names[k]]} < {g}" for k, g in goals.items() if r[names[k]] < g]
-
-
-def _time(prepare: Callable[[], Callable[[], Any]]) -> float:
-    """Seconds of the run ``prepare`` returns; what the run returns, when callable (its
-    checks), runs after the clock stopped."""
-    job = prepare()
-    t0 = time.perf_counter()
-    after = job()
-    dt = time.perf_counter() - t0
-    if callable(after):
-        after()
-    return dt
-
-
 def run(records: int, repeat: int, url: str | None, scale: list[int], row: bool,
         warmup: int = 3) -> dict:  # fmt: skip
-    spark = _session()
+    spark = spark_session()
     try:
         with redis_for_benchmark(url) as client:
             ft = FTRunner(url_of(client, url))
@@ -404,29 +352,19 @@ def run(records: int, repeat: int, url: str | None, scale: list[int], row: bool,
                 "ft_on_keyed_failing": lambda df, n: ft(df, n, "on", FAIL_RATE, key="id"),
             }  # fmt: skip
             df = _input(spark, records)
-            times: dict[str, list[float]] = {k: [] for k in variants}
-            pairs: dict[str, list[float]] = {k: [] for k in PAIRED}
+            rounds = PairedRounds({k: "arrow" for k in PAIRED}, warmup)
             for rnd in range(warmup + repeat):  # the first rounds warm the JVM and workers
-                rep = rnd - warmup + 1  # counted from 1; 0 and below: warm-up
-                for i, name in enumerate(PAIRED):  # each beside its own arrow run
-                    pair = ("arrow", name) if (rnd + i) % 2 == 0 else (name, "arrow")
-                    dt = {k: _time(lambda k=k: variants[k](df, records)) for k in pair}
-                    if rep > 0:
-                        times["arrow"].append(dt["arrow"])
-                        times[name].append(dt[name])
-                        pairs[name].append(dt["arrow"] / dt[name])
+                rounds.round(rnd, lambda k: variants[k](df, records))
                 for name in ("dataframe", "pandas", "rdd"):
-                    dt1 = _time(lambda name=name: variants[name](df, records))
-                    if rep > 0:
-                        times[name].append(dt1)
-            rate = {k: records / median(v) for k, v in times.items()}
-            paired_ratio = {k: median(v) for k, v in pairs.items()}
-            spread = {k: [round(q, 3) for q in _quartiles(v)] for k, v in pairs.items()}
+                    rounds.single(rnd, name, lambda name=name: variants[name](df, records))
+            rate = {k: records / median(v) for k, v in rounds.times.items()}
+            paired = rounds.figures(records, {k: f"ratio_{k}_vs_arrow" for k in PAIRED})
             main_calls = list(ft.calls)  # the scale runs below add theirs
             ft.close()
             if row:  # once each, not paired: no goal rides on them
-                rate["row_ft_on"] = records / _time(lambda: ft(df, records, "on", row="batch"))
-                rate["row_task_ft_on"] = records / _time(lambda: ft(df, records, "on", row="task"))
+                rate["row_ft_on"] = records / time_run(lambda: ft(df, records, "on", row="batch"))
+                rate["row_task_ft_on"] = records / time_run(lambda: ft(df, records, "on",
+                                                                       row="task"))
             df.unpersist()
             growth = {}
             for n in scale:
@@ -434,7 +372,7 @@ def run(records: int, repeat: int, url: str | None, scale: list[int], row: bool,
                 runs = {"arrow": [], "ft_on": []}  # type: dict[str, list[float]]
                 for rep in range(3):
                     for name in runs:
-                        dt = _time(lambda name=name, d=d, n=n: variants[name](d, n))
+                        dt = time_run(lambda name=name, d=d, n=n: variants[name](d, n))
                         if rep:
                             runs[name].append(dt)
                 growth[str(n)] = {k: round(n / median(v)) for k, v in runs.items()}
@@ -448,25 +386,15 @@ def run(records: int, repeat: int, url: str | None, scale: list[int], row: bool,
         "records": records,
         "repeat": repeat,
         "warmup": warmup,
+        **paired,
         "records_per_s": {k: round(v) for k, v in rate.items()},
-        "ratio_ft_on_vs_arrow": round(paired_ratio["ft_on"], 3),
-        "ratio_ft_on_failing_vs_arrow": round(paired_ratio["ft_on_failing"], 3),
-        "ratio_ft_off_vs_arrow": round(paired_ratio["ft_off"], 3),
-        "ratio_ft_on_failing_late_vs_arrow": round(paired_ratio["ft_on_failing_late"], 3),
-        "ratio_arrow_idcol_vs_arrow": round(paired_ratio["arrow_idcol"], 3),
-        "ratio_ft_on_keyed_vs_arrow": round(paired_ratio["ft_on_keyed"], 3),
-        "ratio_ft_on_keyed_failing_vs_arrow": round(paired_ratio["ft_on_keyed_failing"], 3),
-        "ratio_of_medians": {k: round(rate[k] / arrow, 3) for k in paired_ratio},
+        "ratio_of_medians": {k: round(rate[k] / arrow, 3) for k in PAIRED},
         "ratio_row_ft_on_vs_rdd": round(rate["row_ft_on"] / rate["rdd"], 3) if row else None,
-        "ratio_quartiles": spread,
         "goals": GOALS,
         "redis_calls_per_batch": calls,
         "redis_calls_per_record": calls / n_calls,
         "scaling_records_per_s": growth,
-        "runs_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
-        "command": "python -m benchmarks.pipeline_overhead " + " ".join(sys.argv[1:]),
-        "machine": machine(),
-        "date": time.strftime("%Y-%m-%d"),
+        **provenance("pipeline_overhead"),
     }
 
 
@@ -499,7 +427,7 @@ def run_wide(records: int, repeat: int, url: str | None, width: int, warmup: int
     """``--payload-bytes W``: wide events read from JSON files each run, kept by
     reference (``ft_on``) or copied (``ft_on_copy``), paired beside ``mapInArrow`` runs
     like ``run``; then the streaming runs and the replay latency (benchmarks._wide)."""
-    spark = _session()
+    spark = spark_session()
     tmp = Path(tempfile.mkdtemp(prefix="ftbench-wide-"))
     try:
         with redis_for_benchmark(url) as client:
@@ -517,20 +445,10 @@ def run_wide(records: int, repeat: int, url: str | None, width: int, warmup: int
                 "ft_on_failing_late": lambda df, n: ft(df, n, "on", FAIL_RATE, late=True),
             }  # fmt: skip
             df = read_events(spark, tmp / "in")
-            times: dict[str, list[float]] = {k: [] for k in variants}
-            pairs: dict[str, list[float]] = {k: [] for k in WIDE_PAIRED}
+            rounds = PairedRounds({k: "arrow" for k in WIDE_PAIRED}, warmup)
             for rnd in range(0 if stream_only else warmup + repeat):
-                rep = rnd - warmup + 1
-                for i, name in enumerate(WIDE_PAIRED):
-                    pair = ("arrow", name) if (rnd + i) % 2 == 0 else (name, "arrow")
-                    dt = {k: _time(lambda k=k: variants[k](df, records)) for k in pair}
-                    if rep > 0:
-                        times["arrow"].append(dt["arrow"])
-                        times[name].append(dt[name])
-                        pairs[name].append(dt["arrow"] / dt[name])
-                dt1 = _time(lambda: variants["dataframe"](df, records))
-                if rep > 0:
-                    times["dataframe"].append(dt1)
+                rounds.round(rnd, lambda k: variants[k](df, records))
+                rounds.single(rnd, "dataframe", lambda: variants["dataframe"](df, records))
             sent = {k: round(median(v), 2) for k, v in ft.sent.items()}
             peaks = {k: max(v) for k, v in ft.peaks.items()}
             ft.close()
@@ -548,10 +466,9 @@ def run_wide(records: int, repeat: int, url: str | None, width: int, warmup: int
     if stream_only:
         return {"records": records, "payload_bytes": width, **stream,
                 "replay_latency_s": lat, "goals": GOALS_WIDE,
-                "command": "python -m benchmarks.pipeline_overhead " + " ".join(sys.argv[1:]),
-                "machine": machine(), "date": time.strftime("%Y-%m-%d")}  # fmt: skip
-    rate = {k: records / median(v) for k, v in times.items() if v}
-    paired = {k: median(v) for k, v in pairs.items()}
+                **provenance("pipeline_overhead")}  # fmt: skip
+    figures = rounds.figures(records, {k: f"ratio_{k}_vs_arrow" for k in WIDE_PAIRED})
+    rate = figures["records_per_s"]
     return {
         "records": records,
         "payload_bytes": width,
@@ -559,10 +476,8 @@ def run_wide(records: int, repeat: int, url: str | None, width: int, warmup: int
         "source_bytes": source_bytes,
         "repeat": repeat,
         "warmup": warmup,
-        "records_per_s": {k: round(v) for k, v in rate.items()},
-        **{f"ratio_{k}_vs_arrow": round(paired[k], 3) for k in WIDE_PAIRED},
+        **figures,
         "ratio_dataframe_vs_arrow": round(rate["dataframe"] / rate["arrow"], 3),
-        "ratio_quartiles": {k: [round(q, 3) for q in _quartiles(v)] for k, v in pairs.items()},
         "redis_bytes_per_record": sent,
         "redis_peak_bytes": peaks,
         "redis_peak_fraction_of_source": {k: round(v / source_bytes, 4)
@@ -570,10 +485,7 @@ def run_wide(records: int, repeat: int, url: str | None, width: int, warmup: int
         **stream,
         "replay_latency_s": lat,
         "goals": GOALS_WIDE,
-        "runs_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
-        "command": "python -m benchmarks.pipeline_overhead " + " ".join(sys.argv[1:]),
-        "machine": machine(),
-        "date": time.strftime("%Y-%m-%d"),
+        **provenance("pipeline_overhead"),
     }
 
 
@@ -614,7 +526,7 @@ def _stream_rounds(spark: Any, url: str, tmp: Path, records: int, width: int, ba
         "ratio_stream_failing_late_vs_arrow": round(median(ratios["ft_on_failing_late"]), 3),
         "ratio_stream_failing_late_copy_vs_arrow":
             round(median(ratios["ft_on_failing_late_copy"]), 3),
-        "ratio_stream_quartiles": {k: [round(q, 3) for q in _quartiles(v)]
+        "ratio_stream_quartiles": {k: [round(q, 3) for q in quartiles(v)]
                                    for k, v in ratios.items()},
         "stream_runs_s": {k: [round(x, 3) for x in v] for k, v in runs.items()},
     }  # fmt: skip
@@ -641,8 +553,7 @@ def main() -> None:
     ap.add_argument("--dataframe", action="store_true",
                     help="DataFrame stages beside plain DataFrame code instead "
                          "(benchmarks.dataframe_overhead; --payload-bytes defaults to 1024)")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = parse_args(ap)
     if args.dataframe:  # imported here: it builds on this module
         from benchmarks import dataframe_overhead
 
@@ -666,10 +577,8 @@ def main() -> None:
     scale = [int(x) for x in args.scale.split(",") if x]
     result = run(args.records, args.repeat, args.redis_url, scale, not args.no_row,
                  args.warmup)  # fmt: skip
-    path = RESULTS / "pipeline_overhead.json"  # the wide runs' figures stay (merge_wide)
-    if path.exists():
-        kept = json.loads(path.read_text())
-        result.update({k: kept[k] for k in KEPT if k in kept})
+    kept = load("pipeline_overhead")  # the wide runs' figures stay (merge_wide)
+    result.update({k: kept[k] for k in KEPT if k in kept})
     save("pipeline_overhead", result)
     rates = result["records_per_s"]
 
@@ -725,8 +634,7 @@ def merge_wide(wide: dict[str, Any]) -> None:
     which it keeps): under ``wide_events[W]``, and, for the issue's 1 KB events, the
     streaming ratio and the success path's Redis bytes per record (kept by reference) at
     the top, where every pipeline goal is read."""
-    path = RESULTS / "pipeline_overhead.json"
-    main = json.loads(path.read_text()) if path.exists() else {}
+    main = load("pipeline_overhead")
     width = wide["payload_bytes"]
     main.setdefault("wide_events", {})[str(width)] = {
         "source": f"pipeline_overhead_wide_{width}.json", "date": wide["date"],
@@ -734,7 +642,7 @@ def merge_wide(wide: dict[str, Any]) -> None:
     if width == 1024:
         main["ratio_stream_failing_late_vs_arrow"] = wide.get("ratio_stream_failing_late_vs_arrow")
         main["redis_bytes_per_record"] = wide["redis_bytes_per_record"]["ft_on"]
-    path.write_text(json.dumps(main, indent=2, sort_keys=True) + "\n")
+    save("pipeline_overhead", main)
 
 
 def _wide_text(r: dict[str, Any]) -> str:

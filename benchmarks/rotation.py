@@ -26,7 +26,7 @@ import uuid
 
 import psutil
 
-from benchmarks._common import machine, median, redis_for_benchmark, save, url_of
+from benchmarks._common import machine, median, parse_args, redis_for_benchmark, save, url_of
 from ftlayer import FTConfig, FTHandler, FTLayer
 
 PAYLOAD = b"\xc4\x62" + b"p" * 98  # msgpack bin8 of 98 bytes: 100 bytes in all
@@ -124,8 +124,7 @@ def main() -> None:
         default="auto",
         help="FTConfig.script_mode, the sidecar's too",
     )
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = parse_args(ap)
     result = run(args.records, args.timeout_s, args.buckets, args.redis_url, args.script_mode)
     save("rotation", result)
     if args.json:

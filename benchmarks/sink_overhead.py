@@ -32,9 +32,7 @@ import itertools
 import json
 import os
 import shutil
-import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -42,17 +40,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from benchmarks._common import machine, redis_for_benchmark, save, url_of
+from benchmarks._common import parse_args, provenance, redis_for_benchmark, save, url_of
+from benchmarks._paired import PARTITIONS, PairedRounds, goals_unmet, spark_session
 from benchmarks._postgres import LocalPostgres
 from benchmarks._wide import write_events
 from benchmarks.dataframe_overhead import SCHEMA, parse
-from benchmarks.pipeline_overhead import (
-    PARTITIONS,
-    _session,
-    _time,
-    goals_unmet,
-    paired_figures,
-)
 from ftlayer import FTConfig
 from ftlayer.sinks import DeltaSink, PostgresSink
 from ftlayer.spark import FaultTolerance, FileSource
@@ -103,7 +95,7 @@ class Selected:
 def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> dict[str, Any]:
     import psycopg
 
-    spark = _session()
+    spark = spark_session()
     tmp = Path(tempfile.mkdtemp(prefix="ftbench-sink-"))
     try:
         with redis_for_benchmark(url) as client, LocalPostgres() as pg:
@@ -143,16 +135,9 @@ def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> 
 
                 return job
 
-            times: dict[str, list[float]] = {k: [] for k in sinks}
-            ratios: dict[str, list[float]] = {k: [] for k in PAIRS}
+            rounds = PairedRounds(PAIRS, warmup)
             for rnd in range(warmup + repeat):
-                for i, (name, base) in enumerate(PAIRS.items()):
-                    order = (base, name) if (rnd + i) % 2 == 0 else (name, base)
-                    dt = {k: _time(lambda k=k: variant(k)) for k in order}
-                    if rnd >= warmup:
-                        for k in order:
-                            times[k].append(dt[k])
-                        ratios[name].append(dt[base] / dt[name])
+                rounds.round(rnd, variant)
             with psycopg.connect(pg.url) as c:
                 rows = {t: c.execute(f"SELECT count(*) FROM {t}").fetchone()[0]  # type: ignore[index]
                         for t in ("plain", "keyed")}  # fmt: skip
@@ -170,11 +155,9 @@ def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> 
         "table_rows_at_end": rows["keyed"],
         "repeat": repeat,
         "warmup": warmup,
-        **paired_figures(records, times, ratios, RATIOS),
+        **rounds.figures(records, RATIOS),
         "goals": GOALS,
-        "command": "python -m benchmarks.sink_overhead " + " ".join(sys.argv[1:]),
-        "machine": machine(),
-        "date": time.strftime("%Y-%m-%d"),
+        **provenance("sink_overhead"),
     }
 
 
@@ -201,8 +184,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--redis-url", default=None)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = parse_args(ap)
     r = run(args.records, args.payload_bytes, args.repeat, args.warmup, args.redis_url)
     save("sink_overhead", r)
     print(json.dumps(r) if args.json else text(r))
