@@ -9,10 +9,10 @@ import os
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
-from faults import ScriptCalls
 from pyspark.sql import SparkSession
 
 from benchmarks._postgres import LocalPostgres
@@ -20,6 +20,7 @@ from ftlayer import EmbeddedRedis, FTConfig, FTLayer
 from ftlayer.connection import connect
 from ftlayer.embedded import EmbeddedCluster, find_redis_server
 from ftlayer.errors import EmbeddedRedisError
+from tests.faults import ScriptCalls
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +28,27 @@ def redis_server() -> Iterator[EmbeddedRedis]:
     server = EmbeddedRedis().start()
     yield server
     server.stop()
+
+
+RedisFactory = Callable[..., EmbeddedRedis]
+
+
+@pytest.fixture
+def make_redis() -> Iterator[RedisFactory]:
+    """``make_redis(**EmbeddedRedis arguments)``: a started redis-server of the test's own
+    (to kill, restart, give a replica, a password, a policy), stopped at the test's teardown
+    whether it passed or not (its directory removed, unless given). The test may stop,
+    kill and start it again in between."""
+    made: list[EmbeddedRedis] = []
+
+    def make(**kwargs: Any) -> EmbeddedRedis:
+        server = EmbeddedRedis(**kwargs)
+        made.append(server)  # before start(): a server that fails to start is cleaned too
+        return server.start()
+
+    yield make
+    for server in reversed(made):  # replicas (made after their master) first
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import time
 import pytest
 import redis
 
-from ftlayer import EmbeddedRedis, FlushError, FTConfig, FTLayer
+from ftlayer import FlushError, FTConfig, FTLayer
 from ftlayer.acker import ShardBatch
 from ftlayer.ids import shard_of
 
@@ -28,7 +28,7 @@ def test_completion_deletes_entry_record_and_timeout_in_one_call(layer: FTLayer)
     assert layer.client.exists(bucket) and layer.client.exists(frames)
 
     sink.ack(rid)
-    batches = sink._batches()
+    batches = sink.pending_batches()
     assert list(batches) == [shard_of(rid.source_id, layer.config.shards)]
     result = layer.acker.apply(batches, token="t1")  # exactly one script call
     assert result.calls == 1 and result.completed == 1
@@ -73,7 +73,7 @@ def test_a_retried_flush_is_applied_once(layer: FTLayer) -> None:
     child = sink.emit(rid)
     sink.ack(rid)
     shard = shard_of(rid.source_id, layer.config.shards)
-    batch = sink._batches()[shard]
+    batch = sink.pending_batches()[shard]
     keys = layer.keyspace[shard].script_keys
     cfg = layer.config
     args = ["tok-1", cfg.interval_ms, cfg.buckets, cfg.max_replays, b"", batch.pack_xors(), b"", 0,
@@ -84,15 +84,15 @@ def test_a_retried_flush_is_applied_once(layer: FTLayer) -> None:
     assert entry is not None and entry.value == child.current_id
 
 
-def test_flush_raises_a_clear_error_when_redis_is_unreachable() -> None:
-    with EmbeddedRedis() as server:  # killed (SIGKILL) between the open and the flush
-        client = redis.Redis(host="127.0.0.1", port=server.port, socket_connect_timeout=0.2)
-        layer = FTLayer(client, FTConfig(flush_retries=2, flush_backoff_s=0.01))
-        h = layer.handler()
-        h.persist_record("x", source=0)
-        server.stop(kill=True)
-        with pytest.raises(FlushError, match="flush: Redis unreachable after 3 attempts"):
-            h.flush()
+def test_flush_raises_a_clear_error_when_redis_is_unreachable(make_redis) -> None:
+    server = make_redis()  # killed (SIGKILL) between the open and the flush
+    client = redis.Redis(host="127.0.0.1", port=server.port, socket_connect_timeout=0.2)
+    layer = FTLayer(client, FTConfig(flush_retries=2, flush_backoff_s=0.01))
+    h = layer.handler()
+    h.persist_record("x", source=0)
+    server.stop(kill=True)
+    with pytest.raises(FlushError, match="flush: Redis unreachable after 3 attempts"):
+        h.flush()
     assert h.pending_sources == 1, "the buffered work is kept for a retry"
 
 

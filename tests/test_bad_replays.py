@@ -11,11 +11,11 @@ import json
 from dataclasses import replace
 
 import pytest
-from toolkit import cli
 
 from ftlayer import FTLayer, RecordError
 from serialization import encode_payload
 from tests.faults import corrupt_stored_frame, stored_ids
+from tests.toolkit import cli
 
 
 def test_a_corrupt_and_an_oversized_replay_are_dead_lettered_alone(

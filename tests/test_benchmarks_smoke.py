@@ -40,6 +40,20 @@ def test_claim_smoke(tmp_path: Path) -> None:
     assert r["expiry_redis_usec_per_record"] > 0
 
 
+def test_a_comparison_run_leaves_the_figures_of_record_alone(tmp_path: Path) -> None:
+    """``--no-save`` writes no results file; ``--results DIR`` writes there instead."""
+    record, elsewhere = tmp_path / "record", tmp_path / "elsewhere"
+    env = {**os.environ, "FTLAYER_BENCH_RESULTS": str(record)}
+    run = [sys.executable, "-m", "benchmarks.claim", "--records", "1000", "--json"]
+    for extra in (["--no-save"], ["--results", str(elsewhere)]):
+        out = subprocess.run([*run, *extra], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert json.loads(out.stdout.strip().splitlines()[-1])["records"] == 1000
+    assert not record.exists()
+    assert [p.name for p in elsewhere.iterdir()] == ["claim.json"]
+
+
 def test_rotation_smoke(tmp_path: Path) -> None:
     r = _bench(tmp_path, "benchmarks.rotation", "--records", "2000", "--timeout-s", "1",
                "--buckets", "3")  # fmt: skip

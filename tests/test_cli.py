@@ -13,9 +13,9 @@ from typing import Any
 
 import psutil
 import pytest
-from toolkit import CLI
 
 from ftlayer.scripts import SCRIPTS
+from tests.toolkit import CLI
 
 ROOT = Path(__file__).resolve().parents[1]
 

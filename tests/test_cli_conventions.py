@@ -16,10 +16,10 @@ import uuid
 from pathlib import Path
 
 import psutil
-from toolkit import CLI, cli
 
 from ftlayer import FTConfig, FTLayer
 from ftlayer.cli import build_parser
+from tests.toolkit import CLI, cli
 
 UNREACHABLE = ["--redis-url", "redis://127.0.0.1:1/0"]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 from redis.cluster import RedisCluster
@@ -15,6 +14,7 @@ from ftlayer.connection import connect
 from ftlayer.embedded import free_port
 from ftlayer.errors import ConfigError, RedisUnavailableError
 from ftlayer.keys import Keyspace
+from tests.toolkit import until
 
 
 def test_every_key_of_a_shard_is_in_one_slot() -> None:
@@ -55,10 +55,9 @@ def test_sidecar_rotates_on_a_cluster(redis_cluster, tmp_path) -> None:
         stdout=subprocess.DEVNULL, stderr=log,
     )  # fmt: skip
     try:
-        end = time.monotonic() + 20
-        while layer.stats().failed_timeout < 50:
-            assert time.monotonic() < end, (tmp_path / "serve.log").read_text()[-2000:]
-            time.sleep(0.1)
+        until(lambda: layer.stats().failed_timeout >= 50,
+              lambda: "50 timeouts; serve.log: " + (tmp_path / "serve.log").read_text()[-2000:],
+              20)  # fmt: skip
         assert layer.client.get(layer.keyspace.lease) is not None
     finally:
         serve.terminate()

@@ -13,10 +13,10 @@ import uuid
 
 import msgpack
 import pytest
-from toolkit import CLI, cli
 
 from ftlayer import FTConfig, FTLayer
 from ftlayer.cli.dlq import parse_since
+from tests.toolkit import CLI, cli
 
 
 @pytest.fixture

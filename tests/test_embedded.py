@@ -14,6 +14,7 @@ import pytest
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer
 from ftlayer.connection import redact_url
 from ftlayer.embedded import find_redis_server
+from tests.toolkit import until
 
 
 def test_starts_answers_and_stops_cleanly() -> None:
@@ -36,10 +37,7 @@ def test_dies_with_a_killed_parent(tmp_path) -> None:
     assert psutil.pid_exists(pid)
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
-    end = time.monotonic() + 10
-    while psutil.pid_exists(pid) and time.monotonic() < end:
-        time.sleep(0.05)
-    assert not psutil.pid_exists(pid), "redis-server outlived the process that started it"
+    until(lambda: not psutil.pid_exists(pid), "redis-server to die with its parent", 10, 0.05)
 
 
 def test_layer_open_without_url_uses_embedded_and_close_stops_it() -> None:
@@ -55,13 +53,13 @@ def test_layer_open_without_url_uses_embedded_and_close_stops_it() -> None:
     assert not psutil.pid_exists(pid)
 
 
-def test_layer_open_with_url_and_password(tmp_path) -> None:
-    with EmbeddedRedis(extra_args=("--requirepass", "s3cret")) as server:
-        url = f"redis://default:s3cret@127.0.0.1:{server.port}/0"
-        with FTLayer.open(FTConfig(redis_url=url, namespace="pw")) as layer:
-            assert layer.embedded is None and layer.stats().pending == 0
-        assert "s3cret" not in redact_url(url) and "***" in redact_url(url)
-        assert "s3cret" not in FTConfig(redis_url=url).summary()
+def test_layer_open_with_url_and_password(make_redis) -> None:
+    server = make_redis(extra_args=("--requirepass", "s3cret"))
+    url = f"redis://default:s3cret@127.0.0.1:{server.port}/0"
+    with FTLayer.open(FTConfig(redis_url=url, namespace="pw")) as layer:
+        assert layer.embedded is None and layer.stats().pending == 0
+    assert "s3cret" not in redact_url(url) and "***" in redact_url(url)
+    assert "s3cret" not in FTConfig(redis_url=url).summary()
 
 
 def test_binary_is_checked_to_run() -> None:

@@ -6,28 +6,26 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
 
 import pytest
-from toolkit import cli, until
 
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer
 from ftlayer.errors import ConfigError
 from ftlayer.service.http import ServiceServer
 from ftlayer.service.sidecar import Sidecar
 from tests.serving import Serve
+from tests.toolkit import cli, until
 
 
 @pytest.fixture
-def evicting() -> Iterator[EmbeddedRedis]:
+def evicting(make_redis) -> EmbeddedRedis:
     """A redis-server of its own, set to ``allkeys-lru`` as a cache would be."""
-    with EmbeddedRedis() as server:
-        server.client().config_set("maxmemory-policy", "allkeys-lru")
-        yield server
+    server = make_redis()
+    server.client().config_set("maxmemory-policy", "allkeys-lru")
+    return server
 
 
 def _config(**kw: object) -> FTConfig:
@@ -84,9 +82,7 @@ def test_the_sidecar_shows_it_until_it_is_fixed(evicting: EmbeddedRedis) -> None
     server = ServiceServer(sidecar, port=0).start()
     sidecar.start()
     try:
-        deadline = time.monotonic() + 10
-        while not sidecar.ready()[0] and time.monotonic() < deadline:
-            time.sleep(0.05)
+        until(lambda: sidecar.ready()[0], "the sidecar to be ready", 10, 0.05)
         code, body = _get(server.url + "/readyz")
         assert code == 200 and "warning: redis maxmemory-policy is allkeys-lru" in body, body
         status = json.loads(_get(server.url + "/api/status")[1])
@@ -97,9 +93,7 @@ def test_the_sidecar_shows_it_until_it_is_fixed(evicting: EmbeddedRedis) -> None
         assert f'ftlayer_redis_noeviction{{namespace="{layer.config.namespace}"}} 0.0' in metrics
 
         evicting.client().config_set("maxmemory-policy", "noeviction")  # the fix
-        deadline = time.monotonic() + 10
-        while sidecar.warnings() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        until(lambda: not sidecar.warnings(), "the sidecar's warning to clear", 10, 0.05)
         assert _get(server.url + "/readyz")[1].count("warning") == 0
         assert json.loads(_get(server.url + "/api/status")[1])["warnings"] == []
         metrics = _get(server.url + "/metrics")[1]

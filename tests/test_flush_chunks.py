@@ -11,38 +11,38 @@ from ftlayer.acker import ShardBatch, pack_fails
 from ftlayer.wire import PERSIST_HEAD
 
 
-def test_a_flush_past_the_servers_largest_argument_is_sent_in_chunks() -> None:
+def test_a_flush_past_the_servers_largest_argument_is_sent_in_chunks(make_redis) -> None:
     """A server that takes arguments of 1 MiB at most, 3.6 MB of records in one shard."""
-    with EmbeddedRedis(extra_args=("--proto-max-bulk-len", "1mb")) as server:
-        cfg = FTConfig(namespace="chunks", shards=1, flush_chunk_bytes=256 << 10,
-                       max_record_bytes=100_000, flush_retries=0)  # fmt: skip
-        layer = FTLayer(server.client(), cfg)
-        h = layer.handler()
-        rids = [h.persist_record({"i": i, "pad": "x" * 60_000}, source=0) for i in range(60)]
-        done = [h.persist_record({"i": -i}, source=0) for i in range(1, 4)]
-        for rid in done:
-            h.ack(rid)  # complete inside the task: counted, never stored
-        sink = layer.handler()
-        result = h.flush()
-        assert result.calls >= 14, result  # 3.6 MB / 256 KiB
-        st = layer.stats()
-        assert (st.persisted, st.pending, st.completed_local) == (63, 60, 3), st
-        for rid in rids:
-            sink.emit(rid)
-            sink.ack(rid)
-        sink.fail(rids[0], "one of them fails")
-        assert sink.flush().completed == 0  # their children are pending
-        st = layer.stats()
-        assert (st.pending, st.queued_replays, st.failed_explicit) == (60, 1, 1), st
+    server = make_redis(extra_args=("--proto-max-bulk-len", "1mb"))
+    cfg = FTConfig(namespace="chunks", shards=1, flush_chunk_bytes=256 << 10,
+                   max_record_bytes=100_000, flush_retries=0)  # fmt: skip
+    layer = FTLayer(server.client(), cfg)
+    h = layer.handler()
+    rids = [h.persist_record({"i": i, "pad": "x" * 60_000}, source=0) for i in range(60)]
+    done = [h.persist_record({"i": -i}, source=0) for i in range(1, 4)]
+    for rid in done:
+        h.ack(rid)  # complete inside the task: counted, never stored
+    sink = layer.handler()
+    result = h.flush()
+    assert result.calls >= 14, result  # 3.6 MB / 256 KiB
+    st = layer.stats()
+    assert (st.persisted, st.pending, st.completed_local) == (63, 60, 3), st
+    for rid in rids:
+        sink.emit(rid)
+        sink.ack(rid)
+    sink.fail(rids[0], "one of them fails")
+    assert sink.flush().completed == 0  # their children are pending
+    st = layer.stats()
+    assert (st.pending, st.queued_replays, st.failed_explicit) == (60, 1, 1), st
 
-        # the same records in one call: the server refuses the argument
-        whole = FTLayer(server.client(), FTConfig(namespace="whole", shards=1,
-                                                  max_record_bytes=100_000, flush_retries=0))
-        h = whole.handler()
-        for i in range(60):
-            h.persist_record({"i": i, "pad": "x" * 60_000}, source=0)
-        with pytest.raises(FTLayerError, match="proto-max-bulk-len; set flush_chunk_bytes"):
-            h.flush()
+    # the same records in one call: the server refuses the argument
+    whole = FTLayer(server.client(), FTConfig(namespace="whole", shards=1,
+                                              max_record_bytes=100_000, flush_retries=0))
+    h = whole.handler()
+    for i in range(60):
+        h.persist_record({"i": i, "pad": "x" * 60_000}, source=0)
+    with pytest.raises(FTLayerError, match="proto-max-bulk-len; set flush_chunk_bytes"):
+        h.flush()
 
 
 def test_chunks_keep_every_record_whole_and_in_order() -> None:

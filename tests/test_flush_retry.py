@@ -8,14 +8,14 @@ before anyone processed it). The token belongs to the buffered work, not to the 
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
 import redis
-from faults import ScriptCalls, TcpProxy
 
-from ftlayer import EmbeddedRedis, FlushError, FTConfig, FTLayer
+from ftlayer import FlushError, FTConfig, FTLayer
+from tests.faults import ScriptCalls, TcpProxy
+from tests.toolkit import replica_linked, until
 
 
 def _config(**kw: object) -> FTConfig:
@@ -81,24 +81,20 @@ def test_work_buffered_after_a_failed_flush_gets_a_token_of_its_own(
         assert (st.completed, st.pending) == (1, 1), st
 
 
-def test_a_flush_retried_after_wait_timed_out_completes_nothing() -> None:
+def test_a_flush_retried_after_wait_timed_out_completes_nothing(make_redis) -> None:
     """``durability="replicated"``: the master applied the flush, no replica confirmed it
     in time (FlushError). A replica then attaches; the retry must not apply it again."""
-    with EmbeddedRedis() as master:
-        cfg = _config(durability="replicated", replica_wait_s=0.2)
-        layer = FTLayer(master.client(), cfg)
-        h = layer.handler()
-        h.persist_record({"n": 1}, source=0)
-        with pytest.raises(FlushError, match="no replica acknowledged"):
-            h.flush()
-        assert layer.stats().pending == 1, "the master applied it"
-        extra = ("--replicaof", "127.0.0.1", str(master.port))
-        with EmbeddedRedis(extra_args=extra) as replica:
-            end = time.monotonic() + 15
-            while replica.client().info("replication").get("master_link_status") != "up":
-                assert time.monotonic() < end, "the replica never synced"
-                time.sleep(0.05)
-            retry = h.flush()
-            st = layer.stats()
-            assert (st.completed, st.pending) == (0, 1), "completed early"
-            assert retry.duplicates == 1 and retry.completed == 0
+    master = make_redis()
+    cfg = _config(durability="replicated", replica_wait_s=0.2)
+    layer = FTLayer(master.client(), cfg)
+    h = layer.handler()
+    h.persist_record({"n": 1}, source=0)
+    with pytest.raises(FlushError, match="no replica acknowledged"):
+        h.flush()
+    assert layer.stats().pending == 1, "the master applied it"
+    replica = make_redis(extra_args=("--replicaof", "127.0.0.1", str(master.port)))
+    until(lambda: replica_linked(replica), "the replica to sync", 15, 0.05)
+    retry = h.flush()
+    st = layer.stats()
+    assert (st.completed, st.pending) == (0, 1), "completed early"
+    assert retry.duplicates == 1 and retry.completed == 0

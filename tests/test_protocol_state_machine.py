@@ -109,7 +109,7 @@ def machine(server: EmbeddedRedis, proxy: TcpProxy,
                     proxy.mode = "forward"
                 assert proxy.swallowed == 1
             elif how == "resent":  # the same work sent again under its token: no change
-                batches = h._batches()  # (what flush() would freeze)
+                batches = h.pending_batches()  # (what flush() would freeze)
                 token = uuid.uuid4().hex
                 self.layer.acker.apply(batches, token=token)
                 self.layer.acker.apply(batches, token=token)

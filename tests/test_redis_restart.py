@@ -8,41 +8,40 @@ import time
 import pytest
 import redis
 
-from ftlayer import EmbeddedRedis, FlushError, FTConfig, FTLayer
+from ftlayer import FlushError, FTConfig, FTLayer
 from ftlayer.ids import RecordId
 
 
-def test_pending_records_survive_a_restart_with_aof(tmp_path) -> None:
-    server = EmbeddedRedis(data_dir=tmp_path / "data", appendonly=True).start()
-    try:
-        layer = FTLayer(server.client(), FTConfig(namespace="aof", shards=4))
-        h = layer.handler()
-        rids = [h.persist_record({"i": i}, hash_code=i, source=0) for i in range(200)]
-        h.flush()
-        half = layer.handler()
-        for r in rids[:100]:
-            half.ack(r)
-        half.flush()
-        layer.client.close()
+def test_pending_records_survive_a_restart_with_aof(tmp_path, make_redis) -> None:
+    server = make_redis(data_dir=tmp_path / "data", appendonly=True)
+    layer = FTLayer(server.client(), FTConfig(namespace="aof", shards=4))
+    h = layer.handler()
+    rids = [h.persist_record({"i": i}, hash_code=i, source=0) for i in range(200)]
+    h.flush()
+    half = layer.handler()
+    for r in rids[:100]:
+        half.ack(r)
+    half.flush()
+    layer.client.close()
 
-        server.restart(kill=False)  # SIGTERM: redis fsyncs the AOF and exits
+    server.restart(kill=False)  # SIGTERM: redis fsyncs the AOF and exits
 
-        layer = FTLayer(server.client(), FTConfig(namespace="aof", shards=4))
-        s = layer.stats()
-        assert (s.persisted, s.completed, s.pending) == (200, 100, 100)
-        rest = layer.handler()
-        for r in rids[100:]:
-            assert layer.persistence.get(r.source_id).decode() == {"i": r and rids.index(r)}
-            rest.ack(r)
-        assert rest.flush().completed == 100
-        assert layer.stats().pending == 0 and layer.acker.size() == 0
-        layer.client.close()
-    finally:
-        server.stop()
+    layer = FTLayer(server.client(), FTConfig(namespace="aof", shards=4))
+    s = layer.stats()
+    assert (s.persisted, s.completed, s.pending) == (200, 100, 100)
+    rest = layer.handler()
+    for r in rids[100:]:
+        assert layer.persistence.get(r.source_id).decode() == {"i": r and rids.index(r)}
+        rest.ack(r)
+    assert rest.flush().completed == 100
+    assert layer.stats().pending == 0 and layer.acker.size() == 0
+    layer.client.close()
 
 
 @pytest.mark.parametrize("fsync", ["always", "everysec"])
-def test_kill_9_of_redis_loses_no_record_a_source_was_told_is_persisted(tmp_path, fsync) -> None:
+def test_kill_9_of_redis_loses_no_record_a_source_was_told_is_persisted(
+    tmp_path, fsync, make_redis
+) -> None:
     """Crash test (d). A source writes batches of records; a flush that returned told it
     they are persisted. Redis is killed with SIGKILL mid-stream and restarted from its
     AOF: every record a source was told is persisted is there, payload intact.
@@ -54,9 +53,9 @@ def test_kill_9_of_redis_loses_no_record_a_source_was_told_is_persisted(tmp_path
     writes; ``always`` (fsync before the reply) or ``durability="replicated"`` (a replica
     has it before the reply, tests/test_durability.py) lose none. A machine crash cannot
     be injected honestly on this machine; docs/failure-scenarios.md states the bound."""
-    server = EmbeddedRedis(
+    server = make_redis(
         data_dir=tmp_path / "data", appendonly=True, extra_args=("--appendfsync", fsync)
-    ).start()
+    )
     config = FTConfig(namespace="k9", shards=4, flush_retries=0, flush_backoff_s=0.01)
     told: list[tuple[int, RecordId]] = []
     errors: list[BaseException] = []
@@ -76,22 +75,19 @@ def test_kill_9_of_redis_loses_no_record_a_source_was_told_is_persisted(tmp_path
             i += 50
 
     writer = threading.Thread(target=source)
-    try:
-        writer.start()
-        while len(told) < 2000 and writer.is_alive():
-            time.sleep(0.01)
-        server.stop(kill=True, keep_dir=True)  # SIGKILL, mid-stream
-        writer.join(timeout=30)
-        assert errors, "the source was writing when Redis died"
-        server.start()  # same port and directory: loads the AOF
-        layer = FTLayer(server.client(), config)
-        missing = [j for j, rid in told if layer.persistence.get(rid.source_id) is None]
-        assert not missing, f"{len(missing)} of {len(told)} told-persisted records lost"
-        wrong = [j for j, rid in told[:: max(1, len(told) // 500)]
-                 if layer.persistence.get(rid.source_id).decode() != {"i": j}]  # fmt: skip
-        assert not wrong
-        st = layer.stats()
-        assert st.pending >= len(told)  # (plus any whose flush applied but never replied)
-        print(f"appendfsync {fsync}: {len(told)} told persisted, 0 lost, {st.pending} pending")
-    finally:
-        server.stop()
+    writer.start()
+    while len(told) < 2000 and writer.is_alive():
+        time.sleep(0.01)
+    server.stop(kill=True, keep_dir=True)  # SIGKILL, mid-stream
+    writer.join(timeout=30)
+    assert errors, "the source was writing when Redis died"
+    server.start()  # same port and directory: loads the AOF
+    layer = FTLayer(server.client(), config)
+    missing = [j for j, rid in told if layer.persistence.get(rid.source_id) is None]
+    assert not missing, f"{len(missing)} of {len(told)} told-persisted records lost"
+    wrong = [j for j, rid in told[:: max(1, len(told) // 500)]
+             if layer.persistence.get(rid.source_id).decode() != {"i": j}]  # fmt: skip
+    assert not wrong
+    st = layer.stats()
+    assert st.pending >= len(told)  # (plus any whose flush applied but never replied)
+    print(f"appendfsync {fsync}: {len(told)} told persisted, 0 lost, {st.pending} pending")

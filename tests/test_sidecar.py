@@ -14,12 +14,12 @@ from collections import Counter
 import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
-from toolkit import cli, until
 
-from ftlayer import EmbeddedRedis, FTConfig, FTLayer, FTLayerError, __version__
+from ftlayer import FTConfig, FTLayer, FTLayerError, __version__
 from ftlayer.connection import connect
 from ftlayer.service.metrics import METRIC_TYPES
 from tests.serving import LEASE_S, Serve, T
+from tests.toolkit import cli, until
 
 
 def lease_holder(layer: FTLayer) -> str | None:
@@ -144,10 +144,8 @@ def test_a_sidecar_killed_in_the_middle_of_an_expiry_loses_nothing(redis_server,
     h.flush()
     first = Serve(redis_server.url, ns, tmp_path / "a.log", "--expire-batch", "500")
     try:
-        t0 = time.monotonic()
-        while (done := layer.stats().failed_timeout) == 0:
-            assert time.monotonic() - t0 < 30, "the sidecar never started expiring"
-            time.sleep(0.005)
+        done = until(lambda: layer.stats().failed_timeout, "the sidecar to start expiring",
+                     30, 0.005)  # fmt: skip
         first.kill()
     finally:
         first.stop()
@@ -155,10 +153,8 @@ def test_a_sidecar_killed_in_the_middle_of_an_expiry_loses_nothing(redis_server,
     assert 0 < done <= at_kill < n, f"killed mid-expiry: {done}..{at_kill} of {n}"
     second = Serve(redis_server.url, ns, tmp_path / "b.log")
     try:
-        t0 = time.monotonic()
-        while layer.stats().queued_replays < n:
-            assert time.monotonic() - t0 < LEASE_S + 30, f"not finished: {layer.stats()}"
-            time.sleep(0.1)
+        until(lambda: layer.stats().queued_replays >= n,
+              lambda: f"the second sidecar to finish: {layer.stats()}", LEASE_S + 30)  # fmt: skip
     finally:
         second.stop()
     st = layer.stats()
@@ -212,16 +208,15 @@ def _lease_held(s: Serve) -> float:
     raise AssertionError("no ftlayer_lease_held")
 
 
-def test_redis_restart_with_aof_mid_run_loses_nothing(tmp_path) -> None:
+def test_redis_restart_with_aof_mid_run_loses_nothing(tmp_path, make_redis) -> None:
     """Invariants 1 and 6: Redis down mid-run; batches re-run, nothing lost once it is back."""
-    server = EmbeddedRedis(data_dir=tmp_path / "redis", appendonly=True,
-                           extra_args=("--appendfsync", "always")).start()  # fmt: skip
-    sidecar = None
+    server = make_redis(data_dir=tmp_path / "redis", appendonly=True,
+                        extra_args=("--appendfsync", "always"))  # fmt: skip
+    layer = FTLayer(server.client(), FTConfig(namespace="restart", timeout_s=T,
+                                              flush_retries=8))  # fmt: skip
+    load = Load(layer, seed=3)
+    sidecar = Serve(server.url, "restart", tmp_path / "serve.log")
     try:
-        layer = FTLayer(server.client(), FTConfig(namespace="restart", timeout_s=T,
-                                                  flush_retries=8))  # fmt: skip
-        load = Load(layer, seed=3)
-        sidecar = Serve(server.url, "restart", tmp_path / "serve.log")
         for _ in range(40):
             load.round()
         server.stop(keep_dir=True)  # SIGTERM: AOF fsynced; down for 2 s, then back
@@ -233,9 +228,7 @@ def test_redis_restart_with_aof_mid_run_loses_nothing(tmp_path) -> None:
         assert "redis unreachable" in (tmp_path / "serve.log").read_text()
         load.check()
     finally:
-        if sidecar:
-            sidecar.stop()
-        server.stop()
+        sidecar.stop()
 
 
 def test_metrics_health_and_nothing_else(redis_server, ns, tmp_path) -> None:
@@ -289,10 +282,10 @@ def test_metrics_health_and_nothing_else(redis_server, ns, tmp_path) -> None:
     layer.clear()
 
 
-def test_a_redis_outage_makes_the_sidecar_unready_never_dead(tmp_path) -> None:
+def test_a_redis_outage_makes_the_sidecar_unready_never_dead(tmp_path, make_redis) -> None:
     """Liveness does not depend on Redis (a Redis outage must not crash-loop every
     sidecar under Kubernetes); readiness does, and comes back with Redis."""
-    server = EmbeddedRedis(data_dir=tmp_path / "redis", appendonly=True).start()
+    server = make_redis(data_dir=tmp_path / "redis", appendonly=True)
     sidecar = Serve(server.url, "outage", tmp_path / "serve.log")
     try:
         until(lambda: sidecar.get("/readyz")[0] == 200, "ready")
@@ -304,7 +297,6 @@ def test_a_redis_outage_makes_the_sidecar_unready_never_dead(tmp_path) -> None:
         until(lambda: sidecar.get("/readyz")[0] == 200, "ready again")
     finally:
         sidecar.stop()
-        server.stop()
 
 
 def test_stats_and_dlq_round_trips(redis_server, ns) -> None:
@@ -349,17 +341,17 @@ def test_stats_and_dlq_round_trips(redis_server, ns) -> None:
     layer.clear()
 
 
-def test_passwords_never_printed(tmp_path) -> None:
-    with EmbeddedRedis(extra_args=("--requirepass", "pa55word")) as server:
-        url = f"redis://default:pa55word@127.0.0.1:{server.port}/0"
-        s = Serve(url, "pw", tmp_path / "serve.log")
-        try:
-            assert s.get("/healthz")[0] == 200 or time.sleep(0.5) or s.get("/healthz")[0] == 200
-        finally:
-            s.stop()
-        out = cli("counters", "--redis-url", url, "--namespace", "pw")  # the one serve opened
-        assert out.returncode == 0, out.stderr
-        text = (tmp_path / "serve.log").read_text() + out.stdout + out.stderr
-        assert "pa55word" not in text and "***" in (tmp_path / "serve.log").read_text()
+def test_passwords_never_printed(tmp_path, make_redis) -> None:
+    server = make_redis(extra_args=("--requirepass", "pa55word"))
+    url = f"redis://default:pa55word@127.0.0.1:{server.port}/0"
+    s = Serve(url, "pw", tmp_path / "serve.log")
+    try:
+        until(lambda: s.get("/healthz")[0] == 200, "/healthz to answer 200", 0.5, 0.5)
+    finally:
+        s.stop()
+    out = cli("counters", "--redis-url", url, "--namespace", "pw")  # the one serve opened
+    assert out.returncode == 0, out.stderr
+    text = (tmp_path / "serve.log").read_text() + out.stdout + out.stderr
+    assert "pa55word" not in text and "***" in (tmp_path / "serve.log").read_text()
     env_leak = os.environ.get("CLI_REDIS_URL")
     assert env_leak is None or "pa55word" not in env_leak

@@ -7,11 +7,11 @@ import json
 import uuid
 
 import pytest
-from toolkit import cli
 
 from ftlayer import FTConfig, FTLayer
 from ftlayer.errors import ConfigError
 from ftlayer.sources import claim_source, forget_source, sources
+from tests.toolkit import cli
 
 
 def test_the_first_owner_keeps_a_source_until_it_is_handed_over(redis_server) -> None:

@@ -6,19 +6,17 @@ move while records flow."""
 from __future__ import annotations
 
 import json
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from toolkit import cli
 
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer, FTStats
 from ftlayer.service.status import latency_percentile
 from tests.serving import Serve
+from tests.toolkit import chromium, cli, until
 
 EVIL = "<script>alert('x')</script>"
 
@@ -69,9 +67,12 @@ def test_api_status_reports_what_redis_holds(served: tuple[FTLayer, Serve]) -> N
     dead letters not newest-first or without their decoded payload, the lease holder
     unknown, and rates that are invented before two samples exist."""
     layer, serve = served
-    deadline = time.monotonic() + 10
-    while (s := status(serve))["lease_holder"] is None and time.monotonic() < deadline:
-        time.sleep(0.2)
+
+    def led() -> dict | None:
+        s = status(serve)
+        return s if s["lease_holder"] is not None else None
+
+    s = until(led, "a lease holder in /api/status", 10, 0.2)
     st = layer.stats()
     assert s["namespace"] == layer.config.namespace and s["redis_up"] is True
     for key in ("persisted", "completed", "dead_lettered", "dead_letters", "pending",
@@ -127,20 +128,6 @@ def test_ftlayer_status_prints_the_url_and_a_summary(served: tuple[FTLayer, Serv
     assert "no ftlayer sidecar answers" in gone.stderr
 
 
-def _chromium() -> Any:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    binary, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    assert binary and driver, "Debian's chromium and chromium-driver must be installed"
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = binary
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                 "--window-size=1280,900"):  # fmt: skip
-        opts.add_argument(flag)
-    return webdriver.Chrome(options=opts, service=Service(driver))
-
-
 def test_in_chromium_the_numbers_move_while_records_flow(
     served: tuple[FTLayer, Serve],
 ) -> None:
@@ -150,7 +137,7 @@ def test_in_chromium_the_numbers_move_while_records_flow(
     from selenium.webdriver.support.ui import WebDriverWait
 
     layer, serve = served
-    browser = _chromium()
+    browser = chromium()
     try:
         browser.get(serve.base + "/")
         cell = browser.find_element(By.CSS_SELECTOR, '[data-k="totals.completed"]')

@@ -7,20 +7,18 @@ import threading
 import time
 
 from ftlayer import FTLayer
+from tests.toolkit import until
 
 T, B = 0.6, 3
 SLACK_MS = 250  # how late our polling loop may notice a due deadline (a loaded CI box)
 
 
-def _poll_until_failed(layer: FTLayer, n: int, limit_s: float = 5.0) -> None:
-    end = time.monotonic() + limit_s
-    while time.monotonic() < end:
-        layer.expire_due()
-        s = layer.stats()
-        if s.failed_timeout + s.orphans >= n:
-            return
-        time.sleep(0.01)
-    raise AssertionError("records did not time out")
+def _timed_out(layer: FTLayer) -> int:
+    """Rotate once (what is due fails now), then count the records failed by timeout and
+    the orphans collected: a poll's check, what a sidecar does on its clock."""
+    layer.expire_due()
+    s = layer.stats()
+    return s.failed_timeout + s.orphans
 
 
 def test_timeout_within_rotating_bound(make_layer) -> None:
@@ -32,7 +30,7 @@ def test_timeout_within_rotating_bound(make_layer) -> None:
         h.flush()
         time.sleep(T / (B - 1) / 6)
     inited = {r.source_id: layer.acker.entry(r.source_id).inited_ms for r in rids}
-    _poll_until_failed(layer, len(rids))
+    until(lambda: _timed_out(layer) >= len(rids), "the records to time out", 5.0, 0.01)
     lo, hi = T * 1000, T * B / (B - 1) * 1000
     for dl in layer.persistence.dead_letters():
         age = dl.history[-1].time_ms - inited[dl.source_id]
@@ -64,7 +62,7 @@ def test_orphans_are_collected_without_replay(make_layer) -> None:
     ghost.ack(RecordId(0xDEAD_BEEF, 0x1234))  # an id nobody persisted
     ghost.flush()
     assert layer.acker.size() == 1
-    _poll_until_failed(layer, 1)
+    until(lambda: _timed_out(layer) >= 1, "the orphan to be collected", 5.0, 0.01)
     s = layer.stats()
     assert (s.orphans, s.replayed, s.failed_timeout, s.pending) == (1, 0, 0, 0)
     assert layer.acker.size() == 0

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from toolkit import cli
 
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer
+from tests.toolkit import cli
 
 
 def _pipe(src: socket.socket, dst: socket.socket) -> None:

@@ -96,10 +96,10 @@ def test_a_task_delta_applied_twice_never_completes_early(redis_client, data, tr
         handlers, _root = run_tree(layer, tree, assignment, n_tasks)
         twice = data.draw(st.integers(1, n_tasks - 1))  # a non-source task, as a retry is
         src = _root.source_id
-        contrib = [h._deltas.get(src, 0) for h in handlers]  # each task's XOR for the root
+        contrib = [h.pending_deltas().get(src, 0) for h in handlers]  # each task's XOR for the root
         if contrib[0] == 0 or contrib[twice] == 0:
             return  # completed inside the source task, or that task had nothing under it
-        batches = [h._batches() for h in handlers]
+        batches = [h.pending_batches() for h in handlers]
         order = data.draw(st.permutations([*range(n_tasks), twice]))
         # the model: the record completes at the first moment its init (task 0) has landed
         # and the XOR of everything landed is 0; later deltas are orphans
@@ -164,7 +164,7 @@ def test_one_delta_per_source_id_per_flush(layer: FTLayer) -> None:
         with task.processing(r):
             for _ in range(5):
                 task.emit()
-    batches = task._batches()
+    batches = task.pending_batches()
     srcs = [int(s) for b in batches.values() for s in b.xor_srcs]
     assert sorted(srcs) == sorted(r.source_id for r in roots)
     assert sum(b.empty is False for b in batches.values()) == len(batches)

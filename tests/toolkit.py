@@ -1,18 +1,24 @@
-"""Helpers every test file shares: the command line as a user runs it, and polling.
+"""Helpers every test file shares: the command line as a user runs it, polling, and a real
+headless browser.
 
-Server and backend fixtures live in ``conftest.py``; real faults (a reply-dropping proxy,
-``kill -9``) in ``faults.py``.
+Server and backend fixtures live in ``conftest.py`` (``make_redis`` for a redis-server of a
+test's own); real faults (a reply-dropping proxy, ``kill -9``) in ``faults.py``. Test files
+import these modules as ``tests.<module>`` (pytest puts the repository root on
+``sys.path``: ``pythonpath`` in pyproject.toml).
 """
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CLI", "cli", "until"]
+from ftlayer import EmbeddedRedis
+
+__all__ = ["CLI", "chromium", "cli", "replica_linked", "source_df", "until"]
 
 CLI = [sys.executable, "-m", "ftlayer.cli"]
 """``ftlayer`` as a user runs it, in this interpreter."""
@@ -26,10 +32,54 @@ def cli(
                           input=stdin)  # fmt: skip
 
 
-def until(check: Callable[[], Any], what: str, timeout_s: float = 15.0, pause: float = 0.1) -> None:
-    """Poll ``check`` until it is true; fail naming ``what`` after ``timeout_s``."""
+def until(
+    check: Callable[[], Any],
+    what: str | Callable[[], str],
+    timeout_s: float = 15.0,
+    pause: float = 0.1,
+) -> Any:
+    """Poll ``check`` until it returns something true, and return that; fail naming
+    ``what`` after ``timeout_s`` (a callable ``what`` is called then, so the message can
+    show the state the wait ended in)."""
     deadline = time.monotonic() + timeout_s
-    while not check():
+    while not (seen := check()):
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+            described = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {described}")
         time.sleep(pause)
+    return seen
+
+
+def replica_linked(replica: EmbeddedRedis) -> bool:
+    """Whether a ``--replicaof`` server's link to its master is up (for ``until``)."""
+    client = replica.client()
+    try:
+        return bool(client.info("replication").get("master_link_status") == "up")
+    finally:
+        client.close()
+
+
+def chromium() -> Any:
+    """A real headless Chromium under Selenium (Debian's ``chromium`` and
+    ``chromium-driver``); the caller quits it."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    binary, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert binary and driver, "Debian's chromium and chromium-driver must be installed"
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = binary
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                 "--window-size=1280,900"):  # fmt: skip
+        opts.add_argument(flag)
+    return webdriver.Chrome(options=opts, service=Service(driver))
+
+
+def source_df(spark: Any, n: int, keys: int = 29, parts: int = 3) -> Any:
+    """The source most Spark tests run: ``n`` rows of ``id`` (0..n-1), ``key`` (id % keys)
+    and ``amount`` (id % 100), in ``parts`` partitions."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    return (spark.range(n)
+            .select("id", (F.col("id") % keys).alias("key"), (F.col("id") % 100).alias("amount"))
+            .repartition(parts))  # fmt: skip

@@ -12,12 +12,12 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-import pdata
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812
 
 from partitioners import HashPartitioner, spark_murmur3, spark_xxhash64
+from tests.partitioning import pdata
 
 pytestmark = pytest.mark.spark
 

@@ -63,7 +63,7 @@ def task_retries(spark: SparkSession) -> Iterator[int]:
 
 @pytest.fixture
 def probe(redis_server: EmbeddedRedis) -> Iterator[Any]:
-    from probe import Probe
+    from tests.spark.probe import Probe
 
     p = Probe(redis_server.url, f"probe{uuid.uuid4().hex[:8]}")
     yield p

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import redis
 from pyspark import TaskContext, cloudpickle
-from toolkit import until
 
 
 def _clients() -> dict[tuple[int, str], redis.Redis]:
@@ -100,8 +98,3 @@ def first_seen(probe: Probe, tag: str, ids: Any, where: Any) -> Any:
         for i in ids[cand].tolist():
             p.sadd(f"{probe.prefix}:{tag}", i)
         return cand[np.array(p.execute(), dtype=bool)]
-
-
-def wait_for(check: Callable[[], Any], timeout_s: float, what: str, pause: float = 0.25) -> None:
-    """``toolkit.until`` in the argument order the Spark tests use (driver side only)."""
-    until(check, what, timeout_s, pause)

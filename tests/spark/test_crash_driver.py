@@ -28,6 +28,7 @@ from deltalake import DeltaTable
 from benchmarks._postgres import LocalPostgres
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer
 from tests.faults import kill_session, session_pids
+from tests.toolkit import until
 
 JOB = Path(__file__).with_name("crash_driver_job.py")
 FILES, ROWS = 5, 400  # one file per batch; batch 2 is the one killed
@@ -86,20 +87,22 @@ def run(
     r = redis_server.client()
     log = tmp / "job.log"
     first = _start([*args, "crash", *tail], log)
-    deadline = time.monotonic() + 240
+
+    def holding() -> bool:
+        if r.exists(f"{ns}:holding"):
+            return True
+        assert first.poll() is None, f"the job ended before batch 2: {log.read_text()[-3000:]}"
+        return False
+
     try:
-        while not r.exists(f"{ns}:holding"):
-            assert first.poll() is None, f"the job ended before batch 2: {log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, "batch 2 never reached its sink"
-            time.sleep(0.1)
+        until(holding, "batch 2 to reach its sink", 240)
         time.sleep(0.5)  # the other sink tasks of batch 2 reach their hold too
         killed = kill_session(first.pid)
         first.wait(timeout=30)
-        for _ in range(100):  # the session's processes are gone, not just signalled
-            if not session_pids(first.pid):
-                break
-            time.sleep(0.1)
-        assert not session_pids(first.pid), "processes of the killed driver survived"
+        # the session's processes are gone, not just signalled
+        until(lambda: not session_pids(first.pid),
+              lambda: f"the killed driver's processes to exit: {session_pids(first.pid)}",
+              10)  # fmt: skip
     finally:
         if first.poll() is None:
             kill_session(first.pid)

@@ -19,7 +19,6 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
-from probe import Probe
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F  # noqa: N812
 
@@ -27,6 +26,7 @@ from ftlayer import EmbeddedRedis, FTConfig, FTLayer
 from ftlayer.scripts import script_source
 from ftlayer.spark import FaultTolerance
 from tests.faults import TcpProxy, socket_owner
+from tests.spark.probe import Probe
 
 N = 3000
 

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from probe import wait_for
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812
 
 from ftlayer.errors import ConfigError
 from ftlayer.spark import FaultTolerance, FileSource, StageCounts
+from tests.toolkit import until
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.spark
@@ -97,11 +97,11 @@ def test_rows_failing_before_and_after_a_shuffle_replay_into_a_parquet_sink(
     assert ft.layer is not None
     missing = {i for i in range(n) if i % 29 in (4, 11) and i not in bad}
     try:
-        wait_for(lambda: sum(written(spark, out).values()) >= n - len(bad) - len(missing), 60,
-                 "the first batch")  # fmt: skip
+        until(lambda: sum(written(spark, out).values()) >= n - len(bad) - len(missing),
+              "the first batch", 60, 0.25)  # fmt: skip
         assert not set(written(spark, out)) & missing, "a failed row was written"
         write_regions(regions, range(29), skip=set())
-        wait_for(lambda: ft.layer.stats().pending == 0, 60, "nothing pending")
+        until(lambda: ft.layer.stats().pending == 0, "nothing pending", 60, 0.25)
         assert query.exception() is None, query.exception()
     finally:
         query.stop()
@@ -156,11 +156,11 @@ def test_a_sink_write_that_fails_for_real_replays_the_batch(
     )  # fmt: skip
     assert ft.layer is not None
     try:
-        wait_for(lambda: results and results[0].failed == n, 60, "the failed first batch")
+        until(lambda: results and results[0].failed == n, "the failed first batch", 60, 0.25)
         assert "sink_dataframe" in results[0].errors[0], results[0].errors
         out.unlink()
-        wait_for(lambda: sum(written(spark, out).values()) >= n and
-                 ft.layer.stats().pending == 0, 60, "the replays")  # fmt: skip
+        until(lambda: sum(written(spark, out).values()) >= n and ft.layer.stats().pending == 0,
+              "the replays", 60, 0.25)  # fmt: skip
         assert query.exception() is None, query.exception()
     finally:
         query.stop()
@@ -290,9 +290,9 @@ def test_python_and_dataframe_stages_mix_in_one_pipeline(
     its error; unconfirmed writes replay. Catches: identity lost through a Python stage,
     a Python stage's failures or raised rows not observed, a Python sink's answers lost."""
     import pyarrow as pa
-    from probe import first_seen
 
     from ftlayer.spark import Outcome
+    from tests.spark.probe import first_seen
 
     ft = make_ft(timeout_s=2.0, max_replays=2)
     n, bad = 600, {i for i in range(600) if i % 97 == 5}

@@ -21,13 +21,13 @@ import psycopg
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-from probe import Probe, TaskKilled
 from pyspark import TaskContext, cloudpickle
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F  # noqa: N812
 
 from benchmarks._postgres import LocalPostgres
 from ftlayer.sinks import DeltaSink, PostgresSink
+from tests.spark.probe import Probe, TaskKilled
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.spark

@@ -15,24 +15,18 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from probe import Probe
 from pyspark import TaskContext, cloudpickle
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F  # noqa: N812
+from pyspark.sql import SparkSession
 
 from ftlayer.errors import FailRecord
 from ftlayer.spark import BatchContext, ErrorPolicy, FaultTolerance, RecordContext
+from tests.spark.probe import Probe
+from tests.toolkit import source_df
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.spark
 
 SCHEMA = "id long, key long, amount long"
-
-
-def source_df(spark: SparkSession, n: int) -> DataFrame:
-    return (spark.range(n)
-            .select("id", (F.col("id") % 13).alias("key"), (F.col("id") % 100).alias("amount"))
-            .repartition(2))  # fmt: skip
 
 
 def dead_ids(ft: FaultTolerance) -> dict[int, Any]:
@@ -73,7 +67,7 @@ def test_retries_with_backoff_absorb_transient_errors(
     ft = make_ft(max_replays=2, timeout_s=30.0)
     policy = ErrorPolicy(retries=3, backoff_s=0.01, max_backoff_s=0.05)
     pipeline = ft.pipeline(source=0, errors=policy).map_batches(flaky, SCHEMA).sink_batches(sink)
-    result = ft.run_batch(pipeline, source_df(spark, n), 0)
+    result = ft.run_batch(pipeline, source_df(spark, n, keys=13, parts=2), 0)
     counts = next(iter(result.stages.values()))
     assert result.failed == 0 and counts.bisections == 0, result
     assert sorted(sink_ids(probe)) == list(range(n))
@@ -84,7 +78,7 @@ def test_retries_with_backoff_absorb_transient_errors(
     probe.r.delete(*probe.r.keys(f"{probe.prefix}:calls:*"))
     plain = make_ft(max_replays=2, timeout_s=30.0)
     pipe2 = plain.pipeline(source=0, immediate_replays=0).map_batches(flaky, SCHEMA)
-    res2 = plain.run_batch(pipe2.sink_batches(sink), source_df(spark, n), 0)
+    res2 = plain.run_batch(pipe2.sink_batches(sink), source_df(spark, n, keys=13, parts=2), 0)
     assert next(iter(res2.stages.values())).bisections > 0
 
     # a stage that always fails: retries end, its rows fail (and replay), nothing hangs
@@ -93,7 +87,7 @@ def test_retries_with_backoff_absorb_transient_errors(
 
     third = make_ft(max_replays=1, timeout_s=30.0)
     pipe3 = third.pipeline(source=0, errors=policy).map_batches(broken, SCHEMA)
-    res3 = third.run_batch(pipe3.sink_batches(sink), source_df(spark, 40), 0)
+    res3 = third.run_batch(pipe3.sink_batches(sink), source_df(spark, 40, keys=13, parts=2), 0)
     assert res3.failed == 40
     report = third.drain(timeout_s=60)
     assert report.drained and report.dead_lettered == 40
@@ -128,7 +122,7 @@ def test_dead_letter_types_skip_retries_and_replays_and_reach_the_callback(
     policy = ErrorPolicy(dead_letter_on=(BadInputError,))
     pipeline = (ft.pipeline(source=3, errors=policy, on_dead_letter=given.append)
                 .map_batches(stage, SCHEMA).sink_batches(sink))  # fmt: skip
-    result = ft.run_batch(pipeline, source_df(spark, n), 0)
+    result = ft.run_batch(pipeline, source_df(spark, n, keys=13, parts=2), 0)
     assert result.failed == len(bad), result  # flaky rows replayed at once, in the task
     assert result.immediate_replays == len(flaky)
     dead = dead_ids(ft)
@@ -145,17 +139,17 @@ def test_dead_letter_types_skip_retries_and_replays_and_reach_the_callback(
 
     # a second batch gives nothing again; another pipeline object on the same namespace
     # (a restarted driver) starts from the cursor kept in Redis
-    ft.run_batch(pipeline, source_df(spark, n).limit(0), 1)
+    ft.run_batch(pipeline, source_df(spark, n, keys=13, parts=2).limit(0), 1)
     assert len(given) == len(bad)
     again: list[Any] = []
     ft2 = make_ft(namespace=ft.config.namespace, max_replays=3, timeout_s=30.0)
     p2 = ft2.pipeline(source=3, on_dead_letter=again.append).map_batches(stage, SCHEMA)
-    ft2.run_batch(p2.sink_batches(sink), source_df(spark, 0), 2)
+    ft2.run_batch(p2.sink_batches(sink), source_df(spark, 0, keys=13, parts=2), 2)
     assert again == []
     # another source's callback never sees source 3's dead letters
     other: list[Any] = []
     p3 = ft2.pipeline(source=4, on_dead_letter=other.append).map_batches(stage, SCHEMA)
-    ft2.run_batch(p3.sink_batches(sink), source_df(spark, 0), 3)
+    ft2.run_batch(p3.sink_batches(sink), source_df(spark, 0, keys=13, parts=2), 3)
     assert other == []
 
 
@@ -188,7 +182,7 @@ def test_row_stages_get_a_context_with_ids_and_attempts(
                 .map(price)
                 .map(lookup, errors=ErrorPolicy(retries=1, backoff_s=0.001))
                 .sink(sink))  # fmt: skip
-    first = ft.run_batch(pipeline, source_df(spark, n), 0)
+    first = ft.run_batch(pipeline, source_df(spark, n, keys=13, parts=2), 0)
     threes = [i for i in range(n) if i % 10 == 3]
     assert first.immediate_replays == len(threes) and first.failed == len(threes)
     report = ft.drain(timeout_s=120, pipeline=pipeline)
@@ -238,7 +232,7 @@ def test_batch_stages_get_a_context_aligned_with_their_rows(
     ft = make_ft(max_replays=0, timeout_s=30.0)
     pipeline = (ft.pipeline(source=0).map_batches(check, SCHEMA).partition_by(["key"], 3)
                 .map_batches(check, SCHEMA).sink_batches(sink))  # fmt: skip
-    result = ft.run_batch(pipeline, source_df(spark, n), 0)
+    result = ft.run_batch(pipeline, source_df(spark, n, keys=13, parts=2), 0)
     assert result.failed == 1 and set(dead_ids(ft)) == {13}
     before = [x.decode().split(":") for x in probe.r.lrange(f"{probe.prefix}:ctx:before", 0, -1)]
     after = [x.decode().split(":") for x in probe.r.lrange(f"{probe.prefix}:ctx:after", 0, -1)]
@@ -273,7 +267,7 @@ def test_task_scope_rows_dead_letter_and_retry_too(
     ft = make_ft(max_replays=3, timeout_s=30.0)
     policy = ErrorPolicy(retries=1, backoff_s=0.001, dead_letter_on=(BadInputError,))
     pipeline = ft.pipeline(source=0, ack_scope="task", errors=policy).map(stage).sink(sink)
-    result = ft.run_batch(pipeline, source_df(spark, n), 0)
+    result = ft.run_batch(pipeline, source_df(spark, n, keys=13, parts=2), 0)
     bad = {i for i in range(n) if i % 50 == 1}
     assert result.failed == len(bad)
     dead = dead_ids(ft)

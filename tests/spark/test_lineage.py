@@ -15,13 +15,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from probe import Probe, first_seen, wait_for
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F  # noqa: N812
 
 from ftlayer.lineage import spark_xxhash64
 from ftlayer.spark import FaultTolerance, FileSource, Outcome
+from tests.spark.probe import Probe, first_seen
+from tests.toolkit import until
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.spark
@@ -132,8 +133,8 @@ def test_lineage_is_stable_through_replays_on_the_vectorized_path(
              .option("checkpointLocation", str(tmp_path / "ck")).start())  # fmt: skip
     try:
         assert ft.layer is not None
-        wait_for(lambda: len(_seen(probe, "sink")) == n and ft.layer.stats().pending == 0,
-                 90, "every record written, nothing pending")  # fmt: skip
+        until(lambda: len(_seen(probe, "sink")) == n and ft.layer.stats().pending == 0,
+              "every record written, nothing pending", 90, 0.25)  # fmt: skip
     finally:
         query.stop()
     lineage = _check_stable(probe, n)
@@ -192,10 +193,10 @@ def test_lineage_is_stable_through_replays_with_dataframe_stages(
 
     held = set(range(3, n, 7))
     try:
-        wait_for(lambda: len(rows()) == 2 * (n - len(held)), 60, "two writes")
+        until(lambda: len(rows()) == 2 * (n - len(held)), "two writes", 60, 0.25)
         (gate / "open").touch()
-        wait_for(lambda: ft.layer.stats().pending == 0 and len(rows()) == 2 * n - len(held),
-                 60, "the held-back rows")  # fmt: skip
+        until(lambda: ft.layer.stats().pending == 0 and len(rows()) == 2 * n - len(held),
+              "the held-back rows", 60, 0.25)  # fmt: skip
     finally:
         query.stop()
     seen: dict[int, set[int]] = defaultdict(set)
@@ -230,10 +231,10 @@ def test_a_redriven_dead_letter_keeps_its_lineage(
     assert ft.layer is not None
     failing = len(range(3, n, 7))
     try:
-        wait_for(lambda: ft.layer.stats().dead_letters == failing, 60, "the dead letters")
+        until(lambda: ft.layer.stats().dead_letters == failing, "the dead letters", 60, 0.25)
         assert ft.layer.dlq_replay() == failing
-        wait_for(lambda: len(_seen(probe, "sink")) == n and ft.layer.stats().pending == 0,
-                 60, "the re-driven records")  # fmt: skip
+        until(lambda: len(_seen(probe, "sink")) == n and ft.layer.stats().pending == 0,
+              "the re-driven records", 60, 0.25)  # fmt: skip
     finally:
         query.stop()
     _check_stable(probe, n, rewritten=False)

@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from probe import Probe, TaskKilled, spark_placement
 from pyspark import TaskContext, cloudpickle
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F  # noqa: N812
 
 from ftlayer import FailRecord
 from ftlayer.spark import FaultTolerance
+from tests.spark.probe import Probe, TaskKilled, spark_placement
+from tests.toolkit import until
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.spark
@@ -128,12 +128,14 @@ def test_end_to_end_with_every_kind_of_failure(
     replayed = {int(i) for i in probe.members("explicit") | probe.members("error")} - poison
     assert len(replayed) > 100 and replayed | set(dropped) <= set(probe.ids("placed_ids"))
     assert probe.members("retried"), "no task was retried"
-    for _ in range(50):  # orphans (late XORs of retired ids) are collected by rotation
+
+    def collected() -> bool:  # orphans (late XORs of retired ids) are collected by rotation
         if acks_left(ft) == 0:
-            break
+            return True
         layer.expire_due()
-        time.sleep(0.1)
-    assert acks_left(ft) == 0
+        return False
+
+    until(collected, lambda: f"the orphans collected ({acks_left(ft)} entries left)", 5.0)
 
 
 def test_streaming_query_keyed_source_places_fresh_and_replayed_records(

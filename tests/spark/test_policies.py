@@ -10,13 +10,13 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from probe import Probe
 from pyspark import TaskContext, cloudpickle
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F  # noqa: N812
 
 from ftlayer import ConfigError, FailRecord
 from ftlayer.spark import FaultTolerance
+from tests.spark.probe import Probe
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.spark

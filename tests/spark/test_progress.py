@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from probe import Probe
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
 from ftlayer.spark import Outcome
+from tests.spark.probe import Probe
+from tests.toolkit import until
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.spark
@@ -53,9 +53,10 @@ def test_the_listener_joins_spark_progress_with_batch_results(
              .option("checkpointLocation", str(tmp_path / "ckpt"))
              .trigger(availableNow=True).queryName("orders").start())  # fmt: skip
     query.awaitTermination()
-    deadline = time.monotonic() + 20  # events arrive on Spark's listener bus, later
-    while len([p for p in ft.recent_progress if p.ft]) < 3 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    # events arrive on Spark's listener bus, later
+    until(lambda: len([p for p in ft.recent_progress if p.ft]) >= 3,
+          lambda: f"3 batches' progress (seen: {[p.batch_id for p in ft.recent_progress]})",
+          20)  # fmt: skip
     seen = [p for p in ft.recent_progress if p.ft is not None]
     assert [p.batch_id for p in seen] == [0, 1, 2]
     spark_rows = {p["batchId"]: p["numInputRows"] for p in query.recentProgress}

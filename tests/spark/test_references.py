@@ -15,12 +15,13 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from probe import Probe, first_seen, wait_for
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
 from ftlayer.spark import FaultTolerance, FileSource, Outcome, RateMicroBatchSource
 from ftlayer.spark.references import location_id, with_references
+from tests.spark.probe import Probe, first_seen
+from tests.toolkit import until
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.spark
@@ -156,9 +157,9 @@ def test_a_file_gone_before_its_replay_dead_letters_its_records_naming_it(
     )  # fmt: skip
     assert ft.layer is not None
     try:
-        wait_for(lambda: len(sink_rows(probe)) >= 600, 60, "the first batch")
+        until(lambda: len(sink_rows(probe)) >= 600, "the first batch", 60, 0.25)
         (tmp_path / "in" / "gone.json").unlink()  # before the unconfirmed rows time out
-        wait_for(lambda: ft.layer.stats().pending == 0, 60, "nothing pending")
+        until(lambda: ft.layer.stats().pending == 0, "nothing pending", 60, 0.25)
         assert query.exception() is None, query.exception()
     finally:
         query.stop()
@@ -190,7 +191,7 @@ def test_rate_micro_batch_replays_are_rebuilt_as_spark_made_them(
     plain = (rate.stream(spark).writeStream.foreachBatch(keep)
              .option("checkpointLocation", str(tmp_path / "ck0")).start())  # fmt: skip
     try:
-        wait_for(lambda: len(oracle) >= 600, 60, "the plain query's rows")
+        until(lambda: len(oracle) >= 600, "the plain query's rows", 60, 0.25)
     finally:
         plain.stop()
 
@@ -216,8 +217,8 @@ def test_rate_micro_batch_replays_are_rebuilt_as_spark_made_them(
     query = (pipeline.stream(spark).writeStream.foreachBatch(pipeline)
              .option("checkpointLocation", str(tmp_path / "ck1")).start())  # fmt: skip
     try:
-        wait_for(lambda: len({v for v, _ in sink_rows(probe)} & set(range(450))) == 450, 90,
-                 "450 values in the sink, replays included")  # fmt: skip
+        until(lambda: len({v for v, _ in sink_rows(probe)} & set(range(450))) == 450,
+              "450 values in the sink, replays included", 90, 0.25)  # fmt: skip
     finally:
         query.stop()
     got = dict(sink_rows(probe))

@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from probe import Probe, first_seen, wait_for
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
 from ftlayer.errors import ConfigError
 from ftlayer.spark import FaultTolerance, Outcome
+from tests.spark.probe import Probe, first_seen
+from tests.toolkit import until
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.spark
@@ -107,9 +108,9 @@ def test_a_quiet_stream_replays_failures_and_timeouts_without_new_input(
         .start()
     )
     try:
-        wait_for(lambda: len(sink_ids(probe)) == n, 60, "every record in the sink")
+        until(lambda: len(sink_ids(probe)) == n, "every record in the sink", 60, 0.25)
         assert ft.layer is not None
-        wait_for(lambda: ft.layer.stats().pending == 0, 30, "nothing pending")
+        until(lambda: ft.layer.stats().pending == 0, "nothing pending", 30, 0.25)
     finally:
         query.stop()
     got = sink_ids(probe)

@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from probe import Probe
 from pyspark import TaskContext, cloudpickle
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F  # noqa: N812
 
 from ftlayer import ConfigError, FailRecord
 from ftlayer.spark.row_stages import decode_rec, encode_rec
+from tests.spark.probe import Probe
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.spark

@@ -24,14 +24,15 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from probe import Probe
 from pyspark import TaskContext, cloudpickle
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F  # noqa: N812
 
 from ftlayer.errors import ConfigError
 from ftlayer.segments import SUMMARY_TTL_MS
 from ftlayer.spark import FaultTolerance, Outcome
+from tests.spark.probe import Probe
+from tests.toolkit import source_df, until
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.spark
@@ -74,14 +75,6 @@ def push(probe: Probe, what: str, values: list[Any]) -> None:
 
 def ids_of(batch: pa.RecordBatch) -> np.ndarray:
     return batch.column("id").to_numpy()
-
-
-def source_df(spark: SparkSession, n: int, keys: int = 29, parts: int = 3) -> DataFrame:
-    return (
-        spark.range(n)
-        .select("id", (F.col("id") % keys).alias("key"), (F.col("id") % 100).alias("amount"))
-        .repartition(parts)
-    )
 
 
 # -- helpers (driver side) ---------------------------------------------------------------
@@ -803,11 +796,15 @@ def test_a_segment_whose_batch_never_settles_times_out(
         ft.run_batch(pipeline, source_df(spark, n), 0)
     assert ft.layer.segments.indexed(), "the failed run left segments"
     probe.r.set(f"{probe.prefix}:healed", 1)
-    deadline = time.monotonic() + 10  # well past timeout_s * buckets / (buckets - 1)
-    while time.monotonic() < deadline and ft.layer.segments.indexed():
+
+    def timed_out() -> bool:
+        if not ft.layer.segments.indexed():
+            return True
         ft.layer.expire_due()
-        time.sleep(0.2)
-    assert ft.layer.segments.indexed() == [], "the unsettled segments never timed out"
+        return False
+
+    # 10 s: well past timeout_s * buckets / (buckets - 1)
+    until(timed_out, "the unsettled segments to time out", 10, 0.2)
     report = ft.drain(timeout_s=60)
     assert report.drained, report
     assert set(probe.ids()) == set(range(n))
