@@ -29,11 +29,18 @@ RECORD = Path(__file__).resolve().parent / "results"
 _out: Path | None = Path(os.environ.get("FTLAYER_BENCH_RESULTS") or RECORD)
 
 
-def parse_args(ap: argparse.ArgumentParser, argv: Any = None) -> argparse.Namespace:
+def parse_args(
+    ap: argparse.ArgumentParser, argv: Any = None, *, script_mode: str | None = None
+) -> argparse.Namespace:
     """A benchmark's arguments, with the options every benchmark shares: ``--json``, and
     where its results go: the figures of record by default, ``--results DIR`` elsewhere,
-    ``--no-save`` nowhere (a comparison run that must not replace the figures of record)."""
+    ``--no-save`` nowhere (a comparison run that must not replace the figures of record).
+    ``script_mode``: the help of a ``--script-mode`` option (FTConfig.script_mode), if the
+    benchmark takes one."""
     global _out
+    if script_mode:
+        ap.add_argument("--script-mode", choices=("auto", "functions", "eval"), default="auto",
+                        help=script_mode)  # fmt: skip
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--results", type=Path, metavar="DIR",
@@ -111,6 +118,16 @@ def script_usec(client: redis.Redis) -> tuple[int, int]:
         if s:
             calls, usec = calls + int(s["calls"]), usec + int(s["usec"])
     return calls, usec
+
+
+def persist_pending(layer: Any, records: int, payload: bytes, chunk: int = 20_000) -> None:
+    """Make ``records`` records of ``payload`` pending (hash code: their index), through
+    per-record ``persist`` calls, one handler and flush per ``chunk``."""
+    for first in range(0, records, chunk):
+        h = layer.handler()
+        for i in range(first, min(records, first + chunk)):
+            h.persist(payload, hash_code=i, source=0)
+        h.flush()
 
 
 def timed(fn: Callable[[], Any]) -> float:

@@ -10,6 +10,7 @@ and not counted.
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
@@ -17,7 +18,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["PARTITIONS", "PairedRounds", "goals_unmet", "quartiles", "spark_session", "time_run"]
+__all__ = ["PARTITIONS", "PairedRounds", "goals_unmet", "paired_args", "quartiles",
+           "spark_session", "time_run"]  # fmt: skip
 
 PARTITIONS = 4
 """Shuffle partitions (``spark.sql.shuffle.partitions``) and the pipelines' ``partition_by``."""
@@ -39,6 +41,15 @@ def spark_session() -> Any:
 Prepare = Callable[[], Callable[[], Any]]
 """Makes a run ready (untimed) and returns it; what the run returns, when callable (its
 checks), runs after the clock stopped."""
+
+
+def paired_args(ap: argparse.ArgumentParser, records: int, repeat: int, warmup: int) -> None:
+    """The options of a paired-rounds benchmark over wide events read from files."""
+    ap.add_argument("--records", type=int, default=records)
+    ap.add_argument("--payload-bytes", type=int, default=1024)
+    ap.add_argument("--repeat", type=int, default=repeat, help="counted rounds")
+    ap.add_argument("--warmup", type=int, default=warmup, help="rounds run, not counted")
+    ap.add_argument("--redis-url", default=None, help="default: an embedded redis-server")
 
 
 def time_run(prepare: Prepare) -> float:

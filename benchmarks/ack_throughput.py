@@ -567,13 +567,8 @@ def main() -> None:
         action="store_true",
         help="run on an embedded 3-master Redis Cluster (EmbeddedCluster)",
     )
-    ap.add_argument(
-        "--script-mode",
-        choices=("auto", "functions", "eval"),
-        default="auto",
-        help="FTConfig.script_mode: on Redis 7 auto runs the scripts as functions",
-    )
-    args = parse_args(ap)
+    args = parse_args(ap, script_mode="FTConfig.script_mode: on Redis 7 auto runs the scripts "
+                      "as functions")  # fmt: skip
     sweep = sorted({int(b) for b in args.sweep.split(",") if b.strip()} | {args.batch})
     result = run(args.records, args.batch, sweep, args.repeat, args.redis_url,
                  cluster=args.cluster, shards=args.shards,

@@ -23,8 +23,15 @@ import json
 import time
 import uuid
 
-from benchmarks._common import machine, parse_args, redis_for_benchmark, save, script_usec
-from ftlayer import FTConfig, FTHandler, FTLayer
+from benchmarks._common import (
+    machine,
+    parse_args,
+    persist_pending,
+    redis_for_benchmark,
+    save,
+    script_usec,
+)
+from ftlayer import FTConfig, FTLayer
 
 PAYLOAD = b"\xc4\x62" + b"p" * 98  # msgpack bin8 of 98 bytes: 100 bytes in all
 GOAL = 250_000
@@ -41,12 +48,7 @@ def run(records: int, limit: int, url: str | None, script_mode: str = "auto") ->
                        script_mode=script_mode)  # type: ignore[arg-type]  # fmt: skip
         layer = FTLayer(client, cfg)
         try:
-            for first in range(0, records, 20_000):
-                h = layer.handler()
-                assert isinstance(h, FTHandler)
-                for i in range(first, min(records, first + 20_000)):
-                    h.persist(PAYLOAD, hash_code=i, source=0)
-                h.flush()
+            persist_pending(layer, records, PAYLOAD)
             time.sleep(layer.config.timeout_s * 2 + 0.2)  # every deadline has passed
             usec0, t0 = _evalsha_usec(client), time.perf_counter()
             expired = layer.expire_due()
@@ -102,13 +104,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--limit", type=int, default=10_000)
     ap.add_argument("--redis-url", default=None)
-    ap.add_argument(
-        "--script-mode",
-        choices=("auto", "functions", "eval"),
-        default="auto",
-        help="FTConfig.script_mode",
-    )
-    args = parse_args(ap)
+    args = parse_args(ap, script_mode="FTConfig.script_mode")
     result = run(args.records, args.limit, args.redis_url, args.script_mode)
     save("claim", result)
     if args.json:

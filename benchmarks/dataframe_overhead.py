@@ -50,7 +50,7 @@ from benchmarks._common import (
     save,
     url_of,
 )
-from benchmarks._paired import PARTITIONS, PairedRounds, goals_unmet, spark_session
+from benchmarks._paired import PARTITIONS, PairedRounds, goals_unmet, paired_args, spark_session
 from benchmarks._wide import net_input_bytes, read_events, write_events
 from ftlayer import FTConfig
 from ftlayer.spark import FaultTolerance, FileSource
@@ -214,11 +214,7 @@ def merge(r: dict[str, Any]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--records", type=int, default=1_000_000)
-    ap.add_argument("--payload-bytes", type=int, default=1024)
-    ap.add_argument("--repeat", type=int, default=7)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--redis-url", default=None)
+    paired_args(ap, records=1_000_000, repeat=7, warmup=2)
     args = parse_args(ap)
     r = run(args.records, args.payload_bytes, args.repeat, args.warmup, args.redis_url)
     save(f"dataframe_overhead_{args.payload_bytes}", r)

@@ -26,8 +26,16 @@ import uuid
 
 import psutil
 
-from benchmarks._common import machine, median, parse_args, redis_for_benchmark, save, url_of
-from ftlayer import FTConfig, FTHandler, FTLayer
+from benchmarks._common import (
+    machine,
+    median,
+    parse_args,
+    persist_pending,
+    redis_for_benchmark,
+    save,
+    url_of,
+)
+from ftlayer import FTConfig, FTLayer
 
 PAYLOAD = b"\xc4\x62" + b"p" * 98  # msgpack bin8 of 98 bytes: 100 bytes in all
 
@@ -63,12 +71,7 @@ def run(
         try:
             mem0 = client.info("memory")["used_memory"]
             t0 = time.perf_counter()
-            for first in range(0, records, 20_000):
-                h = layer.handler()
-                assert isinstance(h, FTHandler)
-                for i in range(first, min(records, first + 20_000)):
-                    h.persist(PAYLOAD, hash_code=i, source=0)
-                h.flush()
+            persist_pending(layer, records, PAYLOAD)
             persist_s = time.perf_counter() - t0
             mem1 = client.info("memory")["used_memory"]
             idle = []
@@ -118,13 +121,7 @@ def main() -> None:
     ap.add_argument("--timeout-s", type=float, default=20.0)
     ap.add_argument("--buckets", type=int, default=5)
     ap.add_argument("--redis-url", default=None)
-    ap.add_argument(
-        "--script-mode",
-        choices=("auto", "functions", "eval"),
-        default="auto",
-        help="FTConfig.script_mode, the sidecar's too",
-    )
-    args = parse_args(ap)
+    args = parse_args(ap, script_mode="FTConfig.script_mode, the sidecar's too")
     result = run(args.records, args.timeout_s, args.buckets, args.redis_url, args.script_mode)
     save("rotation", result)
     if args.json:

@@ -41,7 +41,7 @@ from typing import Any
 import pyarrow as pa
 
 from benchmarks._common import parse_args, provenance, redis_for_benchmark, save, url_of
-from benchmarks._paired import PARTITIONS, PairedRounds, goals_unmet, spark_session
+from benchmarks._paired import PARTITIONS, PairedRounds, goals_unmet, paired_args, spark_session
 from benchmarks._postgres import LocalPostgres
 from benchmarks._wide import write_events
 from benchmarks.dataframe_overhead import SCHEMA, parse
@@ -179,11 +179,7 @@ def text(r: dict[str, Any]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--records", type=int, default=300_000)
-    ap.add_argument("--payload-bytes", type=int, default=1024)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--redis-url", default=None)
+    paired_args(ap, records=300_000, repeat=5, warmup=1)
     args = parse_args(ap)
     r = run(args.records, args.payload_bytes, args.repeat, args.warmup, args.redis_url)
     save("sink_overhead", r)
