@@ -152,92 +152,136 @@ def _run_segment(
     summary: TaskSummary,
     upstream: list[TaskSummary] | None = None,
 ) -> Iterator[Any]:
-    seg = plan.segments[stage]
-    raise_all = plan.on_error == "fail_batch"
-    partitioner = HashPartitioner(seg.shuffle_n, seg.shuffle_types) if seg.shuffle_n else None
-    held: list[RecordId] = []  # sink per partition: inputs whose outputs are buffered
-    buffer: list[Any] = []
-    owners: list[RecordId] = []  # owners[i]: the input whose output is buffer[i]
-
-    sink = None if seg.sink is None else RowFn.of(seg.sink, seg.sink_errors)
-    wants = sink is not None and sink.ctx or any(fn.ctx for _, fn in seg.ops)
-
-    def ctx_of(rid: RecordId) -> RecordContext | None:  # attempts: not known on this path
-        if not wants:
-            return None
-        return RecordContext(rid[0], None, summary.partition, task_context()[1], stage,
-                             partial(h.reset_timeout, rid))  # fmt: skip
-
-    def fail(rid: RecordId, where: str, e: BaseException) -> None:
-        if raise_all and not isinstance(e, FailRecord):
-            raise e
-        text = error_text(where, e)
-        h.fail(rid, text, "dead_letter" if is_dead(e) else "explicit")
-        summary.failed += 1
-        summary.note(summary.errors, text)
-        log.info("record failed stage=%d partition=%d %s", stage, summary.partition, text)
-
+    """Segment ``stage`` over its input records: each record through the ops, then into
+    the shuffle (a child emitted per output), the sink (acked once its writes are
+    confirmed) or the partition's held sink write; then the task's one flush, and the
+    summaries (upstream's and its own), sent on through the shuffle or returned."""
+    run = _SegmentRun(plan, stage, h, summary)
     for rid, record in inputs:
         summary.inputs += 1
-        try:
-            outs = apply_ops(seg.ops, record, plan.errors, ctx_of(rid))
-        except Exception as e:
-            fail(rid, getattr(e, "ft_where", "stage"), e)
+        outs = run.apply(rid, record)
+        if outs is None:
             continue
-        if partitioner is not None:
-            try:
-                cols = seg.shuffle_cols
-                targets = [partitioner.partition(tuple(o[c] for c in cols)) for o in outs]
-            except Exception as e:
-                fail(rid, f"partition_by{list(seg.shuffle_cols)}", e)
-                continue
-            for target, out in zip(targets, outs, strict=True):
-                child = h.emit(rid)
-                yield target, (child[0], child[1], out)
-            h.ack(rid)
-            summary.acked += 1
-        elif seg.sink_per == "partition":
-            held.append(rid)
-            buffer.extend(outs)
-            owners.extend([rid] * len(outs))
+        if run.partitioner is not None:
+            yield from run.shuffle(rid, outs)
+        elif run.seg.sink_per == "partition":
+            run.hold(rid, outs)
         else:
-            assert sink is not None
-            confirmed = True
-            try:
-                for out in outs:
-                    if isinstance(sink(out, ctx_of(rid), plan.errors), Unconfirmed):
-                        confirmed = False
-            except Exception as e:
-                fail(rid, f"sink {sink.__name__}", e)
-                continue
-            summary.written += len(outs)
-            if confirmed:
-                h.ack(rid)
-                summary.acked += 1
-            else:
-                summary.unconfirmed += 1  # left pending: it times out and is replayed
-    if held:
-        assert sink is not None
-        try:
-            answer = sink(buffer, None, plan.errors)
-        except Exception as e:
-            for rid in dict.fromkeys(held):
-                fail(rid, f"sink {sink.__name__}", e)
-        else:
-            summary.written += len(buffer)
-            unconfirmed = set()
-            if isinstance(answer, Unconfirmed):
-                unconfirmed = {owners[i] for i in answer.positions if 0 <= i < len(owners)}
-            for rid in held:
-                if rid in unconfirmed:
-                    continue  # left pending: it times out and is replayed
-                h.ack(rid)
-                summary.acked += 1
-            summary.unconfirmed += len(unconfirmed)
+            run.sink_each(rid, outs)
+    run.sink_held()
     h.flush()  # the task's one flush: after it, every record is complete or persisted
     reports = [*(upstream or ()), summary]
-    if partitioner is not None:  # summaries travel through the shuffle with the records
+    if run.partitioner is not None:  # summaries travel through the shuffle with the records
         for r in reports:
-            yield r.partition % seg.shuffle_n, (None, r)
+            yield r.partition % run.seg.shuffle_n, (None, r)
     else:
         yield from reports
+
+
+class _SegmentRun:
+    """One task's pass of a row segment (:func:`_run_segment`). Invariant: each input
+    record is acked, failed, or left pending (an unconfirmed write) exactly once."""
+
+    def __init__(self, plan: TaskPlan, stage: int, h: AbstractFTHandler,
+                 summary: TaskSummary) -> None:  # fmt: skip
+        self.plan, self.stage, self.h, self.summary = plan, stage, h, summary
+        self.seg = seg = plan.segments[stage]
+        self.raise_all = plan.on_error == "fail_batch"
+        self.partitioner = (HashPartitioner(seg.shuffle_n, seg.shuffle_types)
+                            if seg.shuffle_n else None)  # fmt: skip
+        self.sink = None if seg.sink is None else RowFn.of(seg.sink, seg.sink_errors)
+        self.wants = (self.sink is not None and self.sink.ctx) or any(
+            fn.ctx for _, fn in seg.ops)
+        self.held: list[RecordId] = []  # sink per partition: inputs whose outputs are held
+        self.buffer: list[Any] = []
+        self.owners: list[RecordId] = []  # owners[i]: the input whose output is buffer[i]
+
+    def ctx_of(self, rid: RecordId) -> RecordContext | None:  # attempts: not known here
+        if not self.wants:
+            return None
+        return RecordContext(rid[0], None, self.summary.partition, task_context()[1],
+                             self.stage, partial(self.h.reset_timeout, rid))  # fmt: skip
+
+    def fail(self, rid: RecordId, where: str, e: BaseException) -> None:
+        if self.raise_all and not isinstance(e, FailRecord):
+            raise e
+        text = error_text(where, e)
+        self.h.fail(rid, text, "dead_letter" if is_dead(e) else "explicit")
+        self.summary.failed += 1
+        self.summary.note(self.summary.errors, text)
+        log.info("record failed stage=%d partition=%d %s", self.stage, self.summary.partition,
+                 text)  # fmt: skip
+
+    def ack(self, rid: RecordId) -> None:
+        self.h.ack(rid)
+        self.summary.acked += 1
+
+    def apply(self, rid: RecordId, record: Any) -> list[Any] | None:
+        """The ops' outputs of one record (None: it failed)."""
+        try:
+            return apply_ops(self.seg.ops, record, self.plan.errors, self.ctx_of(rid))
+        except Exception as e:
+            self.fail(rid, getattr(e, "ft_where", "stage"), e)
+            return None
+
+    def shuffle(self, rid: RecordId, outs: list[Any]) -> Iterator[Any]:
+        """Each output as a child of ``rid``, to the partition Spark's hash puts it in."""
+        assert self.partitioner is not None
+        cols = self.seg.shuffle_cols
+        try:
+            targets = [self.partitioner.partition(tuple(o[c] for c in cols)) for o in outs]
+        except Exception as e:
+            self.fail(rid, f"partition_by{list(cols)}", e)
+            return
+        for target, out in zip(targets, outs, strict=True):
+            child = self.h.emit(rid)
+            yield target, (child[0], child[1], out)
+        self.ack(rid)
+
+    def sink_each(self, rid: RecordId, outs: list[Any]) -> None:
+        """The sink per record: acked when every write is confirmed, else left pending
+        (it times out and is replayed)."""
+        sink = self.sink
+        assert sink is not None
+        confirmed = True
+        try:
+            for out in outs:
+                if isinstance(sink(out, self.ctx_of(rid), self.plan.errors), Unconfirmed):
+                    confirmed = False
+        except Exception as e:
+            self.fail(rid, f"sink {sink.__name__}", e)
+            return
+        self.summary.written += len(outs)
+        if confirmed:
+            self.ack(rid)
+        else:
+            self.summary.unconfirmed += 1
+
+    def hold(self, rid: RecordId, outs: list[Any]) -> None:
+        """The sink per partition: outputs held for one write at the end."""
+        self.held.append(rid)
+        self.buffer.extend(outs)
+        self.owners.extend([rid] * len(outs))
+
+    def sink_held(self) -> None:
+        """The partition's one sink write: its inputs acked, failed together, or left
+        pending where the sink named their outputs unconfirmed."""
+        if not self.held:
+            return
+        sink = self.sink
+        assert sink is not None
+        try:
+            answer = sink(self.buffer, None, self.plan.errors)
+        except Exception as e:
+            for rid in dict.fromkeys(self.held):
+                self.fail(rid, f"sink {sink.__name__}", e)
+            return
+        self.summary.written += len(self.buffer)
+        unconfirmed = set()
+        if isinstance(answer, Unconfirmed):
+            owners = self.owners
+            unconfirmed = {owners[i] for i in answer.positions if 0 <= i < len(owners)}
+        for rid in self.held:
+            if rid not in unconfirmed:  # else left pending: it times out and is replayed
+                self.ack(rid)
+        self.summary.unconfirmed += len(unconfirmed)
