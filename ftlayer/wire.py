@@ -27,8 +27,9 @@ __all__ = [
     "ACK_VALUE_LUA", "ENTRY_BYTES", "ENTRY_LUA", "FAIL_HEAD", "FAIL_HEAD_LUA", "ID_LUA",
     "NOFRAME", "PERSIST_DTYPE", "PERSIST_HEAD", "PERSIST_HEAD_LUA", "QUEUE_ENTRY",
     "QUEUE_ENTRY_LUA", "REASON_CODES", "SEGMENT_FAILED_LUA", "SEGMENT_LUA",
-    "SEGMENT_PENDING_LUA", "STORED_HEAD_LUA", "STORED_QUEUE_LUA", "STORED_U16_LUA", "XOR_BYTES",
-    "XOR_LUA", "BatchSummary", "SegmentEntry", "lua_constants", "pack_segments",
+    "SEGMENT_PENDING_LUA", "STORED_HEAD_LUA", "STORED_LEN_LUA", "STORED_QUEUE_LUA",
+    "STORED_U16_LUA", "XOR_BYTES", "XOR_LUA", "BatchSummary", "SegmentEntry", "lua_constants",
+    "pack_segments",
 ]  # fmt: skip
 
 # -- ack entries (one per pending record, 26 bytes in its bucket's entries string) ---------
@@ -90,6 +91,8 @@ STORED_HEAD_LUA = _lua_fields(
     STORED_DTYPE, ("payload_len", "hash_code", "partition", "source", "max_replays")
 )
 """Its length, hash code, partition, source index and replay budget, read from its start."""
+STORED_LEN_LUA = _lua_fields(STORED_DTYPE, ("payload_len",))
+"""Its payload length alone, read from its start."""
 STORED_QUEUE_LUA = _lua_fields(STORED_DTYPE, ("hash_code", "partition", "source"))
 """What its replay queue entry carries (and which queue), read at STORED_QUEUE_AT."""
 STORED_U16_LUA = _lua_fields(STORED_DTYPE, ("source",))
@@ -102,6 +105,7 @@ def _stored_constants() -> list[str]:
     return [
         f"local STORED_HEAD = {STORED_HEADER_SIZE}",
         f"local STORED_HEAD_FIELDS = '{STORED_HEAD_LUA}'",
+        f"local STORED_LEN = '{STORED_LEN_LUA}'",
         f"local STORED_QUEUE_FIELDS = '{STORED_QUEUE_LUA}'",
         f"local STORED_U16 = '{STORED_U16_LUA}'",
     ] + [f"local STORED_{k}_AT = {_lua_at(STORED_DTYPE, f)}" for k, f in at.items()]

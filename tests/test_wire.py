@@ -82,7 +82,8 @@ def test_the_scripts_read_a_stored_record_where_python_wrote_it(
         "local qhc, qpart, qsrc = struct.unpack(STORED_QUEUE_FIELDS, s, STORED_QUEUE_AT)\n"
         "return {STORED_HEAD + n, hc, part, src, budget, qhc, qpart, qsrc,\n"
         "        (struct.unpack(STORED_U16, s, STORED_SOURCE_AT)),\n"
-        "        (struct.unpack(STORED_U16, s, STORED_BUDGET_AT))}\n"
+        "        (struct.unpack(STORED_U16, s, STORED_BUDGET_AT)),\n"
+        "        STORED_HEAD + (struct.unpack(STORED_LEN, s, 1))}\n"
     )
     got = redis_server.client().eval(script, 0, stored)
-    assert got == [len(stored), -123456, 7, 513, 300, -123456, 7, 513, 513, 300]
+    assert got == [len(stored), -123456, 7, 513, 300, -123456, 7, 513, 513, 300, len(stored)]

@@ -174,18 +174,24 @@ local function frame_at(b, off)
   return ssub(b.frames, off + 1, off + frame_len(b.frames, off))
 end
 
--- The length (header included) of the stored record at ``off`` of bucket b when it lies
--- whole in b's frames as read from Redis (read now if not yet), so its fields can be read
--- in place there; nil when it does not (appended by this call, or cut short).
-local function stored_len(b, off)
+-- The fields of the stored record at ``off`` of bucket b, read in place (one unpack) when
+-- it lies whole in b's frames as read from Redis (read now if not yet): its length (header
+-- included), hash code, partition, source index and replay budget; nil when it does not
+-- (appended by this call, or cut short).
+local function stored_head(b, off)
   if not b.flen then b.flen = redis.call('STRLEN', b.fkey) end
   if off >= b.flen then return nil end
   if not b.frames then b.frames = redis.call('GET', b.fkey) or '' end
   local frames = b.frames
   if off + STORED_HEAD > #frames then return nil end
-  local len = frame_len(frames, off)
-  if off + len > #frames then return nil end
-  return len
+  local n, hc, part, source, budget = sunpack(STORED_HEAD_FIELDS, frames, off + 1)
+  if off + STORED_HEAD + n > #frames then return nil end
+  return STORED_HEAD + n, hc, part, source, budget
+end
+
+-- Its length alone (the claim's need).
+local function stored_len(b, off)
+  return (stored_head(b, off))
 end
 
 -- commit() in steps, one bucket at a time. The frames appended by this call first (an

@@ -99,10 +99,10 @@ local REPLAYED, DEAD, ORPHAN = 1, 2, 3
 
 -- fail_one in steps. A first failure within the budget (the common case): requeued with
 -- a one-entry history; the stored record copied in place when it lies whole in the frames
--- read (flen set: no string made), else from ``frame``.
-local function replay_first(b, off, flen, frame, reason, err)
+-- read (flen set, with its hash code, partition and source: no string made), else from
+-- ``frame``.
+local function replay_first(b, off, flen, hc, part, source, frame, reason, err)
   if flen then
-    local hc, part, source = queue_fields_of(b.frames, off)
     local nb, nslot = new_source_id(b.lo, flen)
     enqueue(nb, nslot, copy_frame(nb, b, off, flen), hc, part, source,
             first_history(reason, err), 1)
@@ -148,10 +148,10 @@ local function fail_one(src, b, slot, off, reason, err, budget)
     off = o
   end
   remove(b, slot)
-  local flen, own, frame
+  local flen, hc, part, source, own, frame
   if off ~= NOFRAME then
-    flen = stored_len(b, off)
-    if flen then own = budget_of(b.frames, budget, off) else frame = frame_at(b, off) end
+    flen, hc, part, source, own = stored_head(b, off) -- read in place, one unpack
+    if not flen then frame = frame_at(b, off) end
   end
   if not flen and not frame then
     count('orphans')
@@ -160,8 +160,10 @@ local function fail_one(src, b, slot, off, reason, err, budget)
   count(FAILED[reason] or ('failed_' .. reason))
   local packed = histories_of(b)[schar(slot)]
   local outcome = REPLAYED
-  if not packed and (own or budget_of(frame, budget)) >= 1 then
-    replay_first(b, off, flen, frame, reason, err)
+  local allowed = budget
+  if allowed < 0 then allowed = own or budget_of(frame, budget) end
+  if not packed and allowed >= 1 then
+    replay_first(b, off, flen, hc, part, source, frame, reason, err)
   else
     if not frame then frame = ssub(b.frames, off + 1, off + flen) end
     outcome = fail_again(src, b, slot, frame, packed, reason, err, budget)

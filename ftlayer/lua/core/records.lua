@@ -39,5 +39,5 @@ local function queue_fields_of(frame, off)
 end
 
 local function frame_len(frames, off)
-  return STORED_HEAD + (sunpack(STORED_HEAD_FIELDS, frames, off + 1))
+  return STORED_HEAD + (sunpack(STORED_LEN, frames, off + 1))
 end
