@@ -265,12 +265,14 @@ class FTHandler(AbstractFTHandler):
             )
         src = parent[0]
         cur = self._ids.next()
-        self._work.xor(src, cur)
+        xors = self._work.xors
+        xors[src] = xors.get(src, 0) ^ cur
         return RecordId(src, cur)
 
     def ack(self, record_id: RecordId) -> None:
         """This task is done with ``record_id`` (after emitting its children)."""
-        self._work.xor(record_id[0], record_id[1])
+        src, xors = record_id[0], self._work.xors
+        xors[src] = xors.get(src, 0) ^ record_id[1]
 
     # -- many at once: the same events for whole numpy arrays, no Python per record ------
     def emit_many(self, src: Any) -> np.ndarray:

@@ -62,10 +62,6 @@ class PendingWork:
     def __bool__(self) -> bool:
         return bool(self.xors or self.born or self.failed or self.xor_arrays or self.born_many)
 
-    def xor(self, src: int, cur: int) -> None:
-        xors = self.xors
-        xors[src] = xors.get(src, 0) ^ cur
-
     def fail(self, src: int, reason: str, error: str) -> None:
         self.failed.setdefault(src, (reason, error))
 
