@@ -41,10 +41,13 @@ def delta_ids(path: Path) -> list[int]:
 
 
 def overlapping_writers(sink: Any, writers: int = 8) -> list[str]:
-    """``writers`` threads each writing 150 rows, each overlapping the next by 50."""
+    """``writers`` threads each writing 150 rows, each overlapping the next by 50, all
+    starting at once (a barrier: the first writes of a table race its creation)."""
     errors: list[str] = []
+    start = threading.Barrier(writers)
 
     def write(k: int) -> None:
+        start.wait()
         try:
             sink(rows(k * 100, k * 100 + 150))
         except Exception as e:  # collected: the test fails naming it
@@ -78,9 +81,10 @@ def test_postgres_sink_concurrent_writers(postgres: LocalPostgres) -> None:
     """Eight sessions writing overlapping rows at once (the table created by whichever
     comes first): one row per lineage id. Catches: a race between two writers' checks
     (the unique key decides, not a read), the table's creation failing a writer."""
-    table = f"t{uuid.uuid4().hex[:8]}"
-    assert overlapping_writers(PostgresSink(postgres.url, table, create=True)) == []
-    assert [r[0] for r in pg_rows(postgres.url, table)] == list(range(850))
+    for _ in range(3):  # three fresh tables: three races of the creation
+        table = f"t{uuid.uuid4().hex[:8]}"
+        assert overlapping_writers(PostgresSink(postgres.url, table, create=True)) == []
+        assert [r[0] for r in pg_rows(postgres.url, table)] == list(range(850))
 
 
 def test_postgres_sink_rides_out_a_server_restart(postgres: LocalPostgres) -> None:

@@ -39,6 +39,9 @@ _TYPES = {
 _CONNECTIONS: dict[tuple[int, int, str], Any] = {}
 """One connection per (process, thread, URL): a Python worker reuses it for every write."""
 
+_CREATED: set[tuple[int, str, str]] = set()
+"""(process, URL, table) whose ``create=True`` table this process has made sure of."""
+
 
 def _pg_type(t: pa.DataType) -> str:
     if pa.types.is_timestamp(t):
@@ -94,12 +97,13 @@ class PostgresSink(KeyedSink):
         if batch.num_rows == 0:
             return
         self.check_key(batch)
-        # two sessions creating one table at once: one of them sees a unique violation
-        retried = (psycopg.OperationalError, *((psycopg.errors.UniqueViolation,)
+        # a table dropped under a running pipeline is created again (create=True)
+        retried = (psycopg.OperationalError, *((psycopg.errors.UndefinedTable,)
                                               if self.create else ()))  # fmt: skip
 
         def note(attempt: int, e: BaseException) -> None:  # a new connection next time
             _CONNECTIONS.pop((os.getpid(), threading.get_ident(), self.url), None)
+            _CREATED.discard((os.getpid(), self.url, self.table))
             log.warning("PostgreSQL write failed, retrying attempt=%d table=%s error=%s",
                         attempt, self.table, e)  # fmt: skip
 
@@ -126,9 +130,9 @@ class PostgresSink(KeyedSink):
         cols = sql.SQL(", ").join(map(sql.Identifier, batch.schema.names))
         key = sql.SQL(", ").join(map(sql.Identifier, self.key))
         rows = zip(*(c.to_pylist() for c in batch.columns), strict=True)
+        if self.create and (os.getpid(), self.url, self.table) not in _CREATED:
+            self._create(conn, target, batch.schema)
         with conn.transaction(), conn.cursor() as cur:
-            if self.create:
-                self._create(cur, target, batch.schema)
             cur.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {}) "
                                 "ON COMMIT DELETE ROWS").format(stage, target))  # fmt: skip
             with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(stage, cols)) as copy:
@@ -138,13 +142,21 @@ class PostgresSink(KeyedSink):
                                 "DO NOTHING").format(target, cols, cols, stage, key))  # fmt: skip
             return int(cur.rowcount)
 
-    def _create(self, cur: Any, target: Any, schema: pa.Schema) -> None:
+    def _create(self, conn: Any, target: Any, schema: pa.Schema) -> None:
+        """The table made sure of in a transaction of its own, under an advisory lock
+        named after it: ``CREATE TABLE IF NOT EXISTS`` alone races (two sessions both see
+        no table, one fails on the catalog's unique index), and the lock ends with the
+        short transaction, so writers never wait on each other's writes."""
         from psycopg import sql
 
+        lock = xxhash.xxh64_intdigest(self.table.encode()) - (1 << 63)  # a signed bigint
         columns = sql.SQL(", ").join(
             sql.SQL("{} {}").format(sql.Identifier(f.name), sql.SQL(_pg_type(f.type)))
             for f in schema
         )
         key = sql.SQL(", ").join(map(sql.Identifier, self.key))
-        cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({}))")
-                    .format(target, columns, key))  # fmt: skip
+        with conn.transaction(), conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
+            cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({}))")
+                        .format(target, columns, key))  # fmt: skip
+        _CREATED.add((os.getpid(), self.url, self.table))
