@@ -65,6 +65,10 @@ class DemoReport:
     lost: int
     pending: int
     sink_rows: int
+    dead_in_sink: int
+    """Dead-lettered records whose row the sink holds all the same: a write that landed
+    unconfirmed, then every replay failed. Not lost, not a duplicate; re-driving its dead
+    letter into an idempotent table writes nothing new."""
     duplicates: int
     """Rows in the sink beyond one per record (the table's, with a table sink)."""
     rewrites: int
@@ -481,6 +485,7 @@ def _run(spark: Any, ft: Any, url: str, prefix: str, work: Path, records: int, b
         lost=sum(1 for i in range(records) if i not in sink and i not in dead),
         pending=drained.pending,
         sink_rows=sum(sink.values()),
+        dead_in_sink=sum(1 for i in dead if i in sink),
         duplicates=sum(n - 1 for n in sink.values()),
         rewrites=sum(n - 1 for n in sent.values()),
         misplaced=misplaced,

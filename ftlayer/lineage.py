@@ -13,7 +13,9 @@ How a source record gets its lineage id (an int64, Spark's ``long``):
   ``xxhash64`` of the record's reference, computed in the JVM for DataFrame stages and by
   :func:`spark_xxhash64` in Python; a function of where the record is in its source, so
   a re-run batch, and a query restarted on the same files, give the same ids;
-* with ``record_key``: the key itself (a non-negative int64);
+* with ``record_key``: the key itself (a non-negative int64; a record whose key is null
+  or negative is dead-lettered at its source with the error naming it, and keeps the key
+  as its lineage id, -1 for null);
 * a copy (a source ftlayer cannot read again): ``xxhash64(seed, batch-local id)``, the
   batch-local id a function of (partition, row index) (ftlayer.ids.batch_source_ids) and
   the seed of (Spark's query id, source index, batch id) -- so a micro-batch re-run after

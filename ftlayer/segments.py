@@ -78,8 +78,9 @@ def segment_lineage(table: Any, rows: np.ndarray, source: int, partition: int) -
     """The lineage ids of ``rows`` of a segment of source ``partition`` (ftlayer.lineage),
     as its schema's LINEAGE_META says they were made."""
     meta = (table.schema.metadata or {}).get(LINEAGE_META, b"")
-    if meta.startswith(b"key:"):
-        return np.asarray(table.column(meta[4:].decode()).take(rows)).astype(np.int64)
+    if meta.startswith(b"key:"):  # a null key (dead-lettered, never written) reads -1
+        keys = table.column(meta[4:].decode()).take(rows).fill_null(-1)
+        return np.asarray(keys, np.int64)
     if meta == b"ref":  # a segment of references holds (location, position) first
         loc, pos = (np.asarray(table.column(i).take(rows).cast("int64")) for i in (0, 1))
         return reference_lineage(source, loc, pos)

@@ -28,6 +28,7 @@ _SHOWN = (  # (DemoReport field, label)
     ("completed", "completed"), ("replayed", "replays"),
     ("failed_explicit", "  failed by a stage"), ("timed_out", "  timed out (unconfirmed)"),
     ("crashed_tasks", "crashed tasks (Spark retried)"), ("dead_lettered", "dead-lettered"),
+    ("dead_in_sink", "  of them in the sink all the same"),
     ("rewrites", "records written again"), ("duplicates", "duplicates in the sink"),
     ("misplaced", "replays off their key's partition"),
     ("pending", "pending after the drain"), ("lost", "lost"),

@@ -871,6 +871,8 @@ def test_a_record_key_replaces_the_id_column_and_keys_shared_or_bad_lose_nothing
     assert "record_key 'rid' is -3: a record key must be a non-negative integer" in (
         dead[8].history[-1].error
     )
+    # a bad key is its lineage id, null read as -1 (not a cast of NaN)
+    assert (dead[7].frame.lineage, dead[8].frame.lineage) == (-1, -3)
     got = Counter(probe.ids())
     assert set(got) | {7, 8} == set(range(n)), "lost records"
     assert max(v for k, v in got.items() if k not in dup) == 1
