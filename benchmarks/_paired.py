@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from benchmarks._common import provenance
+
 __all__ = ["PARTITIONS", "PairedRounds", "goals_unmet", "paired_args", "quartiles",
            "spark_session", "time_run"]  # fmt: skip
 
@@ -108,6 +110,19 @@ class PairedRounds:
                                 for k, v in self.ratios.items()},  # fmt: skip
             "runs_s": {k: [round(x, 3) for x in v] for k, v in self.times.items()},
         }
+
+
+    def result(self, benchmark: str, records: int, width: int, source: str, repeat: int,
+               names: Mapping[str, str], goals: Mapping[str, float],
+               **extra: Any) -> dict[str, Any]:  # fmt: skip
+        """A pipeline benchmark's result: its run's shape, :meth:`figures`, ``extra``
+        (the benchmark's own figures), its goals and provenance."""
+        return {
+            "records": records, "payload_bytes": width, "source": source,
+            "repeat": repeat, "warmup": self.warmup,
+            **self.figures(records, names), **extra,
+            "goals": dict(goals), **provenance(benchmark),
+        }  # fmt: skip
 
 
 def goals_unmet(r: dict[str, Any], names: dict[str, str], goals: dict[str, float]) -> list[str]:

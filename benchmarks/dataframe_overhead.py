@@ -45,7 +45,6 @@ from benchmarks._common import (
     load,
     median,
     parse_args,
-    provenance,
     redis_for_benchmark,
     save,
     url_of,
@@ -178,18 +177,11 @@ def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> 
     finally:
         spark.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    return {
-        "records": records,
-        "payload_bytes": width,
-        "source": "JSON files, read each run",
-        "source_bytes": source_bytes,
-        "repeat": repeat,
-        "warmup": warmup,
-        **rounds.figures(records, RATIOS),
-        "redis_bytes_per_record": round(median(runs.sent), 3) if runs.sent else None,
-        "goals": GOALS,
-        **provenance("dataframe_overhead"),
-    }
+    return rounds.result(
+        "dataframe_overhead", records, width, "JSON files, read each run", repeat, RATIOS,
+        GOALS, source_bytes=source_bytes,
+        redis_bytes_per_record=round(median(runs.sent), 3) if runs.sent else None,
+    )  # fmt: skip
 
 
 def verdict(r: dict[str, Any]) -> list[str]:

@@ -467,26 +467,16 @@ def run_wide(records: int, repeat: int, url: str | None, width: int, warmup: int
         return {"records": records, "payload_bytes": width, **stream,
                 "replay_latency_s": lat, "goals": GOALS_WIDE,
                 **provenance("pipeline_overhead")}  # fmt: skip
-    figures = rounds.figures(records, {k: f"ratio_{k}_vs_arrow" for k in WIDE_PAIRED})
-    rate = figures["records_per_s"]
-    return {
-        "records": records,
-        "payload_bytes": width,
-        "source": "JSON files, read each run",
-        "source_bytes": source_bytes,
-        "repeat": repeat,
-        "warmup": warmup,
-        **figures,
-        "ratio_dataframe_vs_arrow": round(rate["dataframe"] / rate["arrow"], 3),
-        "redis_bytes_per_record": sent,
-        "redis_peak_bytes": peaks,
-        "redis_peak_fraction_of_source": {k: round(v / source_bytes, 4)
-                                          for k, v in peaks.items()},  # fmt: skip
-        **stream,
-        "replay_latency_s": lat,
-        "goals": GOALS_WIDE,
-        **provenance("pipeline_overhead"),
-    }
+    r = rounds.result(
+        "pipeline_overhead", records, width, "JSON files, read each run", repeat,
+        {k: f"ratio_{k}_vs_arrow" for k in WIDE_PAIRED}, GOALS_WIDE,
+        source_bytes=source_bytes, redis_bytes_per_record=sent, redis_peak_bytes=peaks,
+        redis_peak_fraction_of_source={k: round(v / source_bytes, 4) for k, v in peaks.items()},
+        **stream, replay_latency_s=lat,
+    )  # fmt: skip
+    rate = r["records_per_s"]
+    r["ratio_dataframe_vs_arrow"] = round(rate["dataframe"] / rate["arrow"], 3)
+    return r
 
 
 def _stream_rounds(spark: Any, url: str, tmp: Path, records: int, width: int, batches: int,

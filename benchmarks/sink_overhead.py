@@ -40,7 +40,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from benchmarks._common import parse_args, provenance, redis_for_benchmark, save, url_of
+from benchmarks._common import parse_args, redis_for_benchmark, save, url_of
 from benchmarks._paired import PARTITIONS, PairedRounds, goals_unmet, paired_args, spark_session
 from benchmarks._postgres import LocalPostgres
 from benchmarks._wide import write_events
@@ -148,17 +148,9 @@ def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> 
     finally:
         spark.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    return {
-        "records": records,
-        "payload_bytes": width,
-        "source": "JSON files kept by reference, read each run",
-        "table_rows_at_end": rows["keyed"],
-        "repeat": repeat,
-        "warmup": warmup,
-        **rounds.figures(records, RATIOS),
-        "goals": GOALS,
-        **provenance("sink_overhead"),
-    }
+    return rounds.result("sink_overhead", records, width,
+                         "JSON files kept by reference, read each run", repeat, RATIOS,
+                         GOALS, table_rows_at_end=rows["keyed"])  # fmt: skip
 
 
 def verdict(r: dict[str, Any]) -> list[str]:
