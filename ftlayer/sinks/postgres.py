@@ -39,8 +39,9 @@ _TYPES = {
 _CONNECTIONS: dict[tuple[int, int, str], Any] = {}
 """One connection per (process, thread, URL): a Python worker reuses it for every write."""
 
-_CREATED: set[tuple[int, str, str]] = set()
-"""(process, URL, table) whose ``create=True`` table this process has made sure of."""
+_CREATED: set[tuple[str, str]] = set()
+"""(URL, table) of the ``create=True`` tables this process knows exist (a fact about the
+database: a forked worker may trust its parent's)."""
 
 
 def _pg_type(t: pa.DataType) -> str:
@@ -103,7 +104,7 @@ class PostgresSink(KeyedSink):
 
         def note(attempt: int, e: BaseException) -> None:  # a new connection next time
             _CONNECTIONS.pop((os.getpid(), threading.get_ident(), self.url), None)
-            _CREATED.discard((os.getpid(), self.url, self.table))
+            _CREATED.discard((self.url, self.table))
             log.warning("PostgreSQL write failed, retrying attempt=%d table=%s error=%s",
                         attempt, self.table, e)  # fmt: skip
 
@@ -130,7 +131,7 @@ class PostgresSink(KeyedSink):
         cols = sql.SQL(", ").join(map(sql.Identifier, batch.schema.names))
         key = sql.SQL(", ").join(map(sql.Identifier, self.key))
         rows = zip(*(c.to_pylist() for c in batch.columns), strict=True)
-        if self.create and (os.getpid(), self.url, self.table) not in _CREATED:
+        if self.create and (self.url, self.table) not in _CREATED:
             self._create(conn, target, batch.schema)
         with conn.transaction(), conn.cursor() as cur:
             cur.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {}) "
@@ -159,4 +160,4 @@ class PostgresSink(KeyedSink):
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
             cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({}))")
                         .format(target, columns, key))  # fmt: skip
-        _CREATED.add((os.getpid(), self.url, self.table))
+        _CREATED.add((self.url, self.table))
