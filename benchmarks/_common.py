@@ -24,39 +24,44 @@ from ftlayer.connection import masters as primaries
 from ftlayer.embedded import EmbeddedCluster, EmbeddedRedis
 
 RECORD = Path(__file__).resolve().parent / "results"
-"""The figures of record: RESULTS.md and the docs are generated from the JSON here."""
-# FTLAYER_BENCH_RESULTS redirects the results (the smoke tests write to a temp dir)
-_out: Path | None = Path(os.environ.get("FTLAYER_BENCH_RESULTS") or RECORD)
+"""The figures of record: RESULTS.md and the docs are generated from the JSON here. Only
+``--record`` writes here."""
+# FTLAYER_BENCH_RESULTS: a results dir for every run (the smoke tests write to a temp dir)
+_env_out = os.environ.get("FTLAYER_BENCH_RESULTS")
+_out: Path | None = Path(_env_out) if _env_out else None
 
 
 def parse_args(
     ap: argparse.ArgumentParser, argv: Any = None, *, script_mode: str | None = None
 ) -> argparse.Namespace:
     """A benchmark's arguments, with the options every benchmark shares: ``--json``, and
-    where its results go: the figures of record by default, ``--results DIR`` elsewhere,
-    ``--no-save`` nowhere (a comparison run that must not replace the figures of record).
-    ``script_mode``: the help of a ``--script-mode`` option (FTConfig.script_mode), if the
-    benchmark takes one."""
+    where its results go: nowhere by default (a plain run prints only), ``--record`` to the
+    figures of record (benchmarks/results), ``--results DIR`` to DIR (so does the
+    ``FTLAYER_BENCH_RESULTS`` environment variable). ``script_mode``: the help of a
+    ``--script-mode`` option (FTConfig.script_mode), if the benchmark takes one."""
     global _out
     if script_mode:
         ap.add_argument("--script-mode", choices=("auto", "functions", "eval"), default="auto",
                         help=script_mode)  # fmt: skip
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
     where = ap.add_mutually_exclusive_group()
+    where.add_argument("--record", action="store_true",
+                       help="write the results (JSON, chart) to benchmarks/results, the "
+                            "figures of record (a plain run writes nothing)")  # fmt: skip
     where.add_argument("--results", type=Path, metavar="DIR",
-                       help="write the results (JSON, chart) to DIR, not benchmarks/results")
-    where.add_argument("--no-save", action="store_true",
-                       help="write no results file: print only")  # fmt: skip
+                       help="write the results (JSON, chart) to DIR")  # fmt: skip
     args = ap.parse_args(argv)
-    if args.no_save:
-        _out = None
+    if args.record:
+        _out = RECORD
     elif args.results:
         _out = args.results
     return args
 
 
 def load(name: str) -> dict[str, Any]:
-    """The results ``<name>.json`` where this run writes (empty if none, or ``--no-save``)."""
+    """The results file ``<name>.json`` this run writes to, as stored (empty if none, or
+    if this run writes nothing). For merging into that file only: a run's printed result
+    holds only what it measured, never figures from here."""
     path = _out / f"{name}.json" if _out else None
     return json.loads(path.read_text()) if path and path.exists() else {}
 
@@ -151,7 +156,8 @@ def provenance(module: str) -> dict[str, str]:
 
 
 def save(name: str, result: dict[str, Any]) -> Path | None:
-    """Write ``<name>.json`` where this run's results go (None: ``--no-save``)."""
+    """Write ``<name>.json`` where this run's results go (None, nothing written, without
+    ``--record``, ``--results`` or ``FTLAYER_BENCH_RESULTS``)."""
     if _out is None:
         return None
     _out.mkdir(parents=True, exist_ok=True)

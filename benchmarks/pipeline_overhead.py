@@ -567,9 +567,7 @@ def main() -> None:
     scale = [int(x) for x in args.scale.split(",") if x]
     result = run(args.records, args.repeat, args.redis_url, scale, not args.no_row,
                  args.warmup)  # fmt: skip
-    kept = load("pipeline_overhead")  # the wide runs' figures stay (merge_wide)
-    result.update({k: kept[k] for k in KEPT if k in kept})
-    save("pipeline_overhead", result)
+    save("pipeline_overhead", kept_in_file(result))
     rates = result["records_per_s"]
 
     def draw(plt: Any) -> None:
@@ -617,6 +615,14 @@ def main() -> None:
 WIDE_GOAL_KEYS = ("ratio_ft_on_vs_arrow", "ratio_ft_on_failing_vs_arrow",
                   "ratio_stream_failing_late_vs_arrow", "redis_bytes_per_record",
                   "redis_peak_fraction_of_source", "replay_latency_s")  # fmt: skip
+
+
+def kept_in_file(result: dict[str, Any]) -> dict[str, Any]:
+    """What a narrow run writes to pipeline_overhead.json: its result, with the figures
+    other runs merged into the file kept (KEPT). File side only: the run prints ``result``
+    itself, only what it measured."""
+    kept = load("pipeline_overhead")
+    return {**result, **{k: kept[k] for k in KEPT if k in kept}}
 
 
 def merge_wide(wide: dict[str, Any]) -> None:

@@ -15,17 +15,26 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench(tmp_path: Path, module: str, *args: str, saved_as: str | None = None,
-           timeout: float = 300) -> dict:  # fmt: skip
+           timeout: float = 300, kept: tuple[str, ...] = ()) -> dict:  # fmt: skip
     """Run ``module`` with ``--json``; its result, checked against the file it saved
-    (``saved_as``, default ``<module>.json``)."""
+    (``saved_as``, default ``<module>.json``): the file holds the result, and besides it
+    only the ``kept`` keys (figures of other runs the file aggregates)."""
     env = {**os.environ, "FTLAYER_BENCH_RESULTS": str(tmp_path)}
     out = subprocess.run([sys.executable, "-m", module, *args, "--json"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     saved = json.loads((tmp_path / (saved_as or f"{module.rsplit('.', 1)[1]}.json")).read_text())
-    assert saved == result
+    assert {k: saved[k] for k in result if k in saved} == result
+    assert set(saved) - set(result) <= set(kept), set(saved) - set(result)
     return result
+
+
+_DF = ("ratio_df_ft_on_vs_dataframe", "ratio_df_ft_on_failing_vs_dataframe",
+       "ratio_df_parquet_vs_plain")
+STALE = {"ratio_df_ft_on_vs_dataframe": 9.0, "dataframe_stages": {"7": dict.fromkeys(_DF, 9.0)},
+         "wide_events": {"7": {"ratio_ft_on_vs_arrow": 9.0}}, "stale_figure": 9.0}
+"""A planted pipeline_overhead.json: figures no run in the test measured."""
 
 
 def test_flush_cost_smoke(tmp_path: Path) -> None:
@@ -40,17 +49,23 @@ def test_claim_smoke(tmp_path: Path) -> None:
     assert r["expiry_redis_usec_per_record"] > 0
 
 
-def test_a_comparison_run_leaves_the_figures_of_record_alone(tmp_path: Path) -> None:
-    """``--no-save`` writes no results file; ``--results DIR`` writes there instead."""
-    record, elsewhere = tmp_path / "record", tmp_path / "elsewhere"
-    env = {**os.environ, "FTLAYER_BENCH_RESULTS": str(record)}
+def test_only_record_writes_the_figures_of_record(tmp_path: Path) -> None:
+    """A plain run writes no results file, in benchmarks/results or its working directory;
+    ``--results DIR`` writes to DIR only."""
+    record = ROOT / "benchmarks" / "results"
+    elsewhere, cwd = tmp_path / "elsewhere", tmp_path / "cwd"
+    cwd.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "FTLAYER_BENCH_RESULTS"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    before = {p.name: p.stat().st_mtime_ns for p in record.glob("claim*")}
     run = [sys.executable, "-m", "benchmarks.claim", "--records", "1000", "--json"]
-    for extra in (["--no-save"], ["--results", str(elsewhere)]):
-        out = subprocess.run([*run, *extra], cwd=ROOT, env=env, capture_output=True,
+    for extra in ([], ["--results", str(elsewhere)]):
+        out = subprocess.run([*run, *extra], cwd=cwd, env=env, capture_output=True,
                              text=True, timeout=300)  # fmt: skip
         assert out.returncode == 0, out.stderr[-3000:]
         assert json.loads(out.stdout.strip().splitlines()[-1])["records"] == 1000
-    assert not record.exists()
+    assert {p.name: p.stat().st_mtime_ns for p in record.glob("claim*")} == before
+    assert list(cwd.iterdir()) == []
     assert [p.name for p in elsewhere.iterdir()] == ["claim.json"]
 
 
@@ -61,8 +76,15 @@ def test_rotation_smoke(tmp_path: Path) -> None:
 
 
 def test_pipeline_overhead_smoke(tmp_path: Path) -> None:
+    """A narrow run prints only what it measured: the figures other runs merged into
+    pipeline_overhead.json (planted: STALE) stay in the file (KEPT), never in its output."""
+    (tmp_path / "pipeline_overhead.json").write_text(json.dumps(STALE))
+    kept = ("ratio_df_ft_on_vs_dataframe", "dataframe_stages", "wide_events")
     r = _bench(tmp_path, "benchmarks.pipeline_overhead", "--records", "2000", "--repeat", "1",
-               "--warmup", "1", "--scale", "1000")  # fmt: skip
+               "--warmup", "1", "--scale", "1000", kept=kept)  # fmt: skip
+    assert not set(STALE) & set(r), set(STALE) & set(r)
+    saved = json.loads((tmp_path / "pipeline_overhead.json").read_text())
+    assert {k: saved[k] for k in kept} == {k: STALE[k] for k in kept}
     rates = r["records_per_s"]
     assert r["records"] == 2000 and r["warmup"] == 1
     assert set(rates) == {"dataframe", "arrow", "pandas", "rdd", "ft_off", "ft_on",
@@ -106,7 +128,9 @@ def test_pipeline_overhead_wide_smoke(tmp_path: Path) -> None:
 
 
 def test_dataframe_overhead_smoke(tmp_path: Path) -> None:
-    """DataFrame stages beside plain DataFrame code (benchmarks.dataframe_overhead), tiny."""
+    """DataFrame stages beside plain DataFrame code (benchmarks.dataframe_overhead), tiny;
+    its figures merged into pipeline_overhead.json (planted: STALE) and not the reverse."""
+    (tmp_path / "pipeline_overhead.json").write_text(json.dumps(STALE))
     r = _bench(tmp_path, "benchmarks.dataframe_overhead", "--records", "3000", "--repeat", "1",
                "--warmup", "0", "--payload-bytes", "100", saved_as="dataframe_overhead_100.json",
                timeout=600)  # fmt: skip
@@ -117,9 +141,11 @@ def test_dataframe_overhead_smoke(tmp_path: Path) -> None:
               "ratio_df_parquet_vs_plain"):  # fmt: skip
         assert r[k] > 0, k
     assert r["redis_bytes_per_record"] > 0 and r["records"] == 3000
+    assert not {"dataframe_stages", "wide_events", "stale_figure"} & set(r)
     merged = json.loads((tmp_path / "pipeline_overhead.json").read_text())  # where goals are read
     assert merged["dataframe_stages"]["100"]["ratio_df_parquet_vs_plain"] == r[
         "ratio_df_parquet_vs_plain"] == merged["ratio_df_parquet_vs_plain"]
+    assert merged["dataframe_stages"]["7"] == STALE["dataframe_stages"]["7"]
 
 
 def test_sink_overhead_smoke(tmp_path: Path) -> None:
