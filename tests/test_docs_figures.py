@@ -7,15 +7,25 @@ docs/configuration.md) keep no measurement history of their own:
 * no "before: …" annotation (``before: 1.75``, ``before the buckets: 1.75``), no "before"
   column, no commit id quoted as the origin of a change;
 * every ``benchmarks/results/<file>.json`` they name, with its directory or bare
-  (``cluster_e2e.json``), exists.
+  (``cluster_e2e.json``), exists;
+* every figure they quote from a results file is marked as such, a link to the file's
+  section of RESULTS.md titled with the figure's key (``[0.93×](…/RESULTS.md#pipeline_overheadjson
+  "ratio_arrow_idcol_vs_arrow")``), and is that key's value as the file holds it, to the
+  figure's last digit; in a paragraph, list item or table row that names a results file,
+  a number that reads as a measurement (a ratio, a rate, a time, bytes, a count in K or
+  M) is marked. Figures that are not measurements, configuration defaults and sizes
+  (``timeout_s``, a 28-byte header, 1 KB events), and arithmetic on figures (``200,000 × 6``)
+  are neither marked nor checked.
 
 Each check is a function of a text, so the ``*_can_fail`` tests feed it a bad one.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -64,6 +74,134 @@ def named_results(text: str, benchmarks: set[str]) -> set[str]:
         if any(stem == b or stem.startswith(b + "_") for b in benchmarks):
             names.add(name)
     return names
+
+
+# -- figures quoted from results files --------------------------------------------------------
+# A figure a prose doc quotes from a results file is a link to that file's section of
+# RESULTS.md (or to the file) whose title names the figure's key in the JSON, keys joined
+# by "/" (a list's items by their index):
+#
+#     [0.93×](../benchmarks/results/RESULTS.md#pipeline_overheadjson "ratio_arrow_idcol_vs_arrow")
+#
+# The link's text is the figure as the doc rounds it: a number (thousands with commas), an
+# optional K or M (thousand, million) and a unit, after an optional "≈" or "~". It must be
+# the key's value to the figure's last written digit. A time the file holds in another unit
+# says which after the key ("capacity/redis_usec_per_s_idle in µs" for a figure in ms).
+_FIGURE = re.compile(
+    r"\[(?P<text>[^\]\n]*\d[^\]\n]*)\]"
+    r"\((?P<target>[^)\s]*benchmarks/results/(?:RESULTS\.md#[\w-]+|[\w.-]+\.json))"
+    r"\s+\"(?P<key>[^\"\n]+)\"\)"
+)
+_NUMBER = re.compile(
+    r"^\**(?:[≈~]\s*)?(?P<num>\d{1,3}(?:,\d{3})+|\d+(?:\.(?P<dec>\d+))?(?:e(?P<exp>-?\d+))?)"
+    r"(?:\s*(?P<mult>[KM])(?![A-Za-z]))?(?P<unit>[^\d]*?)\**$"
+)
+_MULT = {None: 1.0, "K": 1e3, "M": 1e6}
+_TIME = {"s": 1.0, "ms": 1e-3, "µs": 1e-6, "ns": 1e-9}
+# An unmarked number that reads as a measurement: a ratio (0.93×, 0.81 × the ...; not a
+# product, "200,000 × 6"), a rate, a time per event, bytes per record, a count in K/M.
+_MEASURED = re.compile(
+    r"(?<![\w.,/#-])(?P<fig>\d[\d,]*(?:\.\d+)?(?:e-?\d+)?)"
+    r"(?:\s?×(?!\s*\d)|\s?(?:µs|ms)\b|\s(?:M|K)\b(?!\s*×)|\s?(?:B|MB|GB)\b(?! \w+ \d)"
+    r"|\s(?:records|events)/s\b|\s(?:records|events) a second\b)"
+)
+
+
+def results_anchors(results: Path = RESULTS) -> dict[str, str]:
+    """The anchor of each results file's section of RESULTS.md (``## <file>.json``, as
+    GitHub spells a heading's anchor) -> the file's name."""
+    headings = re.findall(r"^## (\S+\.json)$", (results / "RESULTS.md").read_text(), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-"): h for h in headings}
+
+
+def lookup(data: Any, key: str) -> Any:
+    for part in key.split("/"):
+        if isinstance(data, list) and part.isdigit() and int(part) < len(data):
+            data = data[int(part)]
+        elif isinstance(data, dict) and part in data:
+            data = data[part]
+        else:
+            raise KeyError(part)
+    return data
+
+
+def figure_errors(text: str, results: Path = RESULTS) -> list[str]:
+    """What is wrong with each marked figure of ``text``: a file or key not found, a text
+    that is no figure, a value other than its key's (beyond the figure's rounding)."""
+    anchors, errors = results_anchors(results), []
+    for m in _FIGURE.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        target, key, shown = m["target"], m["key"], m["text"]
+        key, _, held_in = key.partition(" in ")
+        name = anchors.get(target.split("#", 1)[1]) if "#" in target else Path(target).name
+        where = f"line {line}: [{shown}] ({name or target} {key!r})"
+        if name is None or not (results / name).is_file():
+            errors.append(f"{where}: no such results file")
+            continue
+        try:
+            value = lookup(json.loads((results / name).read_text()), key)
+        except KeyError:
+            errors.append(f"{where}: no such key")
+            continue
+        fig = _NUMBER.match(shown.strip())
+        if not fig or isinstance(value, bool) or not isinstance(value, (int, float)):
+            errors.append(f"{where}: not a figure, or not a number in the file: {value!r}")
+            continue
+        if held_in:  # the file's time unit -> the figure's
+            shown_in = fig["unit"].split()[0] if fig["unit"].split() else ""
+            if held_in not in _TIME or shown_in not in _TIME:
+                errors.append(f"{where}: not a time in s, ms, µs or ns")
+                continue
+            value = value * _TIME[held_in] / _TIME[shown_in]
+        scale = _MULT[fig["mult"]] * 10.0 ** int(fig["exp"] or 0)
+        mantissa = float(fig["num"].replace(",", "").split("e")[0])
+        half = 0.5 * 10.0 ** -len(fig["dec"] or "") * scale
+        if abs(mantissa * scale - value) > half * (1 + 1e-9):
+            errors.append(f"{where}: the file holds {value}")
+    return errors
+
+
+def citing_units(text: str) -> list[tuple[int, str]]:
+    """(first line, text) of each table row, list item and paragraph of ``text`` (fenced
+    code left out) that names a results file."""
+    units: list[tuple[int, str]] = []
+    cur: list[str] = []
+    start, fenced = 0, False
+    benchmarks = benchmark_names()
+
+    def close() -> None:
+        if cur:
+            units.append((start, "\n".join(cur)))
+            cur.clear()
+
+    for n, raw in enumerate(text.split("\n"), 1):
+        head = raw.lstrip()
+        if head.startswith("```"):
+            fenced = not fenced
+            close()
+        elif fenced or not head:
+            close()
+        else:
+            if head.startswith(("|", "- ", "* ")) or not cur:
+                close()
+                start = n
+            cur.append(raw)
+            if head.startswith("|"):
+                close()
+    close()
+    return [(n, u) for n, u in units if "benchmarks/results/" in u or named_results(u, benchmarks)]
+
+
+def unmarked_figures(text: str) -> list[str]:
+    """Measurement-like numbers (ratios, rates, times, bytes, K/M counts) written without
+    the figure link in a paragraph or table row that names a results file."""
+    found = []
+    for line, unit in citing_units(text):
+        bare = _FIGURE.sub(" ", unit)
+        bare = re.sub(r"`[^`\n]*`", " ", bare)  # code spans: names, not figures
+        for m in _MEASURED.finditer(bare):
+            found.append(f"line {line}: {' '.join(m[0].split())!r}")
+    return found
 
 
 def test_the_prose_docs_are_found() -> None:
@@ -128,3 +266,44 @@ def test_the_results_file_check_can_fail() -> None:
     }  # fmt: skip
     missing = [n for n in named_results(text, benchmarks) if not (RESULTS / n).is_file()]
     assert missing == ["rotation_gone.json"]
+
+
+def test_every_figure_quoted_from_a_results_file_is_the_files_value() -> None:
+    errors = {}
+    marked = 0
+    for p in prose_docs():
+        text = p.read_text()
+        marked += len(_FIGURE.findall(text))
+        if found := figure_errors(text) + unmarked_figures(text):
+            errors[p.relative_to(ROOT).as_posix()] = found
+    assert marked > 20  # the scan finds the docs' figures
+    assert not errors, (
+        "figures in the prose docs that are not their results file's value, or quoted "
+        'without naming it (write [figure](…/RESULTS.md#<file>json "<key>"), or link the '
+        f"file and quote nothing): {errors}"
+    )
+
+
+def test_the_figure_checks_can_fail() -> None:
+    link = "../benchmarks/results/RESULTS.md#pipeline_overheadjson"
+    ok = (f'runs at [0.93×]({link} "ratio_arrow_idcol_vs_arrow"), '
+          f'[1.18 M records/s]({link} "records_per_s/ft_on"), '
+          f'[1,180,584]({link} "records_per_s/ft_on"), [1.4e-5]({link} "redis_calls_per_record"), '
+          f'[≈ 0.3](../benchmarks/results/rotation.json "expiry_records_per_s") no: ')  # fmt: skip
+    assert figure_errors(ok)[:-1] == []
+    assert figure_errors(ok)[-1].endswith("the file holds 317561")
+    assert figure_errors(f'[0.95×]({link} "ratio_arrow_idcol_vs_arrow")') == [
+        "line 1: [0.95×] (pipeline_overhead.json 'ratio_arrow_idcol_vs_arrow'): "
+        "the file holds 0.928"
+    ]
+    assert "no such key" in figure_errors(f'[0.93×]({link} "ratio_gone")')[0]
+    assert "no such results file" in figure_errors(
+        '[0.93×](../benchmarks/results/RESULTS.md#gonejson "x")')[0]  # fmt: skip
+    text = ("FT on runs at 0.91× the plain pipeline (`pipeline_overhead.json`), 1.2 M / 6.4 M\n"
+            "events, 135 µs, 57 B a record, 65,000 records/s; 200,000 × 6 / 4 = 300,000 on a\n"
+            "28-byte header, 1 KB events, `timeout_s` 30 s, 8 shards, 5 % failing.\n\n"
+            "Not cited: 0.5×.\n\n| a | 0.81 × the prediction | `cluster_e2e.json` |")  # fmt: skip
+    assert unmarked_figures(text) == [
+        "line 1: '0.91×'", "line 1: '1.2 M'", "line 1: '6.4 M'", "line 1: '135 µs'",
+        "line 1: '57 B'", "line 1: '65,000 records/s'", "line 7: '0.81 ×'",
+    ]  # fmt: skip
