@@ -81,6 +81,8 @@ class PairedRounds:
         self.warmup = warmup
         self.times: dict[str, list[float]] = {}
         self.ratios: dict[str, list[float]] = {k: [] for k in self.pairs}
+        self.diffs: dict[str, list[float]] = {k: [] for k in self.pairs}
+        """Per pair, each round's variant time minus its baseline's (seconds)."""
 
     def round(self, rnd: int, prepare: Callable[[str], Callable[[], Any]]) -> None:
         """Round ``rnd`` (from 0) of every pair; ``prepare(name)`` makes variant
@@ -92,6 +94,7 @@ class PairedRounds:
                 for k in order:
                     self.times.setdefault(k, []).append(dt[k])
                 self.ratios[name].append(dt[base] / dt[name])
+                self.diffs[name].append(dt[name] - dt[base])
 
     def single(self, rnd: int, name: str, prepare: Prepare) -> None:
         """An unpaired run of ``name`` in round ``rnd`` (no goal rides on it)."""

@@ -23,6 +23,7 @@ from benchmarks.results_md.spark_sections import (
     render_sink,
     render_wide,
 )
+from benchmarks.results_md.stream_sections import render_stream
 
 
 def render_generic(page: Page) -> None:
@@ -56,5 +57,6 @@ RENDERERS: tuple[tuple[str, Renderer, str], ...] = (
     (r"pipeline_overhead(_.+)?", render_pipeline, ""),
     (r"rotation(_.+)?", render_rotation, ""),
     (r"sink_overhead(_.+)?", render_sink, ""),
+    (r"stream_overhead(_.+)?", render_stream, ""),
 )  # fmt: skip
 """Per-file renderers, by the file's stem (first match); the rest get ``render_generic``."""

@@ -1,0 +1,40 @@
+"""Section renderer of the streaming yardstick (``stream_overhead.json``): per cadence and
+pipeline, each ftlayer query's seconds per micro-batch beside the plain query's (paired),
+the median ratio and its quartiles, then the per-batch and per-record costs fitted over the
+cadences."""
+
+from __future__ import annotations
+
+from benchmarks.results_md.page import Page, common_facts, num
+
+
+def render_stream(page: Page) -> None:
+    d = page.data
+    common_facts(page)
+    page.fact("attempts failing after the shuffle (failing runs)", d.get("fail_rate"))
+    page.notes.append("Ratios: the plain query's time ÷ the ftlayer query's, the median of "
+                      "per-round ratios (each ftlayer run beside a plain run of its own, "
+                      "alternating order), with their quartiles; times are seconds per "
+                      "micro-batch.")  # fmt: skip
+    goals = d.get("goals") or {}
+    cadences = d.get("cadences") or {}
+    for cname in sorted(cadences, key=lambda k: (cadences[k].get("events_per_batch") or 0)):
+        cad = cadences[cname]
+        shape = f"{cad.get('batches')} × {num(cad.get('events_per_batch'))} events"
+        for p in ("df", "arrow"):
+            f = cad.get(p)
+            if not isinstance(f, dict):
+                continue
+            for v in ("ft_on", "ft_on_failing"):
+                key = f"ratio_stream_{p}_{v}_vs_plain"
+                page.row(f"`{p}` `{v}` ÷ plain, {shape}", f.get(f"{v}_s_per_batch"),
+                         f.get("plain_s_per_batch"), "plain", f.get(key),
+                         f.get(f"{key}_quartiles"),
+                         goal=page.goal_of(f"{cname}:{key}", ">=", goals), goal_value=f.get(key),
+                         unit="s/batch", goal_on="ratio",
+                         goal_label=f"`{key}` at {shape}")  # fmt: skip
+    for p, f in (d.get("fit") or {}).items():
+        for key, unit in (("ft_ms_per_batch", "ms"), ("ft_us_per_record", "µs")):
+            page.row(f"`{p}` `{key}` (fitted over the cadences)", f.get(key),
+                     goal=page.goal_of(f"{p}:{key}", "<=", goals), unit=unit,
+                     goal_label=f"`{p}` `{key}`")  # fmt: skip

@@ -1,0 +1,405 @@
+"""The streaming yardstick: what ftlayer costs the streaming job people run, against the same
+job without ftlayer, in one local[2] Spark session.
+
+The job: a Structured Streaming query over JSON files of W-byte events (``id``, ``key``,
+``payload``: a W-byte JSON document holding ``amount``), one file per micro-batch
+(``maxFilesPerTrigger=1``, ``trigger(availableNow=True)``), ``foreachBatch`` running:
+
+1. parse the payload's ``amount`` and join a 64-row lookup table (region, rate) on ``key``;
+2. a keyed shuffle into 4 partitions (``repartition(4, "key")``);
+3. the VAT of each row (the stage that fails, in the failing variants);
+4. append Parquet.
+
+Two pipelines, each written twice:
+
+* ``df``: DataFrame code (``get_json_object``, a ``broadcast`` join) -- plain, and as
+  ftlayer ``transform`` stages over ``FileSource`` (``pipeline.stream(spark)``, the rows
+  kept by reference) ending in the same Parquet ``sink_dataframe``;
+* ``arrow``: the same work in Python, ``mapInArrow`` (pyarrow.compute, the lookup by
+  ``index_in``/``take``) -- plain, and as ftlayer ``map_batches`` stages, the same sink.
+
+Each ftlayer query runs as ``ft_on`` and as ``ft_on_failing`` (5 % of the attempts of
+stage 3 fail, after the shuffle: their replays are part of the query, which ends when
+nothing is pending). Two cadences, each its own input: 20 micro-batches of 5,000 events and
+8 of 50,000. Every round runs each ftlayer query beside a plain run of its own (alternating
+which goes first; ``--warmup`` rounds uncounted); a figure is the median of the per-round
+ratios (plain time / ftlayer time) with their quartiles. The time of a run is the query's,
+from building its streaming DataFrame to its end; after the clock stops its output is
+checked: every event id once, in the Parquet table or (ftlayer) in the dead letters.
+
+Per cadence and pipeline: ``ratio_stream_<df|arrow>_ft_on_vs_plain`` and
+``..._ft_on_failing_vs_plain``, the plain and ftlayer seconds per micro-batch. Per
+pipeline, fitted over both cadences from the median extra time of each (ftlayer minus
+plain, paired) as ``extra = batches * a + events * b``: ``ft_ms_per_batch`` (a, the part
+that does not grow with the batch) and ``ft_us_per_record`` (b).
+
+    python -m benchmarks.stream_overhead [--cadences 5000x20,50000x8] [--pipelines df,arrow]
+        [--repeat 5] [--warmup 1] [--payload-bytes 1024] [--json] [--record | --results DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from benchmarks._common import parse_args, redis_for_benchmark, save, url_of
+from benchmarks._paired import PARTITIONS, PairedRounds, quartiles, spark_session
+from benchmarks._wide import SCHEMA, FailLate, write_events
+from ftlayer import FTConfig
+from ftlayer.spark import FaultTolerance, FileSource
+
+FAIL_RATE = 0.05
+LOOKUP_KEYS = 64
+ENRICHED = "id long, key long, region string, total double"
+TAXED = "id long, key long, region string, total double, vat double"
+_AMOUNT = r'"amount": (?P<amount>[0-9]+)'
+_REGIONS = pa.array([f"region-{k % 7}" for k in range(LOOKUP_KEYS)])
+_RATES = pa.array([1.0 + k / 100 for k in range(LOOKUP_KEYS)], pa.float64())
+_KEYS = pa.array(range(LOOKUP_KEYS), pa.int64())
+GOAL_FT_ON = {5_000: 0.85, 50_000: 0.90}
+"""``ratio_stream_*_ft_on_vs_plain`` at these events per micro-batch."""
+GOAL_FAILING = 0.80
+"""``ratio_stream_*_ft_on_failing_vs_plain``, at both cadences."""
+GOAL_FIT = {"ft_ms_per_batch": 30.0, "ft_us_per_record": 1.0}
+"""Upper bounds of the fitted per-batch and per-record costs."""
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """``batches`` micro-batches of ``per_batch`` events (a file each)."""
+
+    per_batch: int
+    batches: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.per_batch}x{self.batches}"
+
+    @property
+    def events(self) -> int:
+        return self.per_batch * self.batches
+
+    @staticmethod
+    def parse(text: str) -> Cadence:
+        per_batch, batches = text.lower().split("x")
+        return Cadence(int(per_batch), int(batches))
+
+
+# -- the stages, as DataFrame code ----------------------------------------------------------
+def lookup_table(spark: Any) -> Any:
+    """The 64-row lookup table (key, region, rate), cached."""
+    rows = [(k, f"region-{k % 7}", 1.0 + k / 100) for k in range(LOOKUP_KEYS)]
+    return spark.createDataFrame(rows, "key long, region string, rate double").cache()
+
+
+def df_enrich(lookup: Any) -> Callable[[Any], Any]:
+    """Stage 1: the amount out of the payload, the lookup joined (broadcast)."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    def enrich(df: Any) -> Any:
+        amount = F.get_json_object("payload", "$.amount").cast("long")
+        joined = df.withColumn("amount", amount).drop("payload").join(F.broadcast(lookup), "key")
+        return joined.withColumn("total", F.col("amount") * F.col("rate")).drop("amount", "rate")
+
+    return enrich
+
+
+def df_vat(df: Any) -> Any:
+    """Stage 3 (after the keyed shuffle)."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    return df.withColumn("vat", F.round(F.col("total") * 0.2, 2))
+
+
+# -- the same stages in Python (mapInArrow / map_batches) -----------------------------------
+def arrow_enrich(b: pa.RecordBatch) -> pa.RecordBatch:
+    """Stage 1 in pyarrow: the amount by regex, the lookup by ``index_in`` + ``take``."""
+    amount = pc.cast(pc.struct_field(pc.extract_regex(b.column(2), _AMOUNT), [0]), pa.int64())
+    at = pc.index_in(b.column(1), value_set=_KEYS)
+    total = pc.multiply(pc.cast(amount, pa.float64()), pc.take(_RATES, at))
+    return pa.RecordBatch.from_arrays([b.column(0), b.column(1), pc.take(_REGIONS, at), total],
+                                      names=["id", "key", "region", "total"])  # fmt: skip
+
+
+def arrow_vat(b: pa.RecordBatch) -> pa.RecordBatch:
+    vat = pc.round(pc.multiply(b.column(3), 0.2), 2)
+    return pa.RecordBatch.from_arrays([*b.columns, vat], names=[*b.schema.names, "vat"])
+
+
+def _each(fn: Callable[[pa.RecordBatch], pa.RecordBatch]) -> Callable[..., Any]:
+    def run(it: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in it:
+            yield fn(b)
+
+    return run
+
+
+# -- the runs -------------------------------------------------------------------------------
+class Runs:
+    """Makes each variant's run ready: a fresh checkpoint and output directory (and, for
+    ftlayer, a fresh namespace), the query timed from its DataFrame to its end, its output
+    checked after."""
+
+    def __init__(self, spark: Any, url: str, tmp: Path, inputs: dict[str, Path]) -> None:
+        self.spark, self.url, self.tmp, self.inputs = spark, url, tmp, inputs
+        self.lookup = lookup_table(spark)
+        self.lookup.count()
+        self.progress: dict[str, list[tuple[int, float]]] = {}
+        """Per variant, each run's (micro-batches run, seconds Spark spent in them: the
+        sum of their ``triggerExecution``), in run order."""
+
+    def _progress(self, name: str, q: Any) -> None:
+        ps = q.recentProgress
+        spent = sum(p.durationMs.get("triggerExecution", 0) for p in ps) / 1e3
+        self.progress.setdefault(name, []).append((len(ps), spent))
+
+    def prepare(self, name: str) -> Callable[[], Any]:
+        pipeline, cadence, variant = name.split(":")
+        c = Cadence.parse(cadence)
+        for old in self.tmp.glob("run-*"):
+            shutil.rmtree(old, ignore_errors=True)
+        work = self.tmp / f"run-{uuid.uuid4().hex[:8]}"
+        if variant == "plain":
+            job = self._plain(name, pipeline, self.inputs[cadence], work, c)
+        else:
+            job = self._ft(name, pipeline, self.inputs[cadence], work, c,
+                           variant == "ft_on_failing")  # fmt: skip
+
+        def named() -> Callable[[], None]:
+            check = job()
+
+            def checked() -> None:
+                try:
+                    check()
+                except AssertionError as e:
+                    raise AssertionError(f"{name}: {e}") from e
+
+            return checked
+
+        return named
+
+    def _plain(self, name: str, pipeline: str, root: Path, work: Path,
+               c: Cadence) -> Callable[[], Any]:  # fmt: skip
+        out, enrich = str(work / "out"), df_enrich(self.lookup)
+
+        def each(df: Any, _: int) -> None:
+            if pipeline == "df":
+                staged = df_vat(enrich(df).repartition(PARTITIONS, "key"))
+            else:
+                first = df.mapInArrow(_each(arrow_enrich), ENRICHED)
+                staged = first.repartition(PARTITIONS, "key").mapInArrow(_each(arrow_vat), TAXED)
+            staged.write.mode("append").parquet(out)
+
+        def job() -> Callable[[], None]:
+            stream = (self.spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+                      .json(str(root)))  # fmt: skip
+            q = (stream.writeStream.foreachBatch(each).trigger(availableNow=True)
+                 .option("checkpointLocation", str(work / "ck")).start())  # fmt: skip
+            q.awaitTermination()
+            self._progress(name, q)
+            return lambda: self._check(out, None, c)
+
+        return job
+
+    def _ft(self, name: str, pipeline: str, root: Path, work: Path, c: Cadence,
+            failing: bool) -> Callable[[], Any]:  # fmt: skip
+        from pyspark.sql import functions as F  # noqa: N812
+
+        out = str(work / "out")
+        ft = FaultTolerance(FTConfig(namespace=f"so-{uuid.uuid4().hex[:8]}", redis_url=self.url))
+        files = FileSource("json", str(root), SCHEMA, maxFilesPerTrigger=1)
+        p = ft.pipeline(source=0, reads=files, name="stream-overhead")
+        if pipeline == "df":
+            p = (p.transform(df_enrich(self.lookup)).partition_by(["key"], PARTITIONS)
+                 .transform(df_vat, failed=(F.rand() < FAIL_RATE) if failing else None,
+                            errors="injected failure"))  # fmt: skip
+        else:
+            vat = FailLate(arrow_vat, FAIL_RATE) if failing else arrow_vat
+            p = (p.map_batches(arrow_enrich, ENRICHED).partition_by(["key"], PARTITIONS)
+                 .map_batches(vat, TAXED))  # fmt: skip
+        p = p.sink_dataframe(lambda df, _: df.write.mode("append").parquet(out))
+
+        def job() -> Callable[[], None]:
+            q = (p.stream(self.spark).writeStream.foreachBatch(p).trigger(availableNow=True)
+                 .option("checkpointLocation", str(work / "ck")).start())  # fmt: skip
+            q.awaitTermination()
+            self._progress(name, q)
+
+            def check() -> None:
+                layer = ft.layer
+                assert layer is not None
+                try:
+                    st = layer.stats()
+                    assert st.pending == 0, st
+                    self._check(out, p.dead_letters(self.spark), c)
+                finally:
+                    layer.clear()
+                    ft.close()
+
+            return check
+
+        return job
+
+    def _check(self, out: str, dead: pa.Table | None, c: Cadence) -> None:
+        """Every event id once, in the table or in the dead letters."""
+        written = self.spark.read.parquet(out).select("id").toArrow().column(0).to_numpy()
+        dead_ids = dead.column("id").to_numpy() if dead is not None and dead.num_rows else []
+        counts = np.bincount(np.concatenate([written, dead_ids]).astype(np.int64),
+                             minlength=c.events)  # fmt: skip
+        assert len(counts) == c.events, f"ids beyond {c.events}: {len(counts) - 1}"
+        twice = np.flatnonzero(np.bincount(written, minlength=c.events) > 1)
+        assert counts.min() == 1 and counts.max() == 1, (
+            f"{int((counts == 0).sum())} ids lost, {int((counts > 1).sum())} more than once "
+            f"({len(twice)} written twice, e.g. {twice[:5].tolist()}; "
+            f"{len(dead_ids)} dead-lettered)")
+
+
+def fit(extra: dict[Cadence, float]) -> dict[str, float]:
+    """``extra = batches * a + events * b`` through the cadences (least squares when more
+    than two): a in ms per micro-batch, b in microseconds per record."""
+    a = np.array([[c.batches, c.events] for c in extra], dtype=float)
+    y = np.array(list(extra.values()))
+    (per_batch, per_record), *_ = np.linalg.lstsq(a, y, rcond=None)
+    return {"ft_ms_per_batch": round(per_batch * 1e3, 1),
+            "ft_us_per_record": round(per_record * 1e6, 3)}  # fmt: skip
+
+
+def run(cadences: list[Cadence], pipelines: list[str], width: int, repeat: int, warmup: int,
+        url: str | None) -> dict[str, Any]:  # fmt: skip
+    spark = spark_session()
+    tmp = Path(tempfile.mkdtemp(prefix="ftbench-stream-"))
+    pairs = {f"{p}:{c.name}:{v}": f"{p}:{c.name}:plain" for c in cadences for p in pipelines
+             for v in ("ft_on", "ft_on_failing")}  # fmt: skip
+    try:
+        with redis_for_benchmark(url) as client:
+            inputs = {}
+            for c in cadences:
+                inputs[c.name] = tmp / f"in-{c.name}"
+                write_events(inputs[c.name], c.events, width, c.batches)
+            runs = Runs(spark, url_of(client, url), tmp, inputs)
+            rounds = PairedRounds(pairs, warmup)
+            for rnd in range(warmup + repeat):
+                t0 = time.perf_counter()
+                rounds.round(rnd, runs.prepare)
+                print(f"round {rnd + 1}/{warmup + repeat}: {time.perf_counter() - t0:.0f} s",
+                      flush=True)  # fmt: skip
+            redis_version = client.info("server")["redis_version"]
+    finally:
+        spark.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    counted = {k: v[-repeat * (1 + k.endswith(":plain")):] for k, v in runs.progress.items()}
+    return result(rounds, counted, cadences, pipelines, width, repeat, warmup, redis_version)
+
+
+def result(rounds: PairedRounds, progress: dict[str, list[tuple[int, float]]],
+           cadences: list[Cadence], pipelines: list[str], width: int, repeat: int,
+           warmup: int, redis_version: str) -> dict[str, Any]:  # fmt: skip
+    from benchmarks._common import provenance
+
+    med = statistics.median
+    per: dict[str, Any] = {}
+    for c in cadences:
+        for p in pipelines:
+            plain = rounds.times[f"{p}:{c.name}:plain"]
+            fig: dict[str, Any] = {"plain_s_per_batch": round(med(plain) / c.batches, 4)}
+            fig.update(spark_figures("plain", progress[f"{p}:{c.name}:plain"]))
+            for v in ("ft_on", "ft_on_failing"):
+                name = f"{p}:{c.name}:{v}"
+                key = f"ratio_stream_{p}_{v}_vs_plain"
+                fig[key] = round(med(rounds.ratios[name]), 3)
+                fig[f"{key}_quartiles"] = [round(q, 3) for q in quartiles(rounds.ratios[name])]
+                fig[f"{v}_s_per_batch"] = round(med(rounds.times[name]) / c.batches, 4)
+                fig[f"{v}_extra_s_per_batch"] = round(med(rounds.diffs[name]) / c.batches, 4)
+                fig.update(spark_figures(v, progress[name]))
+            per.setdefault(c.name, {})[p] = fig
+    fitted = {p: fit({c: med(rounds.diffs[f"{p}:{c.name}:ft_on"]) for c in cadences})
+              for p in pipelines} if len(cadences) > 1 else {}  # fmt: skip
+    return {
+        "payload_bytes": width, "repeat": repeat, "warmup": warmup, "fail_rate": FAIL_RATE,
+        "partitions": PARTITIONS, "lookup_rows": LOOKUP_KEYS, "redis_version": redis_version,
+        "cadences": {c.name: {"events_per_batch": c.per_batch, "batches": c.batches,
+                              **per[c.name]} for c in cadences},
+        "fit": fitted, "goals": goals(cadences, pipelines),
+        "runs_s": {k: [round(x, 3) for x in v] for k, v in rounds.times.items()},
+        **provenance("stream_overhead"),
+    }  # fmt: skip
+
+
+def spark_figures(variant: str, runs: list[tuple[int, float]]) -> dict[str, Any]:
+    """From the queries' own progress: the micro-batches a run took (replay rounds
+    included) and the seconds Spark spent per micro-batch (``triggerExecution``: offsets,
+    planning, the batch function, commit), medians over the runs."""
+    med = statistics.median
+    return {f"{variant}_micro_batches": med(n for n, _ in runs),
+            f"{variant}_trigger_s_per_batch": round(med(s / max(n, 1) for n, s in runs), 4)}
+
+
+def goals(cadences: list[Cadence], pipelines: list[str]) -> dict[str, str]:
+    """The goals of this run's figures, keyed ``<cadence>:<figure>`` and ``<pipeline>:<fit
+    figure>``, as ``">= x"`` / ``"<= x"``."""
+    g: dict[str, str] = {}
+    for c in cadences:
+        for p in pipelines:
+            if c.per_batch in GOAL_FT_ON:
+                g[f"{c.name}:ratio_stream_{p}_ft_on_vs_plain"] = f">= {GOAL_FT_ON[c.per_batch]}"
+            g[f"{c.name}:ratio_stream_{p}_ft_on_failing_vs_plain"] = f">= {GOAL_FAILING}"
+    if len(cadences) > 1:
+        for p in pipelines:
+            g.update({f"{p}:{k}": f"<= {v:g}" for k, v in GOAL_FIT.items()})
+    return g
+
+
+def text(r: dict[str, Any]) -> str:
+    lines = [f"{r['payload_bytes']} B events, {r['repeat']} rounds (+{r['warmup']} warmup), "
+             f"Redis {r['redis_version']}"]  # fmt: skip
+    for cad in r["cadences"].values():
+        lines.append(f"  {cad['batches']} micro-batches of {cad['events_per_batch']:,} events")
+        for p in ("df", "arrow"):
+            if p not in cad:
+                continue
+            f = cad[p]
+            for v in ("ft_on", "ft_on_failing"):
+                key = f"ratio_stream_{p}_{v}_vs_plain"
+                q = f[f"{key}_quartiles"]
+                lines.append(
+                    f"    {p:5s} {v:14s} {f[key]:.3f}x plain (quartiles {q[0]:.3f}-{q[1]:.3f})"
+                    f"  {f[f'{v}_s_per_batch']:.3f} s/batch vs {f['plain_s_per_batch']:.3f},"
+                    f" +{f[f'{v}_extra_s_per_batch'] * 1e3:.0f} ms")
+    for p, f in r["fit"].items():
+        lines.append(f"  {p}: {f['ft_ms_per_batch']} ms per micro-batch + "
+                     f"{f['ft_us_per_record']} us per record over plain")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cadences", default="5000x20,50000x8",
+                    help="micro-batches as EVENTSxBATCHES, comma-separated")
+    ap.add_argument("--pipelines", default="df,arrow", help="df, arrow or both")
+    ap.add_argument("--payload-bytes", type=int, default=1024)
+    ap.add_argument("--repeat", type=int, default=5, help="counted rounds")
+    ap.add_argument("--warmup", type=int, default=1, help="rounds run, not counted")
+    ap.add_argument("--redis-url", default=None, help="default: an embedded redis-server")
+    args = parse_args(ap)
+    cadences = [Cadence.parse(x) for x in args.cadences.split(",")]
+    pipelines = [p for p in args.pipelines.split(",") if p]
+    r = run(cadences, pipelines, args.payload_bytes, args.repeat, args.warmup, args.redis_url)
+    save("stream_overhead", r)
+    print(json.dumps(r) if args.json else text(r))
+
+
+if __name__ == "__main__":
+    main()
