@@ -269,6 +269,10 @@ def test_the_results_file_check_can_fail() -> None:
 
 
 def test_every_figure_quoted_from_a_results_file_is_the_files_value() -> None:
+    """Each figure a prose doc marks (a RESULTS.md link titled with its key) is its file's
+    value at the doc's rounding, and no measurement-like number beside a results file is
+    left unmarked. Catches: a figure edited by hand, a results file re-recorded without
+    its quoted figures, a key renamed or gone, a figure quoted without naming its key."""
     errors = {}
     marked = 0
     for p in prose_docs():
@@ -285,6 +289,9 @@ def test_every_figure_quoted_from_a_results_file_is_the_files_value() -> None:
 
 
 def test_the_figure_checks_can_fail() -> None:
+    """The checks above on bad texts: a figure off by more than its rounding, a missing
+    key or file, and unmarked ratios, rates, times and bytes next to a results file (but
+    not products, sizes or settings, nor a figure in a paragraph naming no results file)."""
     link = "../benchmarks/results/RESULTS.md#pipeline_overheadjson"
     ok = (f'runs at [0.93×]({link} "ratio_arrow_idcol_vs_arrow"), '
           f'[1.18 M records/s]({link} "records_per_s/ft_on"), '
