@@ -10,6 +10,7 @@ import json
 import sys
 import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +46,11 @@ def write_json(path: Path, ids: range, keys: int = 29) -> None:
     tmp.rename(path)
 
 
-
 def pipeline_of(ft: FaultTolerance, probe: Probe, fail_mod: int, unc_mod: int = 0) -> Any:
     """map -> keyed shuffle -> map failing ``id % fail_mod == 3`` once -> sink leaving
-    ``id % unc_mod == 7`` unconfirmed once (they time out and replay)."""
+    ``id % unc_mod == 7`` unconfirmed once (they time out and replay). A failed or
+    unconfirmed row's ``failed_at`` is stamped when it fails, its ``done_at`` only when a
+    run of it reaches the sink and is not left unconfirmed (for those: their replay)."""
 
     def stage1(b: pa.RecordBatch) -> pa.RecordBatch:
         return b
@@ -64,7 +66,7 @@ def pipeline_of(ft: FaultTolerance, probe: Probe, fail_mod: int, unc_mod: int = 
         unc = first_seen(probe, "unc", ids, ids % unc_mod == 7) if unc_mod else []
         stamp(probe, "failed_at", ids[unc])
         probe.r.rpush(f"{probe.prefix}:sink", *ids.tolist())
-        stamp(probe, "done_at", ids)
+        stamp(probe, "done_at", np.delete(ids, unc))  # the unconfirmed: when replayed
         return Outcome(None, unconfirmed=unc)
 
     return (
@@ -80,10 +82,9 @@ def sink_ids(probe: Probe) -> Counter[int]:
     return Counter(int(x) for x in probe.r.lrange(f"{probe.prefix}:sink", 0, -1))
 
 
-def latencies(probe: Probe) -> list[float]:
-    failed = probe.r.hgetall(f"{probe.prefix}:failed_at")
-    done = probe.r.hgetall(f"{probe.prefix}:done_at")
-    return [float(done[k]) - float(v) for k, v in failed.items() if k in done]
+def by_batch(query: Any) -> dict[int, Any]:
+    """The query's recent progress reports by batch id."""
+    return {p["batchId"]: p for p in query.recentProgress}
 
 
 def test_a_quiet_stream_replays_failures_and_timeouts_without_new_input(
@@ -91,18 +92,28 @@ def test_a_quiet_stream_replays_failures_and_timeouts_without_new_input(
 ) -> None:
     """One file, then nothing: every record failing after the shuffle (queued at once)
     and every sink row left unconfirmed (a timeout, rotated by the replay stream itself:
-    no sidecar, no rotate=True) reaches the sink while the query runs, within
-    T*B/(B-1) + two triggers of its failure. Catches: queued replays waiting for new input,
-    timeouts never rotated without a sidecar, replays lost or left pending, replays run
+    no sidecar, no rotate=True) reaches the sink while the query runs, each within the
+    stated bound T*B/(B-1) + two trigger intervals of its failure, and each timeout replay
+    only after it waited out timeout_s. Catches: queued replays waiting for new input,
+    timeouts never rotated without a sidecar or rotated late (a slow rotation, wrong
+    buckets), timeouts failed before timeout_s, replays lost or left pending, replays run
     twice into the sink (explicit failures)."""
-    ft = make_ft(timeout_s=3.0, max_replays=3)
-    n, trigger_s = 2000, 1.0
+    timeout_s, buckets, trigger_s = 3.0, 3, 1.0
+    ft = make_ft(timeout_s=timeout_s, buckets=buckets, max_replays=3)
+    n = 2000
     write_json(tmp_path / "in" / "a.json", range(n))
     pipeline = pipeline_of(ft, probe, fail_mod=10, unc_mod=50)
+    ran: dict[int, tuple[float, float]] = {}  # batch id -> foreachBatch's start and end
+
+    def timed(df: Any, batch_id: int) -> None:
+        t0 = time.time()
+        pipeline(df, batch_id)
+        ran[batch_id] = (t0, time.time())
+
     stream = spark.readStream.schema("id long, key long").json(str(tmp_path / "in"))
     query = (
         pipeline.with_replays(stream)
-        .writeStream.foreachBatch(pipeline)
+        .writeStream.foreachBatch(timed)
         .trigger(processingTime=f"{trigger_s:g} seconds")
         .option("checkpointLocation", str(tmp_path / "ck"))
         .start()
@@ -111,17 +122,67 @@ def test_a_quiet_stream_replays_failures_and_timeouts_without_new_input(
         until(lambda: len(sink_ids(probe)) == n, "every record in the sink", 60, 0.25)
         assert ft.layer is not None
         until(lambda: ft.layer.stats().pending == 0, "nothing pending", 30, 0.25)
+        until(lambda: ran.keys() <= by_batch(query).keys(), "every batch's progress", 30, 0.1)
+        progress = by_batch(query)
     finally:
         query.stop()
     got = sink_ids(probe)
     assert set(got) == set(range(n)), "lost records"
     unconfirmed = {i for i in range(n) if i % 50 == 7}
+    explicit = {i for i in range(n) if i % 10 == 3}
     assert all(c == 1 for i, c in got.items() if i not in unconfirmed), "duplicates"
     assert all(got[i] == 2 for i in unconfirmed)  # written, unconfirmed, replayed
-    bound = 3.0 * 3 / 2 + 2 * trigger_s
-    lat = latencies(probe)
-    assert len(lat) == n // 10 + len(unconfirmed)
-    assert max(lat) <= bound + 3.0, f"replay latency {max(lat):.2f}s > {bound}s (+3s slack)"
+    failed_at = {int(k): float(v) for k, v in probe.r.hgetall(f"{probe.prefix}:failed_at").items()}
+    done_at = {int(k): float(v) for k, v in probe.r.hgetall(f"{probe.prefix}:done_at").items()}
+    assert set(failed_at) == explicit | unconfirmed, "a failure not stamped"
+    assert set(done_at) == set(range(n)), "a row, or an unconfirmed row's replay, not stamped"
+    # Each failure's clock starts when Redis learns of it: when its batch settles, at the
+    # batch's end (a row failing in an early task waits for the batch's other tasks
+    # first: Spark's time, not the replays'). The first batch reads the file and starts
+    # Spark's workers; it holds no replay, and every replay comes after it settled. A
+    # replay runs in the batch whose foreachBatch holds its done_at; that batch's trigger
+    # (its progress timestamp) began before the replay stream claimed it.
+    assert ran[0][0] < min(failed_at.values()), ran
+    assert ran[0][1] < min(done_at[i] for i in failed_at), ran
+    began = {b: datetime.fromisoformat(q["timestamp"]).timestamp() for b, q in progress.items()}
+    took = {b: q["durationMs"]["triggerExecution"] / 1000 for b, q in progress.items()}
+    lat, claimed, allowed = {}, {}, {}
+    for i, failed in failed_at.items():
+        settled = min(end for _, end in ran.values() if end >= failed)
+        k = next(b for b, (start, end) in ran.items() if start <= done_at[i] <= end)
+        lat[i] = done_at[i] - settled
+        claimed[i] = began[k] - settled
+        # Due T*B/(B-1) after settling at the latest (a timeout; an explicit failure at
+        # once), then the next trigger: within trigger_s of that, or of the end of the
+        # batch running then (only the one before the replay's can be: the trigger after
+        # it would have claimed the replay)
+        due = settled + (timeout_s * buckets / (buckets - 1) if i in unconfirmed else 0.0)
+        allowed[i] = max(due, began[k - 1] + took[k - 1]) + trigger_s - settled
+    # 0.25 s in the checks below: the stamps are wall-clock times taken around Redis calls
+    # in three processes (a batch's end after its settle call returned; a trigger's start
+    # before Spark listed the input files and the replay stream rotated and claimed).
+    # A timeout replay was measured, not the row's first write: its deadline, set when
+    # its batch settles, is at least timeout_s later, and no trigger claims it before.
+    waited = min(claimed[i] for i in unconfirmed)
+    assert waited >= timeout_s - 0.25, f"a timeout claimed {waited:.2f}s after it settled"
+    # Claimed by the first trigger after it was due (a timeout: the rotation on time and
+    # its buckets right) or after its failure (an explicit one).
+    late = {i: (round(claimed[i], 2), round(allowed[i], 2)) for i in lat
+            if claimed[i] > allowed[i] + 0.25}  # fmt: skip
+    assert not late, f"replays claimed late (s after settling, allowed): {late}, took {took}"
+    # End to end, the stated bound: T*B/(B-1) + two trigger intervals. A trigger interval
+    # is the time from one micro-batch's start to the next: trigger_s while Spark keeps up,
+    # a trigger's own duration (Spark's triggerExecution) when it falls behind (the next
+    # starts at once), so on a busy machine slower batches stretch the two intervals,
+    # never T*B/(B-1).
+    interval = max([trigger_s] + [d for b, d in took.items() if b > 0])
+    bound = timeout_s * buckets / (buckets - 1) + 2 * interval
+    worst = max(lat, key=lat.__getitem__)
+    kind = "timeout" if worst in unconfirmed else "explicit failure"
+    assert lat[worst] <= bound + 0.25, (
+        f"{kind} {worst} replayed {lat[worst]:.2f}s after its batch settled > {bound:.2f}s "
+        f"+ 0.25s (micro-batches took {took}s)"
+    )
     st = ft.layer.stats()
     assert st.pending == 0 and st.queued_replays == 0 and st.dead_letters == 0
 
