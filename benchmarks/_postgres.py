@@ -15,10 +15,27 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
-__all__ = ["LocalPostgres", "postgres_bin"]
+__all__ = ["LocalPostgres", "postgres_bin", "worker_connection"]
+
+_CONNECTIONS: dict[tuple[int, int, str], Any] = {}
+
+
+def worker_connection(url: str) -> Any:
+    """One open connection per (process, thread, URL), kept for the process's life (a
+    Spark Python worker reuses it for every task): the policy of PostgresSink, for a
+    benchmark's plain PostgreSQL writes."""
+    import psycopg
+
+    k = (os.getpid(), threading.get_ident(), url)
+    conn = _CONNECTIONS.get(k)
+    if conn is None or conn.closed or conn.broken:
+        conn = _CONNECTIONS[k] = psycopg.connect(url, autocommit=False)
+    return conn
 
 
 def postgres_bin(name: str) -> str:

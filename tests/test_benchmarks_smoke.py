@@ -149,15 +149,24 @@ def test_dataframe_overhead_smoke(tmp_path: Path) -> None:
 
 
 def test_sink_overhead_smoke(tmp_path: Path) -> None:
-    """Idempotent sinks beside plain appends (benchmarks.sink_overhead), tiny: a real
-    PostgreSQL and real Delta tables; both tables end with every round's rows (new files
-    each round: new lineage ids, none skipped)."""
+    """Idempotent sinks beside plain writes (benchmarks.sink_overhead), tiny: a real
+    PostgreSQL and real Delta tables. Appends add every row; the re-run batches merge into
+    tables holding their keys (1x and 10x the batch) and add none: the row counts the run
+    checked after every run are exact, and no Delta merge run appended."""
     r = _bench(tmp_path, "benchmarks.sink_overhead", "--records", "2000", "--repeat", "1",
                "--warmup", "0", "--payload-bytes", "100", timeout=600)  # fmt: skip
-    assert set(r["records_per_s"]) == {"delta_append", "delta_merge", "pg_append", "pg_merge"}
+    variants = {f"{s}_{c}" for s in ("delta", "pg") for c in ("append", "merge", "merge_10x")}
+    assert set(r["records_per_s"]) == variants | {f"plain_{v}" for v in variants}
     assert all(v > 0 for v in r["records_per_s"].values())
-    assert r["ratio_delta_merge_vs_append"] > 0 and r["ratio_pg_merge_vs_append"] > 0
-    assert r["table_rows_at_end"] == 2000  # the one run of PostgresSink: every row inserted
+    assert all(r[f"ratio_{v}_vs_plain"] > 0 for v in variants)
+    n, rows = 2000, r["table_rows_at_end"]
+    for v in variants:
+        expected = n if v.endswith("append") else n * (10 if v.endswith("10x") else 1)
+        assert rows[v] == rows[f"plain_{v}"] == expected, (v, rows)
+    assert r["rows_checked_runs"] == 12
+    ops = r["delta_commit_operations"]
+    assert ops["delta_append"] == ops["plain_delta_append"] == ["WRITE"]
+    assert not any("WRITE" in v for k, v in ops.items() if "merge" in k), ops
 
 
 def test_ack_throughput_smoke(tmp_path: Path) -> None:

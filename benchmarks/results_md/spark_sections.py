@@ -175,7 +175,7 @@ def render_wide(page: Page) -> None:
 
 DATAFRAME_PAIRS = {"df_ft_on": "dataframe", "df_ft_on_failing": "dataframe",
                    "df_parquet": "parquet"}  # fmt: skip
-SINK_PAIRS = {"delta_merge": "delta_append", "pg_merge": "pg_append"}
+SINK_CASES = ("append", "merge", "merge_10x")
 
 
 def render_dataframe(page: Page) -> None:
@@ -189,10 +189,24 @@ def render_dataframe(page: Page) -> None:
 
 
 def render_sink(page: Page) -> None:
+    """Each case of each sink beside its plain write (``plain_<variant>``), and the rows
+    every table held at the end, which the run checked after each of its runs."""
     d = page.data
     common_facts(page)
-    page.fact("table rows at the end", d.get("table_rows_at_end"))
+    page.fact("runs whose table rows were checked", d.get("rows_checked_runs"))
     qs = d.get("ratio_quartiles") or {}
-    pairs = {k: SINK_PAIRS.get(k, k.replace("merge", "append")) for k in sorted(qs)}
-    paired_rows(page, pairs)
-    rates_table(page, "delta_append")
+    order = [f"{s}_{c}" for s in ("delta", "pg") for c in SINK_CASES]
+    paired_rows(page, {k: f"plain_{k}" for k in [*[o for o in order if o in qs],
+                                                 *sorted(k for k in qs if k not in order)]})
+    rows = d.get("table_rows_at_end") or {}
+    ops = d.get("delta_commit_operations") or {}
+
+    def commits(k: str) -> str:
+        return ", ".join(ops.get(k, [])) or ("none" if "delta" in k else "–")
+
+    page.table("Table rows at the end (checked exact after every run: appends add the batch, "
+               "merges add nothing), and the operations of the Delta commits the runs made:",
+               ["variant", "rows", "plain's rows", "Delta commits", "plain's Delta commits"],
+               [[f"`{k}`", num(rows.get(k)), num(rows.get(f"plain_{k}")), commits(k),
+                 commits(f"plain_{k}")] for k in order if k in rows])  # fmt: skip
+    rates_table(page, "plain_delta_append")
