@@ -169,6 +169,29 @@ def test_sink_overhead_smoke(tmp_path: Path) -> None:
     assert not any("WRITE" in v for k, v in ops.items() if "merge" in k), ops
 
 
+def test_stream_overhead_smoke(tmp_path: Path) -> None:
+    """The streaming yardstick (benchmarks.stream_overhead), tiny: both pipelines, plain and
+    through ftlayer, at two cadences, 5 % failing after the shuffle; every run's output was
+    checked (every event id once, in the table or the dead letters), the failing runs took
+    replay micro-batches, and the per-batch / per-record costs were fitted."""
+    r = _bench(tmp_path, "benchmarks.stream_overhead", "--cadences", "200x2,400x2",
+               "--repeat", "1", "--warmup", "0", "--payload-bytes", "100",
+               timeout=900)  # fmt: skip
+    assert set(r["cadences"]) == {"200x2", "400x2"}
+    for cad in r["cadences"].values():
+        for p in ("df", "arrow"):
+            f = cad[p]
+            assert f["plain_micro_batches"] == cad["batches"]
+            assert f["ft_on_micro_batches"] >= cad["batches"]
+            assert f["ft_on_failing_micro_batches"] > cad["batches"]  # the replay rounds
+            for v in ("ft_on", "ft_on_failing"):
+                assert f[f"ratio_stream_{p}_{v}_vs_plain"] > 0
+                assert f[f"{v}_s_per_batch"] > 0
+    assert set(r["fit"]) == {"df", "arrow"}
+    assert all(set(f) == {"ft_ms_per_batch", "ft_us_per_record"} for f in r["fit"].values())
+    assert r["goals"]["df:ft_ms_per_batch"] == "<= 30"
+
+
 def test_ack_throughput_smoke(tmp_path: Path) -> None:
     r = _bench(tmp_path, "benchmarks.ack_throughput", "--records", "600", "--batch", "200",
                "--sweep", "100,200", "--repeat", "1")  # fmt: skip
