@@ -31,7 +31,11 @@ Per cadence and pipeline: ``ratio_stream_<df|arrow>_ft_on_vs_plain`` and
 ``..._ft_on_failing_vs_plain``, the plain and ftlayer seconds per micro-batch. Per
 pipeline, fitted over both cadences from the median extra time of each (ftlayer minus
 plain, paired) as ``extra = batches * a + events * b``: ``ft_ms_per_batch`` (a, the part
-that does not grow with the batch) and ``ft_us_per_record`` (b).
+that does not grow with the batch) and ``ft_us_per_record`` (b). A cost paid once per query
+(starting it, ending it) has no term of its own: it lands in a and b. The queries' own
+progress tells it apart: ``<variant>_micro_batches`` (replay rounds included),
+``<variant>_trigger_s_per_batch`` (Spark's ``triggerExecution`` per micro-batch) and
+``<variant>_outside_batches_s`` (a run's wall time less its micro-batches').
 
     python -m benchmarks.stream_overhead [--cadences 5000x20,50000x8] [--pipelines df,arrow]
         [--repeat 5] [--warmup 1] [--payload-bytes 1024] [--json] [--record | --results DIR]
@@ -315,7 +319,7 @@ def result(rounds: PairedRounds, progress: dict[str, list[tuple[int, float]]],
         for p in pipelines:
             plain = rounds.times[f"{p}:{c.name}:plain"]
             fig: dict[str, Any] = {"plain_s_per_batch": round(med(plain) / c.batches, 4)}
-            fig.update(spark_figures("plain", progress[f"{p}:{c.name}:plain"]))
+            fig.update(spark_figures("plain", progress[f"{p}:{c.name}:plain"], plain))
             for v in ("ft_on", "ft_on_failing"):
                 name = f"{p}:{c.name}:{v}"
                 key = f"ratio_stream_{p}_{v}_vs_plain"
@@ -323,7 +327,7 @@ def result(rounds: PairedRounds, progress: dict[str, list[tuple[int, float]]],
                 fig[f"{key}_quartiles"] = [round(q, 3) for q in quartiles(rounds.ratios[name])]
                 fig[f"{v}_s_per_batch"] = round(med(rounds.times[name]) / c.batches, 4)
                 fig[f"{v}_extra_s_per_batch"] = round(med(rounds.diffs[name]) / c.batches, 4)
-                fig.update(spark_figures(v, progress[name]))
+                fig.update(spark_figures(v, progress[name], rounds.times[name]))
             per.setdefault(c.name, {})[p] = fig
     fitted = {p: fit({c: med(rounds.diffs[f"{p}:{c.name}:ft_on"]) for c in cadences})
               for p in pipelines} if len(cadences) > 1 else {}  # fmt: skip
@@ -338,13 +342,18 @@ def result(rounds: PairedRounds, progress: dict[str, list[tuple[int, float]]],
     }  # fmt: skip
 
 
-def spark_figures(variant: str, runs: list[tuple[int, float]]) -> dict[str, Any]:
+def spark_figures(variant: str, runs: list[tuple[int, float]],
+                  walls: list[float]) -> dict[str, Any]:  # fmt: skip
     """From the queries' own progress: the micro-batches a run took (replay rounds
-    included) and the seconds Spark spent per micro-batch (``triggerExecution``: offsets,
-    planning, the batch function, commit), medians over the runs."""
+    included), the seconds Spark spent per micro-batch (``triggerExecution``: offsets,
+    planning, the batch function, commit) and the seconds of a run outside its micro-batches
+    (its wall time ``walls`` less their sum: starting the query and ending it), medians over
+    the runs."""
     med = statistics.median
     return {f"{variant}_micro_batches": med(n for n, _ in runs),
-            f"{variant}_trigger_s_per_batch": round(med(s / max(n, 1) for n, s in runs), 4)}
+            f"{variant}_trigger_s_per_batch": round(med(s / max(n, 1) for n, s in runs), 4),
+            f"{variant}_outside_batches_s": round(med(w - s for w, (_, s) in zip(walls, runs,
+                                                                              strict=True)), 3)}
 
 
 def goals(cadences: list[Cadence], pipelines: list[str]) -> dict[str, str]:
