@@ -84,6 +84,7 @@ def test_a_retried_flush_is_applied_once(layer: FTLayer) -> None:
     assert entry is not None and entry.value == child.current_id
 
 
+@pytest.mark.slow
 def test_flush_raises_a_clear_error_when_redis_is_unreachable(make_redis) -> None:
     server = make_redis()  # killed (SIGKILL) between the open and the flush
     client = redis.Redis(host="127.0.0.1", port=server.port, socket_connect_timeout=0.2)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ftlayer.embedded import EmbeddedCluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,6 +77,7 @@ def test_rotation_smoke(tmp_path: Path) -> None:
     assert r["records"] == 2000 and r["expiry_rotations"] >= 1 and r["sidecar_rss_mb_peak"] > 0
 
 
+@pytest.mark.slow
 def test_pipeline_overhead_smoke(tmp_path: Path) -> None:
     """A narrow run prints only what it measured: the figures other runs merged into
     pipeline_overhead.json (planted: STALE) stay in the file (KEPT), never in its output."""
@@ -102,6 +105,7 @@ def test_pipeline_overhead_smoke(tmp_path: Path) -> None:
     assert (tmp_path / "pipeline_overhead.png").exists()
 
 
+@pytest.mark.slow
 def test_pipeline_overhead_wide_smoke(tmp_path: Path) -> None:
     """Wide events from files kept by reference, the streaming rounds and the replay
     latency on a quiet stream (benchmarks._wide), tiny."""
@@ -127,6 +131,7 @@ def test_pipeline_overhead_wide_smoke(tmp_path: Path) -> None:
     assert lat["replayed"] == 2000 // 20 + 2000 // 50 and 0 < lat["p50"] <= lat["p99"]
 
 
+@pytest.mark.slow
 def test_dataframe_overhead_smoke(tmp_path: Path) -> None:
     """DataFrame stages beside plain DataFrame code (benchmarks.dataframe_overhead), tiny;
     its figures merged into pipeline_overhead.json (planted: STALE) and not the reverse."""
@@ -148,6 +153,7 @@ def test_dataframe_overhead_smoke(tmp_path: Path) -> None:
     assert merged["dataframe_stages"]["7"] == STALE["dataframe_stages"]["7"]
 
 
+@pytest.mark.slow
 def test_sink_overhead_smoke(tmp_path: Path) -> None:
     """Idempotent sinks beside plain writes (benchmarks.sink_overhead), tiny: a real
     PostgreSQL and real Delta tables. Appends add every row; the re-run batches merge into
@@ -169,6 +175,7 @@ def test_sink_overhead_smoke(tmp_path: Path) -> None:
     assert not any("WRITE" in v for k, v in ops.items() if "merge" in k), ops
 
 
+@pytest.mark.slow
 def test_stream_overhead_smoke(tmp_path: Path) -> None:
     """The streaming yardstick (benchmarks.stream_overhead), tiny: both pipelines, plain and
     through ftlayer, at two cadences, 5 % failing after the shuffle; every run's output was

@@ -98,6 +98,7 @@ def test_demo_json_loses_nothing() -> None:
     assert r["dead_in_sink"] == 0, "the list holds confirmed writes only"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sink", ["delta", "postgres"])
 def test_demo_into_an_idempotent_table_counts_from_it(sink: str, postgres: Any) -> None:
     """``--sink delta`` / ``--sink postgres``: the orders also go through ftlayer's
@@ -126,6 +127,7 @@ def test_demo_postgres_sink_without_a_server_says_so() -> None:
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
+@pytest.mark.slow
 def test_demo_reads_like_a_report_and_shows_logs_only_when_asked() -> None:
     """Catches: Spark's JVM noise, progress bar or INFO lines in the default output (it
     was a wall of log lines), a report without its table or verdict, and -v that shows
@@ -146,6 +148,7 @@ def test_demo_reads_like_a_report_and_shows_logs_only_when_asked() -> None:
     assert "INFO ftlayer.spark.driver batch done" in loud.stderr
 
 
+@pytest.mark.slow
 def test_demo_serve_keeps_the_status_page_up_until_interrupted() -> None:
     """Catches: --serve that tears the sidecar down with the report (nothing to look at),
     a page that does not show the demo's records, and Ctrl-C that does not end it."""

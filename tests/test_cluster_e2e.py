@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ("redis-server", "org.apache.spark.deploy", "ftlayer.cli serve")
 

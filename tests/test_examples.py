@@ -13,9 +13,12 @@ import uuid
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from ftlayer import EmbeddedRedis
 from tests.serving import Serve
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

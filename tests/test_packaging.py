@@ -18,6 +18,8 @@ import pytest
 from ftlayer import __version__
 from ftlayer.requirements import supported
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 _NOT_SOURCE = (".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".*_cache",
                ".hypothesis", "spark-warehouse")  # fmt: skip

@@ -17,6 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -24,6 +25,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer, RecordId
 from ftlayer.handler import AbstractFTHandler
 from tests.faults import ScriptCalls, TcpProxy, stored_ids
+
+pytestmark = pytest.mark.slow
 
 T = 0.05  # record timeout
 MAX_REPLAYS = 2

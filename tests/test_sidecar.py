@@ -103,6 +103,7 @@ def ns() -> str:
     return f"side{uuid.uuid4().hex[:8]}"
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_moments_loses_nothing(backend_url, ns, tmp_path) -> None:
     """Invariants 1, 6 and 8: SIGKILL of the sidecar at any moment loses nothing and
     replays no expiry twice."""

@@ -21,6 +21,8 @@ import pytest
 
 from ftlayer.connection import connect
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("backend", ["single", "cluster", "keyed"])
 def test_every_failure_kind_under_spark_connect(

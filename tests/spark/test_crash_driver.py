@@ -18,6 +18,8 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,8 @@ from benchmarks._postgres import LocalPostgres
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer
 from tests.faults import kill_session, session_pids
 from tests.toolkit import until
+
+pytestmark = pytest.mark.slow
 
 JOB = Path(__file__).with_name("crash_driver_job.py")
 FILES, ROWS = 5, 400  # one file per batch; batch 2 is the one killed
@@ -51,12 +55,35 @@ MODES = ["claim", "stream", "reference", "frames",
          "claim+postgres", "stream+delta", "reference+postgres", "frames+delta"]  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=MODES)
-def run(
+SIDE_BY_SIDE = 3
+"""Scenarios run at once: each is two driver processes of its own (its own JVM, namespace,
+checkpoint and table) that mostly wait -- for batch 2, for the kill, for a timeout -- so
+they share the machine; the suite takes their time once, not eight times."""
+
+
+@pytest.fixture(scope="module")
+def runs(
     redis_server: EmbeddedRedis,
     postgres: LocalPostgres,
     tmp_path_factory: pytest.TempPathFactory,
-    request: pytest.FixtureRequest,
+) -> Iterator[dict[str, Future[dict[str, Any]]]]:
+    """Every mode's crash and restart, started side by side (SIDE_BY_SIDE at a time)."""
+    pool = ThreadPoolExecutor(SIDE_BY_SIDE, thread_name_prefix="crash-driver")
+    futures = {mode: pool.submit(_crash_and_restart, mode, redis_server, postgres,
+                                 tmp_path_factory.mktemp("crash-driver"))
+               for mode in MODES}  # fmt: skip
+    yield futures
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(params=MODES)
+def run(runs: dict[str, Future[dict[str, Any]]], request: pytest.FixtureRequest) -> dict[str, Any]:
+    """One mode's outcome (its failure, if the scenario failed)."""
+    return runs[request.param].result(timeout=900)
+
+
+def _crash_and_restart(
+    mode: str, redis_server: EmbeddedRedis, postgres: LocalPostgres, tmp: Path
 ) -> dict[str, Any]:
     """``claim``: batches claim their replays, drain() runs the last ones; ``stream``:
     replays ride the replay stream (batch 2 re-run reads the replays its offset claimed),
@@ -65,8 +92,7 @@ def run(
     DataFrame stages, killed inside the write of a ``sink_dataframe``. ``+delta`` /
     ``+postgres``: the sink also writes through ftlayer's idempotent sink into a Delta
     table / a PostgreSQL table, read back at the end."""
-    tmp = tmp_path_factory.mktemp("crash-driver")
-    replays, _, kind = request.param.partition("+")
+    replays, _, kind = mode.partition("+")
     target = "redis"
     if kind == "delta":
         target = f"delta:{tmp / 'delta'}"

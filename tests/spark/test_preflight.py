@@ -53,6 +53,7 @@ def _run(tmp_path: Path, master: str, *conf: str, env: dict[str, str] | None = N
     return lines[-1].removeprefix("RESULT ")
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_executors_without_ftlayer_are_refused_in_one_line(tmp_path: Path) -> None:
     """Executors started with an interpreter that lacks ftlayer (a venv's python run
@@ -77,6 +78,7 @@ def _outside_address() -> str:
     pytest.fail("this machine has no IPv4 address besides loopback for a non-local master")
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_embedded_redis_under_a_master_elsewhere_is_refused(tmp_path: Path) -> None:
     host = _outside_address()

@@ -87,6 +87,7 @@ def by_batch(query: Any) -> dict[int, Any]:
     return {p["batchId"]: p for p in query.recentProgress}
 
 
+@pytest.mark.slow
 def test_a_quiet_stream_replays_failures_and_timeouts_without_new_input(
     spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path
 ) -> None:

@@ -31,7 +31,7 @@ from ftlayer import EmbeddedRedis
 from ftlayer.connection import connect
 from ftlayer.spark.standalone import StandaloneCluster
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 N = 2000  # rows per batch (speculation_job.N): ids 0..2N-1 over b0 and b1
 HOLDS = [("b0", "s1", 1), ("b1", "s1", 1), ("b1", "s2", 2)]  # (batch, stage, partition)
