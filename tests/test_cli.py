@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from ftlayer.scripts import SCRIPTS
+from tests.faults import session_pids
 from tests.toolkit import CLI
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,10 +22,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _run(args: list[str], **kw) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, capture_output=True, text=True, timeout=300, **kw)
-
-
-def _redis_children() -> set[int]:
-    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "redis-server"}
 
 
 def test_help_lists_commands_and_env_vars() -> None:
@@ -42,13 +38,16 @@ def test_help_lists_commands_and_env_vars() -> None:
 def test_core_api_example_runs_as_written() -> None:
     core = (ROOT / "docs" / "core-api.md").read_text()
     code = re.search(r"```python\n(.*?)```", core, re.S).group(1)
-    before = _redis_children()
-    out = _run([sys.executable, "-c", code], cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
+    # a session of its own: what the example started and left running stays in it
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    lines = stdout.splitlines()
     assert lines[0] == "completed=2 failed=1 pending=1"
     assert lines[1].startswith("{'order': 1} hash_code 1 new id ")
-    assert _redis_children() <= before, "the embedded redis-server was left running"
+    left = session_pids(proc.pid)
+    assert not left, f"the example left processes running (the embedded redis-server?): {left}"
 
 
 def test_core_api_array_example_runs_as_written() -> None:
