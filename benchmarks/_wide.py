@@ -51,9 +51,15 @@ def write_events(root: Path, n: int, width: int, files: int) -> int:
     return total
 
 
+def amount_of(payload: pa.Array) -> pa.Array:
+    """The ``amount`` of each event's payload (int64), by regex: what a stage that reads
+    wide events does first."""
+    return pc.cast(pc.struct_field(pc.extract_regex(payload, _AMOUNT), [0]), pa.int64())
+
+
 def parse_stage(b: pa.RecordBatch) -> pa.RecordBatch:
     """Stage 1 on wide events: the amount out of the payload, as ``total``."""
-    amount = pc.cast(pc.struct_field(pc.extract_regex(b.column(2), _AMOUNT), [0]), pa.int64())
+    amount = amount_of(b.column(2))
     return pa.RecordBatch.from_arrays([b.column(0), b.column(1), pc.multiply(amount, 1.2)],
                                       names=["id", "key", "total"])  # fmt: skip
 

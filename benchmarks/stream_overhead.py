@@ -59,9 +59,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from benchmarks._common import parse_args, redis_for_benchmark, save, url_of
+from benchmarks._common import parse_args, provenance, redis_for_benchmark, save, url_of
 from benchmarks._paired import PARTITIONS, PairedRounds, quartiles, spark_session
-from benchmarks._wide import SCHEMA, FailLate, write_events
+from benchmarks._wide import SCHEMA, FailLate, amount_of, write_events
 from ftlayer import FTConfig
 from ftlayer.spark import FaultTolerance, FileSource
 
@@ -69,10 +69,10 @@ FAIL_RATE = 0.05
 LOOKUP_KEYS = 64
 ENRICHED = "id long, key long, region string, total double"
 TAXED = "id long, key long, region string, total double, vat double"
-_AMOUNT = r'"amount": (?P<amount>[0-9]+)'
-_REGIONS = pa.array([f"region-{k % 7}" for k in range(LOOKUP_KEYS)])
-_RATES = pa.array([1.0 + k / 100 for k in range(LOOKUP_KEYS)], pa.float64())
-_KEYS = pa.array(range(LOOKUP_KEYS), pa.int64())
+LOOKUP = [(k, f"region-{k % 7}", 1.0 + k / 100) for k in range(LOOKUP_KEYS)]
+"""The lookup table's rows (key, region, rate): a Spark DataFrame for ``df``, the columns
+below for ``arrow``."""
+_KEYS, _REGIONS, _RATES = (pa.array(col) for col in zip(*LOOKUP, strict=True))
 GOAL_FT_ON = {5_000: 0.85, 50_000: 0.90}
 """``ratio_stream_*_ft_on_vs_plain`` at these events per micro-batch."""
 GOAL_FAILING = 0.80
@@ -105,8 +105,7 @@ class Cadence:
 # -- the stages, as DataFrame code ----------------------------------------------------------
 def lookup_table(spark: Any) -> Any:
     """The 64-row lookup table (key, region, rate), cached."""
-    rows = [(k, f"region-{k % 7}", 1.0 + k / 100) for k in range(LOOKUP_KEYS)]
-    return spark.createDataFrame(rows, "key long, region string, rate double").cache()
+    return spark.createDataFrame(LOOKUP, "key long, region string, rate double").cache()
 
 
 def df_enrich(lookup: Any) -> Callable[[Any], Any]:
@@ -131,9 +130,8 @@ def df_vat(df: Any) -> Any:
 # -- the same stages in Python (mapInArrow / map_batches) -----------------------------------
 def arrow_enrich(b: pa.RecordBatch) -> pa.RecordBatch:
     """Stage 1 in pyarrow: the amount by regex, the lookup by ``index_in`` + ``take``."""
-    amount = pc.cast(pc.struct_field(pc.extract_regex(b.column(2), _AMOUNT), [0]), pa.int64())
     at = pc.index_in(b.column(1), value_set=_KEYS)
-    total = pc.multiply(pc.cast(amount, pa.float64()), pc.take(_RATES, at))
+    total = pc.multiply(pc.cast(amount_of(b.column(2)), pa.float64()), pc.take(_RATES, at))
     return pa.RecordBatch.from_arrays([b.column(0), b.column(1), pc.take(_REGIONS, at), total],
                                       names=["id", "key", "region", "total"])  # fmt: skip
 
@@ -311,8 +309,6 @@ def run(cadences: list[Cadence], pipelines: list[str], width: int, repeat: int, 
 def result(rounds: PairedRounds, progress: dict[str, list[tuple[int, float]]],
            cadences: list[Cadence], pipelines: list[str], width: int, repeat: int,
            warmup: int, redis_version: str) -> dict[str, Any]:  # fmt: skip
-    from benchmarks._common import provenance
-
     med = statistics.median
     per: dict[str, Any] = {}
     for c in cadences:

@@ -18,6 +18,7 @@ def render_stream(page: Page) -> None:
                       "micro-batch.")  # fmt: skip
     goals = d.get("goals") or {}
     cadences = d.get("cadences") or {}
+    progress = []
     for cname in sorted(cadences, key=lambda k: (cadences[k].get("events_per_batch") or 0)):
         cad = cadences[cname]
         shape = f"{cad.get('batches')} × {num(cad.get('events_per_batch'))} events"
@@ -25,6 +26,10 @@ def render_stream(page: Page) -> None:
             f = cad.get(p)
             if not isinstance(f, dict):
                 continue
+            progress += [[f"`{p}` `{v}`, {cname}", num(f.get(f"{v}_micro_batches")),
+                          num(f.get(f"{v}_trigger_s_per_batch")),
+                          num(f.get(f"{v}_outside_batches_s"))]
+                         for v in ("plain", "ft_on", "ft_on_failing")]  # fmt: skip
             for v in ("ft_on", "ft_on_failing"):
                 key = f"ratio_stream_{p}_{v}_vs_plain"
                 page.row(f"`{p}` `{v}` ÷ plain, {shape}", f.get(f"{v}_s_per_batch"),
@@ -33,20 +38,11 @@ def render_stream(page: Page) -> None:
                          goal=page.goal_of(f"{cname}:{key}", ">=", goals), goal_value=f.get(key),
                          unit="s/batch", goal_on="ratio",
                          goal_label=f"`{key}` at {shape}")  # fmt: skip
-    rows = []
-    for cname in sorted(cadences, key=lambda k: (cadences[k].get("events_per_batch") or 0)):
-        for p in ("df", "arrow"):
-            f = cadences[cname].get(p)
-            if isinstance(f, dict):
-                rows += [[f"`{p}` `{v}`, {cname}", num(f.get(f"{v}_micro_batches")),
-                          num(f.get(f"{v}_trigger_s_per_batch")),
-                          num(f.get(f"{v}_outside_batches_s"))]
-                         for v in ("plain", "ft_on", "ft_on_failing")]  # fmt: skip
     page.table("From the queries' own progress (medians): micro-batches run (replay rounds "
                "included), Spark's `triggerExecution` per micro-batch, and a run's seconds "
                "outside its micro-batches (starting and ending the query):",
                ["query", "micro-batches", "s per micro-batch (Spark)", "s outside them"],
-               rows)  # fmt: skip
+               progress)  # fmt: skip
     for p, f in (d.get("fit") or {}).items():
         for key, unit in (("ft_ms_per_batch", "ms"), ("ft_us_per_record", "µs")):
             page.row(f"`{p}` `{key}` (fitted over the cadences)", f.get(key),
