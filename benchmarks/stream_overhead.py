@@ -30,10 +30,11 @@ checked: every event id once, in the Parquet table or (ftlayer) in the dead lett
 Per cadence and pipeline: ``ratio_stream_<df|arrow>_ft_on_vs_plain`` and
 ``..._ft_on_failing_vs_plain``, the plain and ftlayer seconds per micro-batch. Per
 pipeline, fitted over both cadences from the median extra time of each (ftlayer minus
-plain, paired) as ``extra = batches * a + events * b``: ``ft_ms_per_batch`` (a, the part
-that does not grow with the batch) and ``ft_us_per_record`` (b). A cost paid once per query
-(starting it, ending it) has no term of its own: it lands in a and b. The queries' own
-progress tells it apart: ``<variant>_micro_batches`` (replay rounds included),
+plain, paired), less the cost paid once per query, as ``extra = batches * a + events *
+b``: ``ft_ms_per_batch`` (a, the part that does not grow with the batch) and
+``ft_us_per_record`` (b). The cost per query, ``ft_s_per_query`` (starting the query and
+ending it: ftlayer's seconds outside its micro-batches less the plain query's), is measured
+from the queries' own progress, not fitted: ``<variant>_micro_batches`` (replay rounds included),
 ``<variant>_trigger_s_per_batch`` (Spark's ``triggerExecution`` per micro-batch) and
 ``<variant>_outside_batches_s`` (a run's wall time less its micro-batches').
 
@@ -279,6 +280,19 @@ def fit(extra: dict[Cadence, float]) -> dict[str, float]:
             "ft_us_per_record": round(per_record * 1e6, 3)}  # fmt: skip
 
 
+def fit_per_batch(per: dict[str, Any], rounds: PairedRounds, cadences: list[Cadence],
+                  pipeline: str) -> dict[str, float]:  # fmt: skip
+    """``pipeline``'s extra time per query (``ft_s_per_query``: ftlayer's seconds outside
+    its micro-batches less the plain query's, the median over the cadences), and the rest
+    of its extra time fitted (:func:`fit`) as per micro-batch and per record."""
+    med = statistics.median
+    outside = {c: per[c.name][pipeline]["ft_on_outside_batches_s"]
+               - per[c.name][pipeline]["plain_outside_batches_s"] for c in cadences}  # fmt: skip
+    per_query = med(outside.values())
+    extra = {c: med(rounds.diffs[f"{pipeline}:{c.name}:ft_on"]) - outside[c] for c in cadences}
+    return {"ft_s_per_query": round(per_query, 3), **fit(extra)}
+
+
 def run(cadences: list[Cadence], pipelines: list[str], width: int, repeat: int, warmup: int,
         url: str | None) -> dict[str, Any]:  # fmt: skip
     spark = spark_session()
@@ -325,7 +339,7 @@ def result(rounds: PairedRounds, progress: dict[str, list[tuple[int, float]]],
                 fig[f"{v}_extra_s_per_batch"] = round(med(rounds.diffs[name]) / c.batches, 4)
                 fig.update(spark_figures(v, progress[name], rounds.times[name]))
             per.setdefault(c.name, {})[p] = fig
-    fitted = {p: fit({c: med(rounds.diffs[f"{p}:{c.name}:ft_on"]) for c in cadences})
+    fitted = {p: fit_per_batch(per, rounds, cadences, p)
               for p in pipelines} if len(cadences) > 1 else {}  # fmt: skip
     return {
         "payload_bytes": width, "repeat": repeat, "warmup": warmup, "fail_rate": FAIL_RATE,
@@ -384,8 +398,8 @@ def text(r: dict[str, Any]) -> str:
                     f"  {f[f'{v}_s_per_batch']:.3f} s/batch vs {f['plain_s_per_batch']:.3f},"
                     f" +{f[f'{v}_extra_s_per_batch'] * 1e3:.0f} ms")
     for p, f in r["fit"].items():
-        lines.append(f"  {p}: {f['ft_ms_per_batch']} ms per micro-batch + "
-                     f"{f['ft_us_per_record']} us per record over plain")  # fmt: skip
+        lines.append(f"  {p}: {f['ft_s_per_query']} s per query + {f['ft_ms_per_batch']} ms "
+                     f"per micro-batch + {f['ft_us_per_record']} us per record over plain")
     return "\n".join(lines)
 
 

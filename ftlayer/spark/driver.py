@@ -34,57 +34,24 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from functools import partial
 from typing import TYPE_CHECKING, Any
-
-import redis
 
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
-from ftlayer.history import record_batch
-from ftlayer.ids import RecordId
 from ftlayer.layer import FTLayer
 from ftlayer.limits import MAX_REPLAYS
-from ftlayer.payloads import decode_record, field_codecs
-from ftlayer.persistence import ClaimedRecord, DeadLetter
+from ftlayer.persistence import DeadLetter
 from ftlayer.sources import claim_source, source_identity
-from ftlayer.spark.batch_scope import (
-    VectorRun,
-    arrow_schema,
-    lineage_seed,
-    new_salt,
-    plan_batch,
-    with_replay_columns,
-    without_replay_columns,
-)
-from ftlayer.spark.dead_letter_feed import DeadLetterFeed
-from ftlayer.spark.frame_run import FrameRun
+from ftlayer.spark.batch_plan import arrow_schema, with_replay_columns, without_replay_columns
+from ftlayer.spark.engine import BatchEngine
 from ftlayer.spark.pipeline import AckScope, OnError, Pipeline
-from ftlayer.spark.plan import MAX_MESSAGES
 from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy
 from ftlayer.spark.preflight import preflight
 from ftlayer.spark.progress import BatchProgress, ProgressListener
 from ftlayer.spark.results import BatchResult, DrainResult
-from ftlayer.spark.row_stages import compile_rows
-from ftlayer.spark.row_tasks import (
-    HASH_COL,
-    TaskPlan,
-    TaskSummary,
-    run_shuffled_task,
-    run_source_task,
-)
-from ftlayer.spark.vector_plan import (
-    ATT_COL,
-    CUR_COL,
-    LIN_COL,
-    LOC_COL,
-    POS_COL,
-    SRC_COL,
-    VectorPlan,
-)
-from partitioners import HashPartitioner
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -93,10 +60,6 @@ if TYPE_CHECKING:
 __all__ = ["FaultTolerance"]
 
 log = logging.getLogger(__name__)
-
-
-def _identity(k: int) -> int:
-    return k
 
 
 def _rebuild(config: FTConfig, replay_limit: int, backpressure_timeout_s: float) -> Any:
@@ -149,7 +112,6 @@ class FaultTolerance:
         self._last: tuple[Pipeline, SparkSession, Any] | None = None
         self._rotator: Any = None
         self._owns_layer = layer is None
-        self._draining = False
         self._owned: set[tuple[int, str]] = set()  # (source, identity) checked in Redis
         self.task_config = config
         if config.enabled:
@@ -160,6 +122,8 @@ class FaultTolerance:
             self.task_config = replace(config, redis_url=url)
             if rotate:
                 self._rotator = self.layer.start_rotator()
+        self.engine = BatchEngine(self.layer, self.task_config, replay_limit,
+                                  backpressure_timeout_s)  # fmt: skip
         log.info("fault tolerance ready %s", config.summary())
 
     # -- progress where Spark users look (ftlayer.spark.progress) ----------------------------
@@ -221,6 +185,10 @@ class FaultTolerance:
             raise ConfigError(
                 f"immediate_replays must be in 0..{MAX_REPLAYS}, not {immediate_replays}"
             )
+        if ack_scope == "task":
+            from ftlayer.spark.task_scope import DEPRECATION
+
+            warnings.warn(DEPRECATION, FutureWarning, stacklevel=2)
         key = (key,) if isinstance(key, str) else tuple(key)
         if partitions is not None and (not key or partitions < 1):
             raise ConfigError("partitions= needs key columns and must be >= 1")
@@ -277,41 +245,14 @@ class FaultTolerance:
         that no longer resolves leaves its columns null) with ``__ft_src`` (the dead
         letter's id, as ``ftlayer dlq show`` takes it), ``attempts`` and ``error`` (the
         last one). For operators and reports, on the driver: dead letters are few."""
-        import numpy as np
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        from ftlayer.spark.references import resolve
-        from ftlayer.spark.replay_rows import replay_table, stored_schema
+        from ftlayer.spark.intake import dead_letter_table
 
         if self.layer is None:
             return None
         reads = pipeline.reads
         user = reads.stream(spark).schema if reads is not None else self._spark_schema()[1]
-        letters = [d for d in self.layer.persistence.dead_letters()
-                   if d.frame is not None and d.frame.source == pipeline.source]  # fmt: skip
-        claimed = [ClaimedRecord(RecordId(d.source_id, 0), d.frame, -1, d.attempts)
-                   for d in letters if d.frame is not None]  # fmt: skip
-        stored = stored_schema(arrow_schema(user, spark), reads is not None)
-        table, _ = replay_table(claimed, stored)
-        if reads is not None and table.num_rows:  # a reference that no longer resolves
-            # keeps null columns
-            names = table.schema.names[: len(user.fields)]
-            back = resolve(spark, reads, table, names)
-            if back is not None:
-                found = back.toArrow().join(table.select([SRC_COL, LOC_COL, POS_COL]), SRC_COL)
-                _, first = np.unique(found.column(SRC_COL).to_numpy(), return_index=True)
-                found = found.take(first).select(table.schema.names).cast(table.schema)
-                gone = pc.invert(pc.is_in(table.column(SRC_COL), found.column(SRC_COL)))
-                rest = table.filter(gone)
-                table = pa.concat_tables([found, rest])
-        why = {d.source_id: (d.history[-1].error if d.history else "") for d in letters}
-        src = table.column(SRC_COL).to_numpy().view("uint64")
-        names = [n for n in table.schema.names if n not in (ATT_COL, CUR_COL, LIN_COL)]
-        return table.select(names).append_column(
-            "lineage", table.column(LIN_COL)).append_column(
-            "attempts", table.column(ATT_COL)).append_column(
-            "error", pa.array([why.get(int(s), "") for s in src], pa.string()))  # fmt: skip
+        return dead_letter_table(self.layer, pipeline.source, arrow_schema(user, spark),
+                                 reads, spark)  # fmt: skip
 
     def _own(self, pipeline: Pipeline, schema: Any, spark: SparkSession) -> None:
         """Refuse to run a source another pipeline owns (ftlayer.sources), once the
@@ -327,247 +268,27 @@ class FaultTolerance:
 
     # -- one batch ----------------------------------------------------------------------
     def run_batch(self, pipeline: Pipeline, df: DataFrame, batch_id: Any) -> BatchResult:
-        """Run one micro-batch (fresh rows of ``df`` + claimed replays) to the end.
+        """Run one micro-batch (fresh rows of ``df`` + its replays) to the end: through
+        the batch engine's phases (ftlayer.spark.engine), ``ack_scope="task"`` through
+        ftlayer.spark.task_scope.
 
-        Returns after every task flushed. Raises if the Spark job fails (the claimed
-        replays then time out and come back; Spark re-runs the batch's fresh rows)."""
+        Returns after the batch settled. Raises if the Spark job fails (the replays then
+        time out and come back; Spark re-runs the batch's fresh rows)."""
         if not pipeline.sunk:
             raise ConfigError("the pipeline has no sink: end it with .sink(fn)")
         _check_key(pipeline.key, df.schema)
-        self._own(pipeline, without_replay_columns(df.schema), df.sparkSession)
-        if pipeline.ack_scope == "batch":
-            return self._run_vectorized(pipeline, df, batch_id)
-        started = time.monotonic()
-        spark = df.sparkSession
-        self._last = (pipeline, spark, df.schema)
-        result = BatchResult(batch_id)
-        plan = self._plan(pipeline, df.schema)
-        self._backpressure(pipeline.source, batch_id)
-        fresh = self._keyed(pipeline, df)
-        if type(fresh).__module__.startswith("pyspark.sql.connect"):
-            raise ConfigError(
-                "ack_scope='task' needs df.rdd, which Spark Connect does not have: use "
-                "the default ack_scope='batch'"
-            )
-        rdd = fresh.rdd
-        n = rdd.getNumPartitions()
-        groups = self._claim(pipeline, plan, max(n, 1), result)
-        if n == 0:
-            if not groups:
-                return self._done(result, started)
-            rdd, n = spark.sparkContext.parallelize([], 1), 1
-        bc = spark.sparkContext.broadcast(groups) if groups else None
-        try:
-            out = rdd.mapPartitionsWithIndex(partial(run_source_task, plan, bc))
-            for stage in range(1, len(plan.segments)):
-                n_out = plan.segments[stage - 1].shuffle_n
-                out = out.partitionBy(n_out, _identity).mapPartitionsWithIndex(
-                    partial(run_shuffled_task, plan, stage)
-                )
-            summaries: list[TaskSummary] = out.collect()
-        finally:
-            if bc is not None:
-                bc.unpersist()
-        for s in summaries:
-            self._add(result, s)
-        return self._done(result, started)
-
-    def _run_vectorized(self, pipeline: Pipeline, df: DataFrame, batch_id: Any) -> BatchResult:
-        """One batch on the vectorized path (see ftlayer.spark.batch_scope)."""
-        started = time.monotonic()
-        spark = df.sparkSession
         schema = without_replay_columns(df.schema)  # the source's own columns
-        self._last = (pipeline, spark, schema)
-        segments = pipeline.segments
-        if pipeline.frames:
-            return self._run_frames(pipeline, df, batch_id, schema, started)
-        if pipeline.record_key is not None and not pipeline.vectorized:
-            raise ConfigError("record_key takes batch stages (map_batches, map_pandas)")
-        if not pipeline.vectorized:
-            segments = compile_rows(segments, schema, pipeline.on_error,
-                                    lambda ddl: arrow_schema(ddl, spark),
-                                    pipeline.errors)  # fmt: skip
-        result = BatchResult(batch_id)
-        self._backpressure(pipeline.source, batch_id)
-        plan = plan_batch(
-            segments, schema, spark, config=self.task_config,
-            source=pipeline.source,
-            batch_key=str(batch_id), on_error=pipeline.on_error,
-            immediate_replays=pipeline.immediate_replays, errors=pipeline.errors,
-            record_key=pipeline.record_key,
-            lineage_seed=lineage_seed(df, pipeline.source, batch_id),
-            run_again=self._run_again(pipeline.source, batch_id),
-        )  # fmt: skip
-        run = VectorRun(plan, self.layer, result)
-        with run.keepalive():  # a live driver keeps its batch from timing out
-            out = run.dataframe(df, pipeline.key, pipeline.partitions, self.replay_limit,
-                                pipeline.reads)  # fmt: skip
-            finals = [row[0] for row in out.collect()]
-        run.settle(finals)
-        return self._done(result, started)
+        self._own(pipeline, schema, df.sparkSession)
+        if pipeline.ack_scope == "task":
+            from ftlayer.spark.task_scope import run_task_scope
 
-    def _run_again(self, source: int, batch_id: Any) -> bool:
-        """Whether this batch id of ``source`` began before (its rows may have been
-        written): a drain's batches and FT off count as yes."""
-        if self.layer is None or self._draining:
-            return True
-        return self.layer.segments.run_again(source, str(batch_id))
-
-    def _run_frames(self, pipeline: Pipeline, df: DataFrame, batch_id: Any, schema: Any,
-                    started: float) -> BatchResult:  # fmt: skip
-        """One batch of DataFrame stages (see ftlayer.spark.frame_run)."""
-        if pipeline.record_key is not None:
-            raise ConfigError("record_key takes pipelines of batch stages only (map_batches, "
-                              "map_pandas), not DataFrame stages (transform, sink_dataframe)")
-        result = BatchResult(batch_id)
-        self._backpressure(pipeline.source, batch_id)
-        spark = df.sparkSession
-        plan = VectorPlan(self.task_config, pipeline.source, str(batch_id), new_salt(),
-                          pipeline.segments, pipeline.on_error, 0,
-                          (arrow_schema(schema, spark),), (), pipeline.errors,
-                          lineage_seed=lineage_seed(df, pipeline.source, batch_id),
-                          run_again=self._run_again(pipeline.source, batch_id))  # fmt: skip
-        run = FrameRun(plan, self.layer, result)
-        with run.keepalive():
-            out = run.frame(df, pipeline.key, pipeline.partitions, self.replay_limit,
-                            pipeline.reads, fresh=not self._draining)  # fmt: skip
-            if out is not None:
-                run.run(out, batch_id)
-        return self._done(result, started)
-
-    def _plan(self, pipeline: Pipeline, schema: Any) -> TaskPlan:
-        names = set(schema.fieldNames())
-        segments = []
-        for seg in pipeline.segments:
-            if seg.shuffle_n and seg.shuffle_types is None and set(seg.shuffle_cols) <= names:
-                types = tuple(schema[c].dataType.simpleString() for c in seg.shuffle_cols)
-                seg = replace(seg, shuffle_types=types)
-            segments.append(seg)
-        return TaskPlan(
-            self.task_config,
-            pipeline.source,
-            tuple(segments),
-            pipeline.on_error,
-            field_codecs(schema),
-            pipeline.key,
-            pipeline.errors,
-        )
-
-    def _keyed(self, pipeline: Pipeline, df: DataFrame) -> DataFrame:
-        """The input with Spark's ``hash(key)`` column, placed by key when keyed."""
-        from pyspark.sql import functions as F  # noqa: N812
-
-        if not pipeline.key:
-            return df
-        if pipeline.partitions:
-            df = df.repartition(pipeline.partitions, *pipeline.key)
-        if not self.config.enabled:
-            return df
-        return df.withColumn(HASH_COL, F.hash(*pipeline.key))
-
-    def _backpressure(self, source: int, batch_id: Any) -> None:
-        """Wait for room before a batch (``max_pending`` records in flight). Never in
-        ``drain``: its batches only run replays, the work that frees room."""
-        if self.layer is None or self.config.max_pending is None or self._draining:
-            return
-        if not self.layer.wait_for_capacity(source, timeout_s=self.backpressure_timeout_s):
-            log.warning(
-                "backpressure timed out, running batch anyway batch_id=%s source=%d",
-                batch_id,
-                source,
-            )
-
-    def _claim(
-        self, pipeline: Pipeline, plan: TaskPlan, n: int, result: BatchResult
-    ) -> dict[int, list[tuple[int, int, Any]]]:
-        """Claim this source's replays and group them by target partition."""
-        if self.layer is None:
-            return {}
-        claimed = self.layer.claim_replays(pipeline.source, self.replay_limit)
-        keyed = HashPartitioner(pipeline.partitions) if pipeline.partitions else None
-        groups: dict[int, list[tuple[int, int, Any]]] = {}
-        bad = []
-        for c in claimed:
-            try:
-                record = decode_record(c.frame.payload, plan.codecs, c.frame.describe())
-            except Exception as e:
-                bad.append(c.record_id)
-                result.undecodable += 1
-                text = f"undecodable replay payload: {e}"
-                if len(result.errors) < MAX_MESSAGES:
-                    result.errors.append(f"{c.frame.describe()}: {text}")
-                log.error(
-                    "replay rejected batch_id=%s %s %s", result.batch_id, c.frame.describe(), text
-                )
-                self.layer.fail([c.record_id], error=text, max_replays=0)  # no replay fixes it
-                continue
-            if keyed is not None:
-                target = keyed.select(c.frame.hash_code, c.original_partition)[0]
-            else:
-                target = max(c.original_partition, 0) % n
-            groups.setdefault(target, []).append((c.record_id[0], c.record_id[1], record))
-        if claimed:
-            log.info(
-                "replays claimed batch_id=%s source=%d claimed=%d undecodable=%d",
-                result.batch_id,
-                pipeline.source,
-                len(claimed),
-                len(bad),
-            )
-        return groups
-
-    @staticmethod
-    def _add(result: BatchResult, s: TaskSummary) -> None:
-        result.tasks += 1
-        result.add(s, acked=s.stage == 0)  # a source record is acked in the source stage
-
-    def _done(self, result: BatchResult, started: float) -> BatchResult:
-        pipeline = self._last[0] if self._last else None
-        if pipeline is not None and pipeline.on_dead_letter and self.layer is not None:
-            given = DeadLetterFeed(self.layer, pipeline.source, pipeline.on_dead_letter).deliver()
-            if given:
-                log.info("dead letters given to on_dead_letter batch_id=%s n=%d",
-                         result.batch_id, given)  # fmt: skip
-        result.elapsed_s = round(time.monotonic() - started, 3)
+            self._last = (pipeline, df.sparkSession, df.schema)
+            result = run_task_scope(self.engine, pipeline, df, batch_id)
+        else:
+            self._last = (pipeline, df.sparkSession, schema)
+            result = self.engine.run(pipeline, df, batch_id)
         self.results.append(result)
-        if pipeline is not None and self.layer is not None:
-            self._report(pipeline, result)
-        log.info(
-            "batch done batch_id=%s fresh=%d replayed=%d failed=%d rejected=%d written=%d "
-            "elapsed_s=%.3f",
-            result.batch_id,
-            result.fresh,
-            result.replayed,
-            result.failed,
-            result.rejected,
-            result.written,
-            result.elapsed_s,
-        )
-        if result.rejected:
-            log.error(
-                "rows rejected batch_id=%s rejected=%d first=%s",
-                result.batch_id,
-                result.rejected,
-                result.rejects[:3],
-            )
         return result
-
-    def _report(self, pipeline: Pipeline, result: BatchResult) -> None:
-        """The batch's summary for the status page (ftlayer.history): a report, so a
-        Redis error here is logged, never raised (the batch has settled)."""
-        assert self.layer is not None
-        stages = {label: (c.rows_in, c.rows_out, c.failed, c.unconfirmed, c.seconds,
-                          c.replayed, c.dead_lettered)
-                  for label, c in result.stages.items()}  # fmt: skip
-        try:
-            record_batch(self.layer.client, self.layer.keyspace,
-                         pipeline=pipeline.name or f"source {pipeline.source}",
-                         source=pipeline.source, batch_id=result.batch_id,
-                         elapsed_s=result.elapsed_s, fresh=result.fresh,
-                         replayed=result.replayed, failed=result.failed,
-                         written=result.written, stages=stages)  # fmt: skip
-        except redis.RedisError as e:
-            log.warning("batch summary not kept batch_id=%s error=%s", result.batch_id, e)
 
     # -- the end ------------------------------------------------------------------------
     def drain(
@@ -597,11 +318,11 @@ class FaultTolerance:
             if last is not None and st.queued_replays:
                 pipe, spark, schema = last
                 empty = spark.createDataFrame([], schema)
-                self._draining = True
+                self.engine.draining = True
                 try:
                     result = self.run_batch(pipe, empty, f"drain-{uuid.uuid4().hex[:6]}")
                 finally:
-                    self._draining = False
+                    self.engine.draining = False
                 batches += 1
                 if result.replayed or result.undecodable:
                     continue

@@ -42,16 +42,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import msgpack
-import numpy as np
 import pyarrow as pa
 
 from ftlayer.errors import ConfigError, FTLayerError
 from ftlayer.ids import LOCAL_BIT
 from ftlayer.limits import DEAD_NOW
-from ftlayer.lineage import LINEAGE_META
-from ftlayer.segments import frames_of_rows, unit_source_id
-from ftlayer.spark.batch_scope import Failure, VectorRun, arrow_schema, spark_schema
+from ftlayer.spark.batch_plan import arrow_schema, spark_schema
 from ftlayer.spark.frame_tasks import (
     DEAD_COL,
     ERROR_COL,
@@ -69,13 +65,14 @@ from ftlayer.spark.plan import (
     stage_name,
 )
 from ftlayer.spark.references import with_references
-from ftlayer.spark.results import StageCounts
+from ftlayer.spark.results import BatchResult, StageCounts
+from ftlayer.spark.settle import Failure, Residues
 from ftlayer.spark.vector_plan import LOC_COL, POS_COL, SRC_COL, stage_label
-from ftlayer.spark.vector_tasks import segment_bytes
-from ftlayer.wire import BatchSummary
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
+
+    from ftlayer.spark.engine import BatchRun
 
 __all__ = ["IDENTITY", "FrameRun", "frame_label"]
 
@@ -91,9 +88,10 @@ def frame_label(segment: int, op: int, fn: Any) -> str:
 
 
 @dataclass
-class FrameRun(VectorRun):
-    """One run of one batch of DataFrame stages, from its plan to its settlement."""
+class FrameRun:
+    """The execute phase of one run of a batch of DataFrame stages."""
 
+    run: BatchRun
     observed: list[tuple[str, Any]] = field(default_factory=list)
     """(stage label, Observation) of every stage with ``failed=``, in order, each
     counting the rows it sees (no stage has one: ("", a count at the sink's input))."""
@@ -101,15 +99,28 @@ class FrameRun(VectorRun):
     """The ids of the replays the job read (those read back: one not read was not found)."""
     plain_source: DataFrame | None = None
     """The batch's source rows without observations: read again only if the sink raised."""
-    claimed: dict[int, int] = field(default_factory=dict)
     copies: bool = False
     """Its fresh rows are copies, stored by the source pass (frame_tasks.CopySource)."""
     sink_label: str = ""
     """A Python sink's label (its observation counts its failed rows only)."""
+    ran: dict[int, int] = field(default_factory=dict)
+    """The replays the job ran: source id -> current id."""
+
+    @property
+    def plan(self) -> Any:
+        return self.run.plan
+
+    @property
+    def layer(self) -> Any:
+        return self.run.layer
+
+    @property
+    def result(self) -> BatchResult:
+        return self.run.result
 
     # -- the plan ----------------------------------------------------------------------
     def frame(self, df: DataFrame, key: tuple[str, ...], partitions: int | None,
-              replay_limit: int, reads: Any, fresh: bool = True) -> DataFrame | None:  # fmt: skip
+              replay_limit: int, fresh: bool = True) -> DataFrame | None:  # fmt: skip
         """The rows that reach the sink: ``df``'s fresh rows (none with ``fresh=False``)
         and the batch's replays through the stages, identity kept, failures observed and
         filtered out. None: the batch has no rows at all.
@@ -121,17 +132,16 @@ class FrameRun(VectorRun):
         from pyspark.sql import Observation
         from pyspark.sql import functions as F  # noqa: N812
 
-        plan = self.plan
+        plan, run = self.plan, self.run
         names = list(plan.inputs[0].names)
         spark = df.sparkSession
-        self.reads, self.spark = reads, spark
         streamed = SRC_COL in df.columns
         parts = []
         if fresh:
             rows = df.filter(F.col(SRC_COL).isNull()) if streamed else df
-            if reads is not None:
+            if run.reads is not None:
                 if LOC_COL not in rows.columns:
-                    rows = with_references(reads, rows)
+                    rows = with_references(run.reads, rows)
             elif self.layer is not None:  # copies: the one Python pass, storing them
                 self.copies = True
                 copy = CopySource(plan.config, plan.source, plan.batch_key, plan.salt,
@@ -144,13 +154,12 @@ class FrameRun(VectorRun):
                                    F.lit(0).cast("long").alias(POS_COL))  # fmt: skip
             parts.append(rows.select(*names, F.col(LOC_COL).alias(LOC_COL, metadata=IDENTITY),
                                      F.col(POS_COL).alias(POS_COL, metadata=IDENTITY)))
-        if self.layer is not None:
-            self.calls += 1
+        if run.intake is not None:
+            run.intake.calls += 1
             self.layer.segments.drop_batch(plan.source, plan.batch_key)
-            self.streamed = streamed
-            replays = (self._stream_replays(spark, reads) if streamed
-                       else self._replays(df, replay_limit, reads))  # fmt: skip
-            self.claimed = dict(self.injected)
+            run.streamed = streamed
+            run.replays = run.intake.streamed() if streamed else run.intake.claim(replay_limit)
+            replays = run.intake.dataframe(spark, run.replays, run.reads)
             if replays is not None:
                 self.replays_observed = Observation(f"ft-{plan.salt:x}-replays")
                 replays = replays.select(
@@ -259,9 +268,10 @@ class FrameRun(VectorRun):
         return out.filter(~failed).drop(FAILED_COL)
 
     # -- running and settling ----------------------------------------------------------
-    def run(self, out: DataFrame, batch_id: Any) -> None:
-        """Call the sink with ``out`` (the identity columns dropped unless it wants them),
-        then settle: the sink's failure fails every record of the batch."""
+    def write(self, out: DataFrame, batch_id: Any) -> Residues:
+        """Call the sink with ``out`` (the identity columns dropped unless it wants them);
+        the batch's residues from the observations (the sink's failure fails every record
+        of the batch)."""
         seg = self.plan.segments[-1]
         user_sink = seg.sink
         assert user_sink is not None
@@ -289,9 +299,8 @@ class FrameRun(VectorRun):
             text = error_text(name, e)
             log.error("DataFrame sink failed batch_id=%s: every record of the batch "
                       "replays: %s", self.result.batch_id, text)  # fmt: skip
-            self._fail_everything(text)
-            return
-        self._settle_observed(name)
+            return self._fail_everything(text)
+        return self._residues_observed(name)
 
     def _with_lineage(self, out: DataFrame, name: str) -> DataFrame:
         """``out`` with each row's lineage id in column ``name`` (ftlayer.lineage),
@@ -307,17 +316,18 @@ class FrameRun(VectorRun):
                                                    F.monotonically_increasing_id()))
         lin = (F.when(loc.isNotNull(), F.xxhash64(F.lit(plan.source).cast("long"), loc, pos))
                .when(pos < 0, F.xxhash64(F.lit(plan.lineage_seed).cast("long"), pos)))
-        if self.replay_lineage is not None and self.replay_lineage.num_rows:
+        replays = self.run.replays
+        if replays is not None and replays.table.num_rows:
             rid, rlin = "__ft_replay_id", "__ft_replay_lin"
-            known = self.replay_lineage.rename_columns([rid, rlin])
+            known = replays.lineage.rename_columns([rid, rlin])
             out = out.join(F.broadcast(out.sparkSession.createDataFrame(known)),
                            pos == F.col(rid), "left")  # fmt: skip
             return out.withColumn(name, lin.otherwise(F.col(rlin))).drop(rid, rlin)
         return out.withColumn(name, lin)
 
-    def _settle_observed(self, sink: str) -> None:
-        """Read the observations (the counts, the failed rows, the replays read) and
-        settle. ``fresh`` counts the rows the first observation saw (a stage filtering
+    def _residues_observed(self, sink: str) -> Residues:
+        """Read the observations (the counts, the failed rows, the replays read): the
+        batch's residues. ``fresh`` counts the rows the first observation saw (a stage filtering
         rows before it makes it smaller; those rows completed)."""
         first = _metrics(self.observed[0][1])
         if first is None:
@@ -358,14 +368,14 @@ class FrameRun(VectorRun):
                 r.stages.setdefault(label, StageCounts()).add(
                     StageCounts(rows, rows - len(failed), len(failed)))  # fmt: skip
             r.written = rows - len(failed)
-        self._settle(set(ran), fresh, replays)
+        return self._residues(set(ran), fresh, replays)
 
-    def _fail_everything(self, text: str) -> None:
+    def _fail_everything(self, text: str) -> Residues:
         """The sink raised: every record of the batch fails with its error (the source's
         identities read again: the failure path's one extra pass)."""
         r = self.result
         if self.plain_source is None:
-            return
+            return Residues()
         ids = self.plain_source.select(LOC_COL, POS_COL).toArrow()
         loc = ids.column(LOC_COL).to_pylist()
         pos = ids.column(POS_COL).to_pylist()
@@ -374,87 +384,28 @@ class FrameRun(VectorRun):
         fresh = {(lo, p): why for lo, p in zip(loc, pos, strict=True) if not _replay(lo, p)}
         r.replayed, r.fresh = len(ran), len(fresh)
         r.errors.append(text)
-        self._settle(ran, fresh, dict.fromkeys(ran, why))
+        return self._residues(ran, fresh, dict.fromkeys(ran, why))
 
-    def _settle(self, ran: set[int], fresh: dict[tuple[int | None, int], Failure],
-                replays: dict[int, Failure]) -> None:  # fmt: skip
+    def _residues(self, ran: set[int], fresh: dict[tuple[int | None, int], Failure],
+                  replays: dict[int, Failure]) -> Residues:  # fmt: skip
+        """Count the batch and make its residues: the replays that ran (``ran``, by
+        source id), failed fresh rows (by identity: a reference, or a copy's batch-local
+        id) and failed replays."""
         r = self.result
-        log.info("batch settling batch_id=%s source=%d", r.batch_id, self.plan.source)
         r.failed = len(fresh) + len(replays)
         r.acked = r.fresh + r.replayed - r.failed
         for why in [*fresh.values(), *replays.values()][:MAX_MESSAGES]:
             if len(r.errors) < MAX_MESSAGES and why.error not in r.errors:
                 r.errors.append(why.error)
-        if self.layer is None:
-            return
-        self.injected = {s: c for s, c in self.claimed.items() if s in ran}
-        failed = dict(replays)
-        if self.copies:
-            self._settle_copies({pos & _U64: why for (_, pos), why in fresh.items()})
-        else:
-            self._persist_failed({(lo, pos): why for (lo, pos), why in fresh.items()
-                                  if lo is not None}, r.fresh)  # fmt: skip
-        self._not_found(failed)
-        self._settle_replays(failed, set())
-        self._count_outcomes()
-        self.result.redis_calls = self.calls
-
-    def _settle_copies(self, failed: dict[int, Failure]) -> None:
-        """Settle the segments the source pass stored (one attempt's per partition; the
-        others are dropped): their failed rows become records, the rest complete."""
-        assert self.layer is not None
-        plan = self.plan
-        raws = self.layer.segments.batch_summaries(plan.source, plan.batch_key)
-        self.calls += 2 * len(self.layer.keyspace)
-        one: dict[int, dict[str, Any]] = {}
-        for raw in raws:
-            d = msgpack.unpackb(raw, raw=False)
-            one.setdefault(d["partition"], d)
-        last = len(plan.segments) - 1  # no summary tokens of shuffles to delete
-        summaries = [BatchSummary(stage=last, partition=p, segment=d["segment"],
-                                  segment_rows=d["rows"]) for p, d in sorted(one.items())]
-        self._settle_segments(summaries, failed, set())
-
-    def _persist_failed(self, fresh: dict[tuple[int, int], Failure], rows: int) -> None:
-        """Fresh rows that failed, as records kept by reference, queued for replay with
-        their errors: a segment of them per shard, stored then settled at once (one
-        segment on shard 0 when none failed: it counts the batch's rows)."""
-        assert self.layer is not None
-        store, cfg, plan = self.layer.segments, self.layer.config, self.plan
-        n = len(self.layer.keyspace)
-        refs = list(fresh.items())
-        if self.reads is not None and refs:
-            self.reads.remember(self.spark, sorted({loc for (loc, _), _ in refs}))
-        batch = store.batch_prefix(plan.source, plan.batch_key)
-        jobs: dict[int, tuple[list[Any], list[int]]] = {}
-        elsewhere = len(refs) - len(refs[0::n])
-        for shard in range(n):
-            mine = refs[shard::n]
-            if not mine and shard:
-                continue
-            table = pa.RecordBatch.from_pydict({
-                LOC_COL: pa.array([loc for (loc, _), _ in mine], pa.int64()),
-                POS_COL: pa.array([pos for (_, pos), _ in mine], pa.int64())},
-                metadata={LINEAGE_META: b"ref"})  # fmt: skip
-            member = store.member(plan.source, plan.batch_key, shard, store.new_token(shard))
-            blob = segment_bytes([table], cfg.segment_codec)
-            store.put(shard, member, blob, 0, b"", plan.salt, batch)
-            frames = frames_of_rows(table, np.arange(len(mine)), shard=shard,
-                                    source=plan.source, partition=shard,
-                                    max_replays=cfg.max_replays,
-                                    max_payload=cfg.max_record_bytes)  # fmt: skip
-            fails = [(f, why.error, why.attempts)
-                     for f, (_, why) in zip(frames, mine, strict=True)]  # fmt: skip
-            # shard 0's segment also counts the rows that completed (persisted, completed)
-            seg_rows = max(rows - elsewhere, len(mine)) if shard == 0 else len(mine)
-            jobs[shard] = ([(member, seg_rows, fails, [], 0)], [])
-            self.sent[member] = {unit_source_id(f): why.stage
-                                 for f, (_, why) in zip(frames, mine, strict=True)}  # fmt: skip
-        self.calls += 2 * len(jobs)
-        tallies = store.settle_shards(jobs, salt=plan.salt, batch=batch,
-                                      elapsed_ms=self.elapsed_ms())  # fmt: skip
-        for tally in tallies.values():
-            self.settled.merge(tally)
+        taken = self.run.replays.injected if self.run.replays is not None else {}
+        self.ran = {s: c for s, c in taken.items() if s in ran}
+        res = Residues(failed=dict(replays))
+        for (loc, pos), why in fresh.items():
+            if self.copies:
+                res.failed[pos & _U64] = why
+            elif loc is not None:
+                res.by_reference[(loc, pos)] = why
+        return res
 
 
 _EXCLUDED = "spark.sql.adaptive.optimizer.excludedRules"

@@ -163,6 +163,6 @@ class CopySource:
 
 def answer_type(step: PythonStep) -> Any:
     """The Spark schema of a step's answer."""
-    from ftlayer.spark.batch_scope import spark_schema
+    from ftlayer.spark.batch_plan import spark_schema
 
     return spark_schema(step.answer_schema)

@@ -38,7 +38,6 @@ import uuid
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 import redis
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -46,9 +45,8 @@ from pyspark.sql.streaming.datasource import ReadMaxRows, SupportsTriggerAvailab
 from pyspark.sql.types import StructType
 
 from ftlayer.config import FTConfig
-from ftlayer.spark.batch_scope import arrow_schema, spark_schema
-from ftlayer.spark.replay_rows import replay_schema, replay_table, stored_schema
-from ftlayer.spark.vector_plan import SRC_COL
+from ftlayer.spark.batch_plan import arrow_schema, spark_schema
+from ftlayer.spark.replay_rows import replay_schema, stored_schema
 from ftlayer.spark.worker import worker_layer
 
 if TYPE_CHECKING:
@@ -159,21 +157,14 @@ class ReplayReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         without computing the micro-batch twice."""
         if self.by_reference:
             return
-        layer = self._layer()
-        claimed = _through_failover(
-            lambda: layer.persistence.read_stream(self.source, partition.token, partition.shard),
-            "replay stream read")  # fmt: skip
-        if not claimed:
-            return
-        stored = stored_schema(arrow_schema(self.user, None), self.by_reference)
-        table, bad = replay_table(claimed, stored)
-        for rid, text in bad:  # a payload no replay decodes: dead-lettered, named
-            log.error("replay rejected source=%d %s", self.source, text)
-            layer.fail([rid], error=text, max_replays=0)
-        if table.num_rows:  # a full timeout from now: the batch has just begun
-            src = table.column(SRC_COL).to_numpy().view(np.uint64)
-            layer.reset_timeout([int(x) for x in src])
-            yield from table.to_batches()
+        from ftlayer.spark.intake import Intake
+
+        intake = Intake(self._layer(), self.source, arrow_schema(self.user, None),
+                        self.by_reference)  # fmt: skip
+        table = _through_failover(lambda: intake.stream_partition(partition.token,
+                                                                  partition.shard),
+                                  "replay stream read")  # fmt: skip
+        yield from table.to_batches()
 
     def commit(self, end: dict[str, Any]) -> None:
         """Release the claims of the batches Spark committed (a release that fails is

@@ -1,0 +1,241 @@
+"""The batch engine: one micro-batch through its phases, the same for every pipeline.
+
+::
+
+    plan      ftlayer.spark.batch_plan    what every task runs (one VectorPlan a run)
+    intake    ftlayer.spark.intake        the replays it runs: claimed or streamed,
+                                          decoded, rejects dead-lettered, references
+                                          resolved in the plan
+    execute   a stage kind                the Spark job, and what it left undone as one
+              (batch_scope: Python stages, Residues value (task summaries, or Spark's
+               frame_run: DataFrame stages) observations)
+    settle    ftlayer.spark.settle        the residues into Redis, everything else
+                                          complete
+    report    ftlayer.spark.report        dead-letter callbacks, the status page, logs
+
+Invariants:
+
+* The batch function returns only after the job finished and the batch settled, so
+  Spark commits the batch's offsets only when each of its records is complete or
+  persisted with a live timeout (invariant 1). A job that raises settles nothing: the
+  batch's fresh rows come again with the batch, its replays time out and replay.
+* While the job runs, a live driver keeps the batch's segments and replays a full
+  timeout ahead (``keepalive``); a driver that dies stops, and they time out.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from ftlayer.errors import ConfigError
+from ftlayer.spark.batch_plan import (
+    arrow_schema,
+    lineage_seed,
+    plan_batch,
+    plan_frames,
+    without_replay_columns,
+)
+from ftlayer.spark.batch_scope import VectorRun
+from ftlayer.spark.frame_run import FrameRun
+from ftlayer.spark.intake import Intake, Replays
+from ftlayer.spark.report import report
+from ftlayer.spark.results import BatchResult
+from ftlayer.spark.row_stages import compile_rows
+from ftlayer.spark.settle import Residues, Settlement
+from ftlayer.spark.vector_plan import VectorPlan
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from ftlayer.config import FTConfig
+    from ftlayer.layer import FTLayer
+    from ftlayer.spark.pipeline import Pipeline
+
+__all__ = ["BatchEngine", "BatchRun"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BatchRun:
+    """One run of one batch, as its phases share it (FT off: no layer, intake or
+    settlement)."""
+
+    plan: VectorPlan
+    layer: FTLayer | None
+    result: BatchResult
+    started: float
+    reads: Any = None
+    """The pipeline's ReplayableSource (None: its records are copies)."""
+    spark: Any = None
+    intake: Intake | None = None
+    settlement: Settlement | None = None
+    replays: Replays | None = None
+    """What the intake took (known once the job's plan is built)."""
+    streamed: bool = False
+    """Its replays ride in from the replay stream (kept alive by their claims' tokens)."""
+
+    @property
+    def redis_calls(self) -> int:
+        return sum(p.calls for p in (self.intake, self.settlement) if p is not None)
+
+
+class BatchEngine:
+    """Runs batches of pipelines on one FT layer (None: FT off). ``config``: the
+    executors' (its ``redis_url`` filled in); ``replay_limit``: the most replays a batch
+    claims; ``backpressure_timeout_s``: how long a batch waits for room under
+    ``max_pending``. ``draining``: the batches run are a drain's (no fresh rows, no
+    backpressure, every batch id counted as run before)."""
+
+    def __init__(self, layer: FTLayer | None, config: FTConfig, replay_limit: int,
+                 backpressure_timeout_s: float) -> None:  # fmt: skip
+        self.layer, self.config = layer, config
+        self.replay_limit, self.backpressure_timeout_s = replay_limit, backpressure_timeout_s
+        self.draining = False
+
+    def run(self, pipeline: Pipeline, df: DataFrame, batch_id: Any) -> BatchResult:
+        """One batch through plan, intake, execute, settle and report."""
+        started = time.monotonic()
+        run = self._plan(pipeline, df, batch_id, started)
+        self._backpressure(pipeline.source, batch_id)
+        with self._keepalive(run):
+            if pipeline.frames:
+                frames = FrameRun(run)
+                out = frames.frame(df, pipeline.key, pipeline.partitions, self.replay_limit,
+                                   fresh=not self.draining)  # fmt: skip
+                res = frames.write(out, batch_id) if out is not None else None
+                if res is not None and run.settlement is not None:
+                    self._settle_frames(run, frames, res)
+            else:
+                vector = VectorRun(run)
+                out = vector.dataframe(df, pipeline.key, pipeline.partitions,
+                                       self.replay_limit)  # fmt: skip
+                got = vector.residues([row[0] for row in out.collect()])
+                if got is not None:
+                    self._settle_vector(run, vector, *got)
+                run.result.redis_calls = vector.calls
+        run.result.redis_calls += run.redis_calls
+        return report(self.layer, pipeline, run.result, started)
+
+    # -- plan ---------------------------------------------------------------------------
+    def _plan(self, pipeline: Pipeline, df: DataFrame, batch_id: Any,
+              started: float) -> BatchRun:  # fmt: skip
+        spark = df.sparkSession
+        schema = without_replay_columns(df.schema)  # the source's own columns
+        seed = lineage_seed(df, pipeline.source, batch_id)
+        again = self._run_again(pipeline.source, batch_id)
+        if pipeline.frames:
+            if pipeline.record_key is not None:
+                raise ConfigError("record_key takes pipelines of batch stages only "
+                                  "(map_batches, map_pandas), not DataFrame stages "
+                                  "(transform, sink_dataframe)")  # fmt: skip
+            plan = plan_frames(pipeline.segments, schema, spark, config=self.config,
+                               source=pipeline.source, batch_key=str(batch_id),
+                               on_error=pipeline.on_error, errors=pipeline.errors,
+                               lineage_seed=seed, run_again=again)  # fmt: skip
+        else:
+            segments = pipeline.segments
+            if pipeline.record_key is not None and not pipeline.vectorized:
+                raise ConfigError("record_key takes batch stages (map_batches, map_pandas)")
+            if not pipeline.vectorized:
+                segments = compile_rows(segments, schema, pipeline.on_error,
+                                        lambda ddl: arrow_schema(ddl, spark),
+                                        pipeline.errors)  # fmt: skip
+            plan = plan_batch(
+                segments, schema, spark, config=self.config, source=pipeline.source,
+                batch_key=str(batch_id), on_error=pipeline.on_error,
+                immediate_replays=pipeline.immediate_replays, errors=pipeline.errors,
+                record_key=pipeline.record_key, lineage_seed=seed, run_again=again,
+            )  # fmt: skip
+        result = BatchResult(batch_id)
+        run = BatchRun(plan, self.layer, result, started, pipeline.reads, spark)
+        if self.layer is not None:
+            run.intake = Intake(self.layer, pipeline.source, plan.inputs[0],
+                                pipeline.reads is not None, result,
+                                f"batch_id={batch_id} ")  # fmt: skip
+            run.settlement = Settlement(plan, self.layer, result, started, pipeline.reads,
+                                        spark)  # fmt: skip
+        return run
+
+    def _run_again(self, source: int, batch_id: Any) -> bool:
+        """Whether this batch id of ``source`` began before (its rows may have been
+        written): a drain's batches and FT off count as yes."""
+        if self.layer is None or self.draining:
+            return True
+        return self.layer.segments.run_again(source, str(batch_id))
+
+    def _backpressure(self, source: int, batch_id: Any) -> None:
+        """Wait for room before a batch (``max_pending`` records in flight). Never in a
+        drain: its batches only run replays, the work that frees room."""
+        if self.layer is None or self.config.max_pending is None or self.draining:
+            return
+        if not self.layer.wait_for_capacity(source, timeout_s=self.backpressure_timeout_s):
+            log.warning("backpressure timed out, running batch anyway batch_id=%s source=%d",
+                        batch_id, source)  # fmt: skip
+
+    # -- settle -------------------------------------------------------------------------
+    @staticmethod
+    def _settle_vector(run: BatchRun, vector: VectorRun, summaries: list[Any],
+                       res: Residues) -> None:  # fmt: skip
+        settle = run.settlement
+        assert settle is not None
+        log.info("batch settling batch_id=%s source=%d", run.result.batch_id, run.plan.source)
+        settle.segments(summaries, res)
+        refs = run.replays.references if run.replays is not None else {}
+        settle.replays(vector.injected, refs, res)
+        settle.count_outcomes()
+
+    @staticmethod
+    def _settle_frames(run: BatchRun, frames: FrameRun, res: Residues) -> None:
+        settle = run.settlement
+        assert settle is not None
+        log.info("batch settling batch_id=%s source=%d", run.result.batch_id, run.plan.source)
+        if frames.copies:
+            settle.copies(res)
+        else:
+            settle.by_reference(res.by_reference, run.result.fresh)
+        refs = run.replays.references if run.replays is not None else {}
+        settle.replays(frames.ran, refs, res)
+        settle.count_outcomes()
+
+    # -- keepalive ----------------------------------------------------------------------
+    @contextmanager
+    def _keepalive(self, run: BatchRun) -> Iterator[None]:
+        """While the block runs (the batch's plan and Spark job), a thread pushes the
+        deadlines of this run's segments and replays a full timeout ahead every half
+        rotation interval, so a batch longer than ``timeout_s`` is not timed out under a
+        live driver. Errors are logged, never raised: a missed beat only risks a replay,
+        never a loss."""
+        layer, plan = self.layer, run.plan
+        if layer is None:
+            yield
+            return
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(layer.config.rotation_interval_s / 2):
+                try:
+                    layer.segments.touch_batch(plan.source, plan.batch_key)
+                    replays = list(run.replays.injected) if run.replays is not None else []
+                    if run.streamed:  # the replay stream's open claims of this source
+                        replays += layer.persistence.stream_claimed(plan.source)
+                    if replays:
+                        layer.reset_timeout(replays)
+                except redis.RedisError as e:
+                    log.warning("batch keepalive failed batch=%s error=%s", plan.batch_key, e)
+
+        thread = threading.Thread(target=beat, name="ftlayer-batch-keepalive", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=10)

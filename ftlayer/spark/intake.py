@@ -1,0 +1,171 @@
+"""The replay intake phase: the replays a batch runs, taken in one way for every pipeline,
+for the replay stream's tasks and for the dead-letter views.
+
+A replay is *taken* (claimed now by the batch, or read from the replay stream's open
+claims), *decoded* into its source's columns (ftlayer.spark.replay_rows), the records that
+no longer decode *rejected* (dead-lettered at once, each with an error naming it: no
+replay fixes a payload), and those kept by reference *resolved* inside the batch's plan
+(read back from the source: ftlayer.spark.references).
+
+Invariants:
+
+* Every claimed record ends in :class:`Replays` or in the dead letters, named; none is
+  dropped. A reference whose row is no longer found is settled as a dead letter by the
+  batch (settle phase): it is in ``Replays.references`` and not among the rows its job
+  ran.
+* Replays read from the replay stream get a full timeout from the moment the batch
+  begins (they were claimed at the previous trigger); a batch's own claim starts theirs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ftlayer.ids import RecordId, shard_of
+from ftlayer.persistence import ClaimedRecord
+from ftlayer.spark.references import references, resolve
+from ftlayer.spark.replay_rows import replay_table, stored_schema
+from ftlayer.spark.vector_plan import ATT_COL, CUR_COL, LIN_COL, LOC_COL, POS_COL, SRC_COL
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from ftlayer.layer import FTLayer
+    from ftlayer.spark.results import RecordCounts
+
+__all__ = ["Intake", "Replays", "dead_letter_table", "reject"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Replays:
+    """The replays one batch run takes in, decoded (``replay_table``'s shape: the source's
+    columns, then the replay columns), with those kept by reference
+    (``references``: source id -> (current id, location id))."""
+
+    table: pa.Table
+    references: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def injected(self) -> dict[int, int]:
+        """Source id -> the current id the replay runs under."""
+        src = self.table.column(SRC_COL).to_numpy().view(np.uint64).tolist()
+        cur = self.table.column(CUR_COL).to_numpy().view(np.uint64).tolist()
+        return dict(zip(src, cur, strict=True))
+
+    @property
+    def lineage(self) -> pa.Table:
+        """(source id, lineage id) of each replay."""
+        return self.table.select([SRC_COL, LIN_COL])
+
+
+def reject(layer: FTLayer, bad: Sequence[tuple[RecordId, str]], counts: RecordCounts | None,
+           where: str = "") -> int:  # fmt: skip
+    """Dead-letter replays no replay can fix (a payload that no longer decodes or fits),
+    each with its own error; counted in ``counts.undecodable`` when given. Returns the
+    Redis calls made (one each: they are rare)."""
+    for rid, text in bad:
+        if counts is not None:
+            counts.undecodable += 1  # type: ignore[attr-defined]
+            counts.note(counts.errors, text)
+        log.error("replay rejected %s%s", where, text)
+        layer.fail([rid], error=text, max_replays=0)
+    return len(bad)
+
+
+class Intake:
+    """The replay intake of one batch run of ``source`` (columns ``schema``, an Arrow
+    schema of the source's own columns; ``by_reference``: its records are kept by
+    reference). ``calls`` counts the Redis round trips it made."""
+
+    def __init__(self, layer: FTLayer, source: int, schema: pa.Schema, by_reference: bool,
+                 counts: RecordCounts | None = None, where: str = "") -> None:  # fmt: skip
+        self.layer, self.source, self.counts, self.where = layer, source, counts, where
+        self.stored = stored_schema(schema, by_reference)
+        self.names = list(schema.names)
+        self.calls = 0
+
+    def claim(self, limit: int) -> Replays:
+        """Claim up to ``limit`` queued replays of the source now (their timeouts start)."""
+        claimed = self.layer.claim_replays(self.source, limit)
+        shards = self.layer.config.shards
+        self.calls += 1 + len({shard_of(c.record_id[0], shards) for c in claimed})
+        if claimed:
+            log.info("replays claimed %ssource=%d claimed=%d", self.where, self.source,
+                     len(claimed))  # fmt: skip
+        return self.take(claimed)
+
+    def streamed(self) -> Replays:
+        """The replays the replay stream claimed for this batch (its open claims), a
+        full timeout from now."""
+        claimed = self.layer.persistence.read_open_streams(self.source)
+        self.calls += 1 + len(self.layer.keyspace.shards)
+        if claimed:
+            self.layer.reset_timeout([c.record_id[0] for c in claimed])
+            self.calls += len(self.layer.keyspace.shards)
+        return self.take(claimed)
+
+    def stream_partition(self, token: str, shard: int) -> pa.Table:
+        """What one partition of the replay stream holds (its claim ``token`` on
+        ``shard``), a full timeout from now: the replay stream's task."""
+        claimed = self.layer.persistence.read_stream(self.source, token, shard)
+        replays = self.take(claimed)
+        if replays.table.num_rows:
+            src = replays.table.column(SRC_COL).to_numpy().view(np.uint64)
+            self.layer.reset_timeout([int(x) for x in src])
+        return replays.table
+
+    def take(self, claimed: Sequence[ClaimedRecord]) -> Replays:
+        """Decode ``claimed``; reject what does not decode."""
+        table, bad = replay_table(claimed, self.stored)
+        self.calls += reject(self.layer, bad, self.counts, self.where)
+        refs = references(table) if LOC_COL in table.schema.names and table.num_rows else {}
+        return Replays(table, refs)
+
+    def dataframe(self, spark: Any, replays: Replays, reads: Any) -> DataFrame | None:
+        """``replays`` as a DataFrame of the source's columns and the replay columns:
+        copies as they are, references read back from ``reads`` in the plan (None: no
+        rows)."""
+        from ftlayer.spark.vector_plan import REPLAY_COLS
+
+        if not replays.table.num_rows:
+            return None
+        if reads is None:
+            return spark.createDataFrame(replays.table.select([*self.names, *REPLAY_COLS]))
+        return resolve(spark, reads, replays.table, self.names)
+
+
+def dead_letter_table(layer: FTLayer, source: int, schema: pa.Schema, reads: Any,
+                      spark: Any) -> pa.Table:  # fmt: skip
+    """The dead letters of ``source`` as a table of its columns (kept by reference: read
+    back from ``reads``; a reference that no longer resolves leaves its columns null)
+    with ``__ft_src``, ``lineage``, ``attempts`` and ``error`` (the last one)."""
+    letters = [d for d in layer.persistence.dead_letters()
+               if d.frame is not None and d.frame.source == source]  # fmt: skip
+    claimed = [ClaimedRecord(RecordId(d.source_id, 0), d.frame, -1, d.attempts)
+               for d in letters if d.frame is not None]  # fmt: skip
+    table, _ = replay_table(claimed, stored_schema(schema, reads is not None))
+    if reads is not None and table.num_rows:
+        back = resolve(spark, reads, table, schema.names)
+        if back is not None:
+            found = back.toArrow().join(table.select([SRC_COL, LOC_COL, POS_COL]), SRC_COL)
+            _, first = np.unique(found.column(SRC_COL).to_numpy(), return_index=True)
+            found = found.take(first).select(table.schema.names).cast(table.schema)
+            gone = pc.invert(pc.is_in(table.column(SRC_COL), found.column(SRC_COL)))
+            table = pa.concat_tables([found, table.filter(gone)])
+    why = {d.source_id: (d.history[-1].error if d.history else "") for d in letters}
+    src = table.column(SRC_COL).to_numpy().view("uint64")
+    names = [n for n in table.schema.names if n not in (ATT_COL, CUR_COL, LIN_COL)]
+    return table.select(names).append_column(
+        "lineage", table.column(LIN_COL)).append_column(
+        "attempts", table.column(ATT_COL)).append_column(
+        "error", pa.array([why.get(int(s), "") for s in src], pa.string()))  # fmt: skip
+
