@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -82,6 +82,9 @@ class BatchRun:
     """What the intake took (known once the job's plan is built)."""
     streamed: bool = False
     """Its replays ride in from the replay stream (kept alive by their claims' tokens)."""
+    columns: dict[Any, Any] = field(default_factory=dict)
+    """Spark Columns the engine built once for every batch (a Column is an expression:
+    building one is a round trip to the JVM, using it again is free)."""
 
     @property
     def redis_calls(self) -> int:
@@ -100,6 +103,7 @@ class BatchEngine:
         self.layer, self.config = layer, config
         self.replay_limit, self.backpressure_timeout_s = replay_limit, backpressure_timeout_s
         self.draining = False
+        self.columns: dict[Any, Any] = {}
 
     def run(self, pipeline: Pipeline, df: DataFrame, batch_id: Any) -> BatchResult:
         """One batch through plan, intake, execute, settle and report."""
@@ -156,7 +160,8 @@ class BatchEngine:
                 record_key=pipeline.record_key, lineage_seed=seed, run_again=again,
             )  # fmt: skip
         result = BatchResult(batch_id)
-        run = BatchRun(plan, self.layer, result, started, pipeline.reads, spark)
+        run = BatchRun(plan, self.layer, result, started, pipeline.reads, spark,
+                       columns=self.columns)  # fmt: skip
         if self.layer is not None:
             run.intake = Intake(self.layer, pipeline.source, plan.inputs[0],
                                 pipeline.reads is not None, result,

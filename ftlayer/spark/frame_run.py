@@ -35,19 +35,15 @@ return for.
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ftlayer.errors import ConfigError, FTLayerError
-from ftlayer.ids import LOCAL_BIT
-from ftlayer.limits import DEAD_NOW
+from ftlayer.errors import ConfigError
 from ftlayer.spark.batch_plan import arrow_schema, spark_schema
+from ftlayer.spark.frame_observations import Observations, metrics_kept
 from ftlayer.spark.frame_tasks import (
     DEAD_COL,
     ERROR_COL,
@@ -57,16 +53,14 @@ from ftlayer.spark.frame_tasks import (
     answer_type,
 )
 from ftlayer.spark.plan import (
-    MAX_MESSAGES,
-    SOURCE_STAGE,
     BatchStage,
     FrameStage,
     error_text,
     stage_name,
 )
 from ftlayer.spark.references import with_references
-from ftlayer.spark.results import BatchResult, StageCounts
-from ftlayer.spark.settle import Failure, Residues
+from ftlayer.spark.results import BatchResult
+from ftlayer.spark.settle import Residues
 from ftlayer.spark.vector_plan import LOC_COL, POS_COL, SRC_COL, stage_label
 
 if TYPE_CHECKING:
@@ -92,19 +86,18 @@ class FrameRun:
     """The execute phase of one run of a batch of DataFrame stages."""
 
     run: BatchRun
-    observed: list[tuple[str, Any]] = field(default_factory=list)
-    """(stage label, Observation) of every stage with ``failed=``, in order, each
-    counting the rows it sees (no stage has one: ("", a count at the sink's input))."""
-    replays_observed: Any = None
-    """The ids of the replays the job read (those read back: one not read was not found)."""
-    plain_source: DataFrame | None = None
-    """The batch's source rows without observations: read again only if the sink raised."""
     copies: bool = False
     """Its fresh rows are copies, stored by the source pass (frame_tasks.CopySource)."""
-    sink_label: str = ""
-    """A Python sink's label (its observation counts its failed rows only)."""
-    ran: dict[int, int] = field(default_factory=dict)
-    """The replays the job ran: source id -> current id."""
+    seen: Observations = field(init=False)
+    """The batch's observations (its failed rows, its counts, the replays it ran)."""
+
+    def __post_init__(self) -> None:
+        self.seen = Observations(self.run.plan.salt, columns=self.run.columns)
+
+    @property
+    def ran(self) -> dict[int, int]:
+        """The replays the job ran: source id -> current id."""
+        return self.seen.ran
 
     @property
     def plan(self) -> Any:
@@ -126,75 +119,90 @@ class FrameRun:
         filtered out. None: the batch has no rows at all.
 
         Observations cost: each one cuts Spark's generated code for its stage, so there
-        is one per stage with
-        ``failed=`` and none elsewhere on the fresh rows' path (the replays' branch has
-        its own: replays are few; no stage has one: a count at the sink's input)."""
-        from pyspark.sql import Observation
-        from pyspark.sql import functions as F  # noqa: N812
-
-        plan, run = self.plan, self.run
-        names = list(plan.inputs[0].names)
+        is one per stage with ``failed=`` and none elsewhere on the fresh rows' path (the
+        replays' branch has its own: replays are few; no stage has one: a count at the
+        sink's input)."""
+        plan = self.plan
         spark = df.sparkSession
         streamed = SRC_COL in df.columns
-        parts = []
-        if fresh:
-            rows = df.filter(F.col(SRC_COL).isNull()) if streamed else df
-            if run.reads is not None:
-                if LOC_COL not in rows.columns:
-                    rows = with_references(run.reads, rows)
-            elif self.layer is not None:  # copies: the one Python pass, storing them
-                self.copies = True
-                copy = CopySource(plan.config, plan.source, plan.batch_key, plan.salt,
-                                  plan.lineage_seed)  # fmt: skip
-                fields = [*plan.inputs[0], pa.field(LOC_COL, pa.int64()),
-                          pa.field(POS_COL, pa.int64())]  # fmt: skip
-                rows = rows.select(*names).mapInArrow(copy, spark_schema(pa.schema(fields)))
-            else:  # FT off: nothing to name
-                rows = rows.select(*names, F.lit(None).cast("long").alias(LOC_COL),
-                                   F.lit(0).cast("long").alias(POS_COL))  # fmt: skip
-            parts.append(rows.select(*names, F.col(LOC_COL).alias(LOC_COL, metadata=IDENTITY),
-                                     F.col(POS_COL).alias(POS_COL, metadata=IDENTITY)))
-        if run.intake is not None:
-            run.intake.calls += 1
-            self.layer.segments.drop_batch(plan.source, plan.batch_key)
-            run.streamed = streamed
-            run.replays = run.intake.streamed() if streamed else run.intake.claim(replay_limit)
-            replays = run.intake.dataframe(spark, run.replays, run.reads)
-            if replays is not None:
-                self.replays_observed = Observation(f"ft-{plan.salt:x}-replays")
-                replays = replays.select(
-                    *names, F.lit(None).cast("long").alias(LOC_COL, metadata=IDENTITY),
-                    F.col(SRC_COL).alias(POS_COL, metadata=IDENTITY))  # fmt: skip
-                ids = F.array_join(F.collect_list(F.col(POS_COL).cast("string")), ",")
-                parts.append(replays.observe(self.replays_observed, ids.alias("ids")))
+        parts = [self._fresh(df, streamed)] if fresh else []
+        replays = self._replays(spark, streamed, replay_limit)
+        if replays is not None:
+            parts.append(replays)
         if not parts:
             return None
         out = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
-        self.plain_source = out
+        self.seen.plain_source = out
         if key and partitions:
             out = out.repartition(partitions, *key)
+        known: pa.Schema | None = plan.inputs[0]  # the user columns, while known
         for i, seg in enumerate(plan.segments):
             if i:
                 prev = plan.segments[i - 1]
                 out = out.repartition(prev.shuffle_n, *prev.shuffle_cols)
             for j, (kind, stage) in enumerate(seg.ops):
                 if kind == "frame":
-                    out = self._stage(out, frame_label(i, j, stage.fn), stage)
+                    out, known = self._stage(out, frame_label(i, j, stage.fn), stage), None
                 else:
-                    out = self._python(out, stage_label(i, j, stage.fn), stage,
-                                       arrow_schema(stage.schema, spark))  # fmt: skip
+                    output = arrow_schema(stage.schema, spark)
+                    out = self._python(out, stage_label(i, j, stage.fn), stage, output, known)
+                    known = output
         return out
 
-    def _counted(self, df: DataFrame) -> DataFrame:
-        """``df`` counted by an observation of its own if no stage observed the batch."""
+    def _fresh(self, df: DataFrame, streamed: bool) -> DataFrame:
+        """The batch's fresh rows with their identity: a reference, a copy's batch-local
+        id (the copy pass stores them first), or nothing to name (FT off)."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        plan, run = self.plan, self.run
+        names = list(plan.inputs[0].names)
+        rows = df.filter(F.col(SRC_COL).isNull()) if streamed else df
+        if run.reads is not None:
+            if LOC_COL not in rows.columns:
+                rows = with_references(run.reads, rows)
+        elif self.layer is not None:  # copies: the one Python pass, storing them
+            self.copies = True
+            copy = CopySource(plan.config, plan.source, plan.batch_key, plan.salt,
+                              plan.lineage_seed)  # fmt: skip
+            fields = [*plan.inputs[0], pa.field(LOC_COL, pa.int64()),
+                      pa.field(POS_COL, pa.int64())]  # fmt: skip
+            rows = rows.select(*names).mapInArrow(copy, spark_schema(pa.schema(fields)))
+        else:  # FT off: nothing to name
+            rows = rows.select(*names, F.lit(None).cast("long").alias(LOC_COL),
+                               F.lit(0).cast("long").alias(POS_COL))  # fmt: skip
+        return rows.select(*names, *self._identity())
+
+    def _replays(self, spark: Any, streamed: bool, limit: int) -> DataFrame | None:
+        """The batch's replays (the intake phase), their identity their record id, the
+        ids of those the job reads observed (None: none, or FT off)."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F  # noqa: N812
 
-        if self.observed:
-            return df
-        obs = Observation(f"ft-{self.plan.salt:x}-count")
-        self.observed.append(("", obs))
-        return df.observe(obs, F.count(F.lit(1)).alias("rows"))
+        plan, run = self.plan, self.run
+        if run.intake is None:
+            return None
+        run.intake.calls += 1
+        self.layer.segments.drop_batch(plan.source, plan.batch_key)
+        run.streamed = streamed
+        run.replays = run.intake.streamed() if streamed else run.intake.claim(limit)
+        replays = run.intake.dataframe(spark, run.replays, run.reads)
+        if replays is None:
+            return None
+        self.seen.replays_observed = Observation(f"ft-{plan.salt:x}-replays")
+        replays = replays.select(
+            *plan.inputs[0].names, F.lit(None).cast("long").alias(LOC_COL, metadata=IDENTITY),
+            F.col(SRC_COL).alias(POS_COL, metadata=IDENTITY))  # fmt: skip
+        ids = F.array_join(F.collect_list(F.col(POS_COL).cast("string")), ",")
+        return replays.observe(self.seen.replays_observed, ids.alias("ids"))
+
+    def _identity(self) -> list[Column]:
+        """The identity columns, tagged (built once per engine)."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        if "identity" not in self.run.columns:
+            self.run.columns["identity"] = [F.col(LOC_COL).alias(LOC_COL, metadata=IDENTITY),
+                                            F.col(POS_COL).alias(POS_COL, metadata=IDENTITY)]
+        return list(self.run.columns["identity"])
 
     def _stage(self, df: DataFrame, label: str, stage: FrameStage) -> DataFrame:
         from pyspark.sql import functions as F  # noqa: N812
@@ -218,18 +226,23 @@ class FrameRun:
         text = F.lit(label) if errors is None else F.concat_ws(
             ": ", F.lit(label), F.lit(errors) if isinstance(errors, str) else errors)  # fmt: skip
         out = out.withColumn(FAILED_COL, F.coalesce(failed, F.lit(False)))
-        return self._observe(out, label, F.coalesce(text, F.lit(label)), F.lit(False))
+        key = ("frame", label, id(stage))
+        self.run.columns.setdefault(("stage", id(stage)), stage)  # its id stays its own
+        return self.seen.stage(out, label, F.coalesce(text, F.lit(label)), F.lit(False), key)
 
-    def _python(self, df: DataFrame, label: str, stage: BatchStage,
-                output: pa.Schema | None) -> DataFrame:  # fmt: skip
+    def _python(self, df: DataFrame, label: str, stage: BatchStage, output: pa.Schema | None,
+                inputs: pa.Schema | None) -> DataFrame:  # fmt: skip
         """A Python stage (a sink: ``output`` None) as a ``mapInArrow`` answering its
-        outputs and its failed rows (ftlayer.spark.frame_tasks), observed and filtered."""
+        outputs and its failed rows (ftlayer.spark.frame_tasks), observed and filtered.
+        ``inputs``: its user columns, when known without asking Spark (after the source or
+        a Python stage; after a DataFrame stage, None: Spark's analysis says)."""
         from pyspark.sql import functions as F  # noqa: N812
         from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import StructType
 
-        user = StructType([f for f in df.schema.fields if f.name not in (LOC_COL, POS_COL)])
-        inputs = to_arrow_schema(user, timezone="UTC")
+        if inputs is None:
+            user = StructType([f for f in df.schema.fields if f.name not in (LOC_COL, POS_COL)])
+            inputs = to_arrow_schema(user, timezone="UTC")
         plan = self.plan
         step = PythonStep(stage, label, inputs, output, stage.errors or plan.errors,
                           plan.run_again,
@@ -237,35 +250,9 @@ class FrameRun:
                           plan.salt)  # fmt: skip
         out = df.mapInArrow(step, answer_type(step))
         names = list(output.names) if output is not None else []
-        out = out.select(*names, F.col(LOC_COL).alias(LOC_COL, metadata=IDENTITY),
-                         F.col(POS_COL).alias(POS_COL, metadata=IDENTITY),
-                         FAILED_COL, ERROR_COL, DEAD_COL)  # fmt: skip
-        out = self._observe(out, label, F.col(ERROR_COL), F.col(DEAD_COL))
+        out = out.select(*names, *self._identity(), FAILED_COL, ERROR_COL, DEAD_COL)
+        out = self.seen.stage(out, label, F.col(ERROR_COL), F.col(DEAD_COL), "python")
         return out.drop(ERROR_COL, DEAD_COL)
-
-    def _observe(self, out: DataFrame, label: str, error: Column, dead: Column) -> DataFrame:
-        """Observe the rows ``__ft_failed`` marks (their identity, error, whether they go
-        straight to the dead letters) and the stage's count; leave the others. The flag
-        is a column, observed, then filtered: the observation also keeps Spark from
-        pushing the filter below the stage's projection (which would compute it twice)."""
-        from pyspark.sql import Observation
-        from pyspark.sql import functions as F  # noqa: N812
-
-        obs = Observation(f"ft-{self.plan.salt:x}-{len(self.observed)}")
-        # as text: each failed row "location,position,error id" joined by ";", each
-        # distinct error once as JSON (py4j passes a string as it is, where a pickled row
-        # of lists crosses byte by byte)
-        failed = F.col(FAILED_COL)
-        err_id = F.xxhash64(error, dead)
-        row = F.concat_ws(",", F.coalesce(F.col(LOC_COL).cast("string"), F.lit("")),
-                          F.col(POS_COL).cast("string"), err_id.cast("string"))  # fmt: skip
-        self.observed.append((label, obs))
-        out = out.observe(
-            obs, F.count(F.lit(1)).alias("rows"),
-            F.array_join(F.collect_list(F.when(failed, row)), ";").alias("failed"),
-            F.to_json(F.collect_set(F.when(failed, F.struct(
-                err_id.alias("id"), error.alias("error"), dead.alias("dead"))))).alias("errors"))
-        return out.filter(~failed).drop(FAILED_COL)
 
     # -- running and settling ----------------------------------------------------------
     def write(self, out: DataFrame, batch_id: Any) -> Residues:
@@ -275,7 +262,7 @@ class FrameRun:
         seg = self.plan.segments[-1]
         user_sink = seg.sink
         assert user_sink is not None
-        out = self._counted(out)
+        out = self.seen.counted(out)
         if seg.sink_lineage is not None:
             out = self._with_lineage(out, seg.sink_lineage)
         if seg.sink_per == "dataframe":
@@ -287,20 +274,20 @@ class FrameRun:
         else:  # a Python sink: its failed and unconfirmed rows are its answer
             label = stage_label(len(self.plan.segments) - 1, len(seg.ops), user_sink, True)
             sink = BatchStage(user_sink, None, pandas=seg.sink_pandas, errors=seg.sink_errors)
-            answers = self._python(out, label, sink, None)
-            name = self.sink_label = label
+            answers = self._python(out, label, sink, None, None)
+            name = self.seen.sink_label = label
 
             def write() -> None:
                 answers.write.format("noop").mode("overwrite").save()
         try:
-            with _metrics_kept(out.sparkSession):
+            with metrics_kept(out.sparkSession):
                 write()
         except Exception as e:
             text = error_text(name, e)
             log.error("DataFrame sink failed batch_id=%s: every record of the batch "
                       "replays: %s", self.result.batch_id, text)  # fmt: skip
-            return self._fail_everything(text)
-        return self._residues_observed(name)
+            return self.seen.fail_everything(self.run, text, self.copies)
+        return self.seen.residues(self.run, name, self.copies)
 
     def _with_lineage(self, out: DataFrame, name: str) -> DataFrame:
         """``out`` with each row's lineage id in column ``name`` (ftlayer.lineage),
@@ -325,119 +312,6 @@ class FrameRun:
             return out.withColumn(name, lin.otherwise(F.col(rlin))).drop(rid, rlin)
         return out.withColumn(name, lin)
 
-    def _residues_observed(self, sink: str) -> Residues:
-        """Read the observations (the counts, the failed rows, the replays read): the
-        batch's residues. ``fresh`` counts the rows the first observation saw (a stage filtering
-        rows before it makes it smaller; those rows completed)."""
-        first = _metrics(self.observed[0][1])
-        if first is None:
-            raise ConfigError(
-                f"{sink} ran no DataFrame action on its DataFrame, so "
-                "ftlayer cannot know what it wrote: write it with df.write (or collect, "
-                "toArrow, count); df.foreach/foreachPartition and df.rdd do not report "
-                "to Spark's observations")  # fmt: skip
-        ran: list[int] = []
-        if self.replays_observed is not None:
-            got = _metrics(self.replays_observed)
-            ran = [] if got is None else [int(x) & _U64 for x in got["ids"].split(",") if x]
-        r = self.result
-        r.replayed = len(ran)
-        fresh: dict[tuple[int | None, int], Failure] = {}
-        replays: dict[int, Failure] = {}
-        r.fresh = max(int(first["rows"]) - len(ran), 0)
-        for label, obs in self.observed:
-            m = _metrics(obs)
-            if m is None:  # the sink's action skipped this stage: nothing can be assumed
-                raise FTLayerError(f"{label}'s rows were not all seen by the sink's job: "
-                                   "the batch fails (Spark runs it again)")  # fmt: skip
-            failed = [x.split(",") for x in (m.get("failed") or "").split(";") if x]
-            stage = label or SOURCE_STAGE
-            errors = {int(e["id"]): Failure(e["error"], 1 | DEAD_NOW if e["dead"] else 1, stage)
-                      for e in json.loads(m.get("errors") or "[]")}  # fmt: skip
-            for loc_text, pos_text, err in failed:
-                why, pos = errors[int(err)], int(pos_text)
-                loc = int(loc_text) if loc_text else None
-                if _replay(loc, pos):
-                    replays.setdefault(pos & _U64, why)
-                else:
-                    fresh.setdefault((loc, pos), why)
-            rows = int(m["rows"])
-            if label == self.sink_label:  # a Python sink answers its failed rows only
-                rows = r.written
-            if label:
-                r.stages.setdefault(label, StageCounts()).add(
-                    StageCounts(rows, rows - len(failed), len(failed)))  # fmt: skip
-            r.written = rows - len(failed)
-        return self._residues(set(ran), fresh, replays)
-
-    def _fail_everything(self, text: str) -> Residues:
-        """The sink raised: every record of the batch fails with its error (the source's
-        identities read again: the failure path's one extra pass)."""
-        r = self.result
-        if self.plain_source is None:
-            return Residues()
-        ids = self.plain_source.select(LOC_COL, POS_COL).toArrow()
-        loc = ids.column(LOC_COL).to_pylist()
-        pos = ids.column(POS_COL).to_pylist()
-        ran = {p & _U64 for lo, p in zip(loc, pos, strict=True) if _replay(lo, p)}
-        why = Failure(text, 1, self.sink_label or SOURCE_STAGE)
-        fresh = {(lo, p): why for lo, p in zip(loc, pos, strict=True) if not _replay(lo, p)}
-        r.replayed, r.fresh = len(ran), len(fresh)
-        r.errors.append(text)
-        return self._residues(ran, fresh, dict.fromkeys(ran, why))
-
-    def _residues(self, ran: set[int], fresh: dict[tuple[int | None, int], Failure],
-                  replays: dict[int, Failure]) -> Residues:  # fmt: skip
-        """Count the batch and make its residues: the replays that ran (``ran``, by
-        source id), failed fresh rows (by identity: a reference, or a copy's batch-local
-        id) and failed replays."""
-        r = self.result
-        r.failed = len(fresh) + len(replays)
-        r.acked = r.fresh + r.replayed - r.failed
-        for why in [*fresh.values(), *replays.values()][:MAX_MESSAGES]:
-            if len(r.errors) < MAX_MESSAGES and why.error not in r.errors:
-                r.errors.append(why.error)
-        taken = self.run.replays.injected if self.run.replays is not None else {}
-        self.ran = {s: c for s, c in taken.items() if s in ran}
-        res = Residues(failed=dict(replays))
-        for (loc, pos), why in fresh.items():
-            if self.copies:
-                res.failed[pos & _U64] = why
-            elif loc is not None:
-                res.by_reference[(loc, pos)] = why
-        return res
-
-
-_EXCLUDED = "spark.sql.adaptive.optimizer.excludedRules"
-_EMPTY_RULE = "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation"
-
-
-@contextmanager
-def _metrics_kept(spark: Any) -> Iterator[None]:
-    """While the sink's job runs, adaptive execution may not cut a subplan it found empty
-    (a shuffle every row failed before): the cut takes its observations with it, and the
-    failures they saw would be lost. Restored after."""
-    before = spark.conf.get(_EXCLUDED, None)
-    rules = [r for r in (before or "").split(",") if r]
-    if _EMPTY_RULE in rules:
-        yield
-        return
-    spark.conf.set(_EXCLUDED, ",".join([*rules, _EMPTY_RULE]))
-    try:
-        yield
-    finally:
-        if before is None:
-            spark.conf.unset(_EXCLUDED)
-        else:
-            spark.conf.set(_EXCLUDED, before)
-
-
-def _replay(loc: int | None, pos: int) -> bool:
-    """A replay's identity: no location, and a persisted record id (not a batch-local
-    id, which names a copied row of this batch's source pass)."""
-    return loc is None and not pos & _U64 & _LOCAL
-
-
 def _column(spec: Any, df: DataFrame) -> Column | None:
     from pyspark.sql import functions as F  # noqa: N812
 
@@ -448,24 +322,3 @@ def _column(spec: Any, df: DataFrame) -> Column | None:
     if callable(spec) and not type(spec).__name__ == "Column":
         return spec(df)
     return spec
-
-
-def _metrics(obs: Any) -> dict[str, Any] | None:
-    """An observation's metrics, or None if no action filled them (never blocks)."""
-    jo = getattr(obs, "_jo", None)
-    if jo is not None:  # classic PySpark: get blocks until the first action ends
-        if not jo.future().isCompleted():
-            return None
-        row = jo.getRow()
-        if row.length() == 0:  # the action ran a plan without this observation
-            raise FTLayerError("Spark's job for the sink did not run ftlayer's observation "
-                               f"{jo.name()} (its subplan was cut): nothing can be "
-                               "assumed of the batch; it fails, and Spark runs it again")
-        names = list(row.schema().fieldNames())  # values read one by one: longs and
-        return {n: row.get(i) for i, n in enumerate(names)}  # strings cross py4j as they are
-    got = obs.get  # Spark Connect: empty until an action's result carried them
-    return dict(got) if got else None
-
-
-_U64 = (1 << 64) - 1
-_LOCAL = int(LOCAL_BIT)

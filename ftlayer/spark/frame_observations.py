@@ -1,0 +1,242 @@
+"""What a batch of DataFrame stages left undone, read from Spark's observations.
+
+Each stage with ``failed=`` (and each Python stage: ftlayer.spark.frame_tasks) is followed
+by an ``Observation`` that collects the identity and error text of the rows it marks, and
+counts its rows; the failed rows are then filtered out. An observation of the replays'
+branch collects the ids of the replays that ran. The observations are filled by the job
+the sink runs (``df.write``): no second pass over the data, no caching.
+
+Invariants: a batch whose observations were not all filled by the sink's job (a sink that
+ran no DataFrame action, a subplan Spark cut) fails -- Spark runs it again -- rather than
+assume anything of its rows; a sink that raises fails every record of the batch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ftlayer.errors import ConfigError, FTLayerError
+from ftlayer.ids import LOCAL_BIT
+from ftlayer.limits import DEAD_NOW
+from ftlayer.spark.frame_tasks import FAILED_COL
+from ftlayer.spark.plan import MAX_MESSAGES, SOURCE_STAGE
+from ftlayer.spark.results import StageCounts
+from ftlayer.spark.settle import Failure, Residues
+from ftlayer.spark.vector_plan import LOC_COL, POS_COL
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+    from ftlayer.spark.engine import BatchRun
+
+__all__ = ["Observations", "metrics_kept"]
+
+
+@dataclass
+class Observations:
+    """The observations of one batch run (named after its ``salt``)."""
+
+    salt: int
+    observed: list[tuple[str, Any]] = field(default_factory=list)
+    """(stage label, Observation) of every stage with ``failed=``, in order, each
+    counting the rows it sees (no stage has one: ("", a count at the sink's input))."""
+    replays_observed: Any = None
+    """The ids of the replays the job read (those read back: one not read was not found)."""
+    plain_source: DataFrame | None = None
+    """The batch's source rows without observations: read again only if the sink raised."""
+    sink_label: str = ""
+    """A Python sink's label (its observation counts its failed rows only)."""
+    ran: dict[int, int] = field(default_factory=dict)
+    """The replays the job ran: source id -> current id (once the residues are read)."""
+    columns: dict[Any, Any] = field(default_factory=dict)
+    """Columns built once and reused by every batch of the pipeline (a Column is an
+    expression, not bound to one DataFrame): building them costs round trips to the JVM."""
+
+    def counted(self, df: DataFrame) -> DataFrame:
+        """``df`` counted by an observation of its own if no stage observed the batch."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F  # noqa: N812
+
+        if self.observed:
+            return df
+        obs = Observation(f"ft-{self.salt:x}-count")
+        self.observed.append(("", obs))
+        if "count" not in self.columns:
+            self.columns["count"] = F.count(F.lit(1)).alias("rows")
+        return df.observe(obs, self.columns["count"])
+
+    def stage(self, out: DataFrame, label: str, error: Column, dead: Column,
+              key: Any = None) -> DataFrame:  # fmt: skip
+        """Observe the rows ``__ft_failed`` marks (their identity, error, whether they go
+        straight to the dead letters) and the stage's count; leave the others. The flag
+        is a column, observed, then filtered: the observation also keeps Spark from
+        pushing the filter below the stage's projection (which would compute it twice).
+        ``key``: the stage's columns are built once under it (its error and dead-letter
+        Columns are then the same in every batch)."""
+        from pyspark.sql import Observation
+
+        obs = Observation(f"ft-{self.salt:x}-{len(self.observed)}")
+        self.observed.append((label, obs))
+        built = self.columns.get(key) if key is not None else None
+        if built is None:
+            built = _observed_columns(error, dead)
+            if key is not None:
+                self.columns[key] = built
+        aggregates, keep = built
+        return out.observe(obs, *aggregates).filter(keep).drop(FAILED_COL)
+
+    def residues(self, run: BatchRun, sink: str, copies: bool) -> Residues:
+        """Read the observations (the counts, the failed rows, the replays read): the
+        batch's residues. ``fresh`` counts the rows the first observation saw (a stage filtering
+        rows before it makes it smaller; those rows completed)."""
+        first = _metrics(self.observed[0][1])
+        if first is None:
+            raise ConfigError(
+                f"{sink} ran no DataFrame action on its DataFrame, so "
+                "ftlayer cannot know what it wrote: write it with df.write (or collect, "
+                "toArrow, count); df.foreach/foreachPartition and df.rdd do not report "
+                "to Spark's observations")  # fmt: skip
+        ran: list[int] = []
+        if self.replays_observed is not None:
+            got = _metrics(self.replays_observed)
+            ran = [] if got is None else [int(x) & _U64 for x in got["ids"].split(",") if x]
+        r = run.result
+        r.replayed = len(ran)
+        fresh: dict[tuple[int | None, int], Failure] = {}
+        replays: dict[int, Failure] = {}
+        r.fresh = max(int(first["rows"]) - len(ran), 0)
+        for label, obs in self.observed:
+            m = _metrics(obs)
+            if m is None:  # the sink's action skipped this stage: nothing can be assumed
+                raise FTLayerError(f"{label}'s rows were not all seen by the sink's job: "
+                                   "the batch fails (Spark runs it again)")  # fmt: skip
+            failed = [x.split(",") for x in (m.get("failed") or "").split(";") if x]
+            stage = label or SOURCE_STAGE
+            errors = {int(e["id"]): Failure(e["error"], 1 | DEAD_NOW if e["dead"] else 1, stage)
+                      for e in json.loads(m.get("errors") or "[]")}  # fmt: skip
+            for loc_text, pos_text, err in failed:
+                why, pos = errors[int(err)], int(pos_text)
+                loc = int(loc_text) if loc_text else None
+                if _replay(loc, pos):
+                    replays.setdefault(pos & _U64, why)
+                else:
+                    fresh.setdefault((loc, pos), why)
+            rows = int(m["rows"])
+            if label == self.sink_label:  # a Python sink answers its failed rows only
+                rows = r.written
+            if label:
+                r.stages.setdefault(label, StageCounts()).add(
+                    StageCounts(rows, rows - len(failed), len(failed)))  # fmt: skip
+            r.written = rows - len(failed)
+        return self._residues(run, set(ran), fresh, replays, copies)
+
+    def fail_everything(self, run: BatchRun, text: str, copies: bool) -> Residues:
+        """The sink raised: every record of the batch fails with its error (the source's
+        identities read again: the failure path's one extra pass)."""
+        r = run.result
+        if self.plain_source is None:
+            return Residues()
+        ids = self.plain_source.select(LOC_COL, POS_COL).toArrow()
+        loc = ids.column(LOC_COL).to_pylist()
+        pos = ids.column(POS_COL).to_pylist()
+        ran = {p & _U64 for lo, p in zip(loc, pos, strict=True) if _replay(lo, p)}
+        why = Failure(text, 1, self.sink_label or SOURCE_STAGE)
+        fresh = {(lo, p): why for lo, p in zip(loc, pos, strict=True) if not _replay(lo, p)}
+        r.replayed, r.fresh = len(ran), len(fresh)
+        r.errors.append(text)
+        return self._residues(run, ran, fresh, dict.fromkeys(ran, why), copies)
+
+    def _residues(self, run: BatchRun, ran: set[int],
+                  fresh: dict[tuple[int | None, int], Failure], replays: dict[int, Failure],
+                  copies: bool) -> Residues:  # fmt: skip
+        """Count the batch and make its residues: the replays that ran (``ran``, by
+        source id), failed fresh rows (by identity: a reference, or a copy's batch-local
+        id) and failed replays."""
+        r = run.result
+        r.failed = len(fresh) + len(replays)
+        r.acked = r.fresh + r.replayed - r.failed
+        for why in [*fresh.values(), *replays.values()][:MAX_MESSAGES]:
+            if len(r.errors) < MAX_MESSAGES and why.error not in r.errors:
+                r.errors.append(why.error)
+        taken = run.replays.injected if run.replays is not None else {}
+        self.ran = {s: c for s, c in taken.items() if s in ran}
+        res = Residues(failed=dict(replays))
+        for (loc, pos), why in fresh.items():
+            if copies:
+                res.failed[pos & _U64] = why
+            elif loc is not None:
+                res.by_reference[(loc, pos)] = why
+        return res
+
+
+def _observed_columns(error: Column, dead: Column) -> tuple[list[Column], Column]:
+    """A stage's observation (its row count, its failed rows, its errors) and the filter
+    that keeps the rows that did not fail."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    # as text: each failed row "location,position,error id" joined by ";", each distinct
+    # error once as JSON (py4j passes a string as it is, where a pickled row of lists
+    # crosses byte by byte)
+    failed = F.col(FAILED_COL)
+    err_id = F.xxhash64(error, dead)
+    row = F.concat_ws(",", F.coalesce(F.col(LOC_COL).cast("string"), F.lit("")),
+                      F.col(POS_COL).cast("string"), err_id.cast("string"))  # fmt: skip
+    return [F.count(F.lit(1)).alias("rows"),
+            F.array_join(F.collect_list(F.when(failed, row)), ";").alias("failed"),
+            F.to_json(F.collect_set(F.when(failed, F.struct(
+                err_id.alias("id"), error.alias("error"), dead.alias("dead"))))).alias("errors"),
+            ], ~failed  # fmt: skip
+
+
+_EXCLUDED = "spark.sql.adaptive.optimizer.excludedRules"
+_EMPTY_RULE = "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation"
+
+
+@contextmanager
+def metrics_kept(spark: Any) -> Iterator[None]:
+    """While the sink's job runs, adaptive execution may not cut a subplan it found empty
+    (a shuffle every row failed before): the cut takes its observations with it, and the
+    failures they saw would be lost. Restored after."""
+    before = spark.conf.get(_EXCLUDED, None)
+    rules = [r for r in (before or "").split(",") if r]
+    if _EMPTY_RULE in rules:
+        yield
+        return
+    spark.conf.set(_EXCLUDED, ",".join([*rules, _EMPTY_RULE]))
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(_EXCLUDED)
+        else:
+            spark.conf.set(_EXCLUDED, before)
+
+
+def _replay(loc: int | None, pos: int) -> bool:
+    """A replay's identity: no location, and a persisted record id (not a batch-local
+    id, which names a copied row of this batch's source pass)."""
+    return loc is None and not pos & _U64 & _LOCAL
+
+
+def _metrics(obs: Any) -> dict[str, Any] | None:
+    """An observation's metrics, or None if no action filled them (never blocks)."""
+    jo = getattr(obs, "_jo", None)
+    if jo is not None:  # classic PySpark: get blocks until the first action ends
+        if not jo.future().isCompleted():
+            return None
+        row = jo.getRow()
+        if row.length() == 0:  # the action ran a plan without this observation
+            raise FTLayerError("Spark's job for the sink did not run ftlayer's observation "
+                               f"{jo.name()} (its subplan was cut): nothing can be "
+                               "assumed of the batch; it fails, and Spark runs it again")
+        return dict(json.loads(row.json()))  # one round trip: longs and strings
+    got = obs.get  # Spark Connect: empty until an action's result carried them
+    return dict(got) if got else None
+
+
+_U64 = (1 << 64) - 1
+_LOCAL = int(LOCAL_BIT)
