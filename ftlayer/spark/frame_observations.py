@@ -76,7 +76,7 @@ class Observations:
         is a column, observed, then filtered: the observation also keeps Spark from
         pushing the filter below the stage's projection (which would compute it twice).
         ``key``: the stage's columns are built once under it (its error and dead-letter
-        Columns are then the same in every batch)."""
+        Columns are then the same in every batch). The caller drops ``__ft_failed``."""
         from pyspark.sql import Observation
 
         obs = Observation(f"ft-{self.salt:x}-{len(self.observed)}")
@@ -87,7 +87,7 @@ class Observations:
             if key is not None:
                 self.columns[key] = built
         aggregates, keep = built
-        return out.observe(obs, *aggregates).filter(keep).drop(FAILED_COL)
+        return out.observe(obs, *aggregates).filter(keep)
 
     def residues(self, run: BatchRun, sink: str, copies: bool) -> Residues:
         """Read the observations (the counts, the failed rows, the replays read): the

@@ -228,7 +228,8 @@ class FrameRun:
         out = out.withColumn(FAILED_COL, F.coalesce(failed, F.lit(False)))
         key = ("frame", label, id(stage))
         self.run.columns.setdefault(("stage", id(stage)), stage)  # its id stays its own
-        return self.seen.stage(out, label, F.coalesce(text, F.lit(label)), F.lit(False), key)
+        out = self.seen.stage(out, label, F.coalesce(text, F.lit(label)), F.lit(False), key)
+        return out.drop(FAILED_COL)
 
     def _python(self, df: DataFrame, label: str, stage: BatchStage, output: pa.Schema | None,
                 inputs: pa.Schema | None) -> DataFrame:  # fmt: skip
@@ -248,11 +249,9 @@ class FrameRun:
                           plan.run_again,
                           int(plan.batch_key) if plan.batch_key.isdigit() else None,
                           plan.salt)  # fmt: skip
-        out = df.mapInArrow(step, answer_type(step))
-        names = list(output.names) if output is not None else []
-        out = out.select(*names, *self._identity(), FAILED_COL, ERROR_COL, DEAD_COL)
+        out = df.mapInArrow(step, answer_type(step, IDENTITY))
         out = self.seen.stage(out, label, F.col(ERROR_COL), F.col(DEAD_COL), "python")
-        return out.drop(ERROR_COL, DEAD_COL)
+        return out.drop(FAILED_COL, ERROR_COL, DEAD_COL)
 
     # -- running and settling ----------------------------------------------------------
     def write(self, out: DataFrame, batch_id: Any) -> Residues:

@@ -161,8 +161,15 @@ class CopySource:
             start += n
 
 
-def answer_type(step: PythonStep) -> Any:
-    """The Spark schema of a step's answer."""
+def answer_type(step: PythonStep, identity: dict[str, str]) -> Any:
+    """The Spark schema of a step's answer, its identity columns tagged with ``identity``
+    (Spark keeps a field's metadata on the attribute ``mapInArrow`` outputs: no
+    projection is needed to tag them)."""
+    from pyspark.sql.types import StructField, StructType
+
     from ftlayer.spark.batch_plan import spark_schema
 
-    return spark_schema(step.answer_schema)
+    fields = [StructField(f.name, f.dataType, f.nullable, identity)
+              if f.name in (LOC_COL, POS_COL) else f
+              for f in spark_schema(step.answer_schema).fields]  # fmt: skip
+    return StructType(fields)
