@@ -32,8 +32,6 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import time
-import uuid
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -42,12 +40,11 @@ from typing import TYPE_CHECKING, Any
 from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
 from ftlayer.layer import FTLayer
-from ftlayer.limits import MAX_REPLAYS
 from ftlayer.persistence import DeadLetter
 from ftlayer.sources import claim_source, source_identity
 from ftlayer.spark.batch_plan import arrow_schema, with_replay_columns, without_replay_columns
 from ftlayer.spark.engine import BatchEngine
-from ftlayer.spark.pipeline import AckScope, OnError, Pipeline
+from ftlayer.spark.pipeline import AckScope, OnError, Pipeline, new_pipeline
 from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy
 from ftlayer.spark.preflight import preflight
 from ftlayer.spark.progress import BatchProgress, ProgressListener
@@ -177,38 +174,13 @@ class FaultTolerance:
         (needs ``key``); ``on_error``: ``"fail_record"`` fails only the records whose stage
         raised (replayed, then dead-lettered), ``"fail_batch"`` lets the exception fail the
         task (Spark retries it, then the batch fails), the records neither acked nor failed."""
-        if on_error not in ("fail_record", "fail_batch"):
-            raise ConfigError(f"on_error must be 'fail_record' or 'fail_batch', not {on_error!r}")
-        if ack_scope not in ("batch", "task"):
-            raise ConfigError(f"ack_scope must be 'batch' or 'task', not {ack_scope!r}")
-        if immediate_replays is not None and not 0 <= immediate_replays <= MAX_REPLAYS:
-            raise ConfigError(
-                f"immediate_replays must be in 0..{MAX_REPLAYS}, not {immediate_replays}"
-            )
         if ack_scope == "task":
             from ftlayer.spark.task_scope import DEPRECATION
 
             warnings.warn(DEPRECATION, FutureWarning, stacklevel=2)
-        key = (key,) if isinstance(key, str) else tuple(key)
-        if partitions is not None and (not key or partitions < 1):
-            raise ConfigError("partitions= needs key columns and must be >= 1")
-        if on_dead_letter is not None and not callable(on_dead_letter):
-            raise ConfigError("on_dead_letter takes a function of one DeadLetter")
-        if record_key is not None and (ack_scope != "batch" or not isinstance(record_key, str)):
-            raise ConfigError("record_key names one column, on the default ack_scope='batch'")
-        if name is not None and (not isinstance(name, str) or not name):
-            raise ConfigError(f"name must be a non-empty string, not {name!r}")
-        if reads is not None:
-            from ftlayer.spark.references import ReplayableSource
-
-            if not isinstance(reads, ReplayableSource):
-                raise ConfigError("reads= takes a FileSource or another ReplayableSource "
-                                  f"(stream, reference, read_back), not {reads!r}")  # fmt: skip
-            if ack_scope != "batch":
-                raise ConfigError("reads= needs the default ack_scope='batch'")
-        return Pipeline(self, source, key, partitions, on_error, immediate_replays, ack_scope,
-                        errors or DEFAULT_POLICY, on_dead_letter, record_key, reads,
-                        name)  # fmt: skip
+        return new_pipeline(self, source, key, partitions, on_error, immediate_replays,
+                            ack_scope, errors or DEFAULT_POLICY, on_dead_letter, record_key,
+                            reads, name)  # fmt: skip
 
     # -- replays as a stream (ftlayer.spark.replay_stream) ----------------------------------
     def with_replays(
@@ -300,52 +272,14 @@ class FaultTolerance:
         """Wait until nothing is pending, running replays through ``pipeline`` (default:
         the last one run) in extra batches; expire timeouts as it waits. Stops ``query``
         first if given. What is still pending at the deadline is reported, not dropped."""
-        started = time.monotonic()
+        from ftlayer.spark.drain import drain
+
         if query is not None:
             query.stop()
-        if self.layer is None:
-            return DrainResult(True, 0, 0, 0, 0.0)
-        deadline = started + timeout_s
-        batches = 0
-        pause = min(0.2, self.config.rotation_interval_s / 4)
-        st = self.layer.stats()
-        while st.pending + st.unsettled_segments:  # nothing pending: no timeout to expire
-            self.layer.expire_due()
-            st = self.layer.stats()
-            if st.pending + st.unsettled_segments == 0 or time.monotonic() >= deadline:
-                break
-            last = self._last if pipeline is None else (pipeline, *self._spark_schema())
-            if last is not None and st.queued_replays:
-                pipe, spark, schema = last
-                empty = spark.createDataFrame([], schema)
-                self.engine.draining = True
-                try:
-                    result = self.run_batch(pipe, empty, f"drain-{uuid.uuid4().hex[:6]}")
-                finally:
-                    self.engine.draining = False
-                batches += 1
-                if result.replayed or result.undecodable:
-                    continue
-            log.info("draining pending=%d queued_replays=%d unsettled_segments=%d",
-                     st.pending, st.queued_replays, st.unsettled_segments)  # fmt: skip
-            time.sleep(pause)
-        drained = st.pending == 0 and st.unsettled_segments == 0
-        out = DrainResult(
-            drained,
-            st.pending,
-            st.dead_lettered,
-            batches,
-            round(time.monotonic() - started, 3),
-            st,
-        )
-        (log.info if drained else log.warning)(
-            "drain %s pending=%d dead_lettered=%d batches=%d",
-            "complete" if drained else "timed out",
-            out.pending,
-            out.dead_lettered,
-            batches,
-        )
-        return out
+        def last() -> tuple[Pipeline, SparkSession, Any] | None:
+            return self._last if pipeline is None else (pipeline, *self._spark_schema())
+
+        return drain(self, self.layer, last, timeout_s)
 
     def _spark_schema(self) -> tuple[SparkSession, Any]:
         if self._last is None:

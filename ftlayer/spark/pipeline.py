@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ftlayer.errors import ConfigError
+from ftlayer.limits import MAX_REPLAYS
 from ftlayer.spark.plan import BatchStage, FrameStage, Op, RowFn, Segment
 from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy
 from partitioners import HashPartitioner
@@ -18,7 +19,7 @@ from partitioners import HashPartitioner
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["AckScope", "BatchRunner", "OnError", "Pipeline"]
+__all__ = ["AckScope", "BatchRunner", "OnError", "Pipeline", "new_pipeline"]
 
 OnError = Literal["fail_record", "fail_batch"]
 AckScope = Literal["batch", "task"]
@@ -49,21 +50,13 @@ class Pipeline:
     record (a dict) at a time, in a pipeline of their own. Batch and row stages run in
     ``mapInArrow`` tasks with Spark's own shuffle and batch-scope acking (row stages are
     compiled to batch stages by ftlayer.spark.row_stages); all run under Spark Connect.
-    ``ack_scope="task"`` runs row stages the older way instead: over ``df.rdd``, each
-    task acking its records in Redis (see ``docs/vectorized.md`` for when).
+    ``ack_scope="task"`` (deprecated) runs row stages the older way: over ``df.rdd``.
 
     Vectorized placement: ``partition_by(cols, n)`` is ``repartition(n, *cols)`` in the
     JVM, and replays enter the source stage as rows like any other, so every record of a
     key, fresh or replayed, meets in the partition Spark assigns that key.
 
-    ``ack_scope="task"`` replay placement: ``key`` columns give each record its hash code (Spark's
-    ``hash(key)``, in the JVM). With ``partitions=n`` the source stage is keyed: fresh rows
-    are placed by ``df.repartition(n, *key)`` and replays by
-    ``HashPartitioner(n).select(hash_code)`` -- the same partition. Without it, replays
-    return to their original partition (modulo the batch's partition count). After a
-    ``partition_by(cols, n)``, fresh and replayed records alike are placed by the
-    ``partitioners`` mirror of ``repartition(n, *cols)`` (types from the input schema, or
-    ``types=``), so every record of a key meets in the partition Spark assigns that key.
+    ``ack_scope="task"`` (deprecated) places records its own way: ftlayer.spark.task_scope.
     """
 
     ft: BatchRunner
@@ -77,8 +70,8 @@ class Pipeline:
     the replay queue for a later batch, which spreads attempts out in time)."""
     ack_scope: AckScope = "batch"
     """``"batch"``: a batch's records are settled together when it ends (Redis touched
-    O(tasks) times on the success path). ``"task"`` (row stages only): every task emits
-    and acks its records in Redis as it runs, O(records) Redis work."""
+    O(tasks) times on the success path). ``"task"`` (deprecated; row stages only): every
+    task emits and acks its records in Redis as it runs, O(records) Redis work."""
     errors: ErrorPolicy = DEFAULT_POLICY
     """Retries with backoff, and exception types that go straight to the dead letters,
     for every stage without its own ``errors=`` (see ftlayer.spark.policy)."""
@@ -87,7 +80,7 @@ class Pipeline:
     pipeline's source, after the batch that dead-lettered it (or, for one dead-lettered
     by the sidecar's timeouts, after the next batch): at least once, in order."""
     record_key: str | None = None
-    """Vectorized path: an int64 column that identifies each source record (an event id),
+    """Batch stages: an int64 column that identifies each source record (an event id),
     non-negative, that every stage passes through unchanged. ftlayer then folds and
     reports failures by it instead of adding its own id column to every row crossing a
     shuffle (one int64 column costs 5-9 % of a shuffle-bound pipeline, see
@@ -108,8 +101,7 @@ class Pipeline:
     sunk: bool = False
 
     def identity(self, app_name: str) -> str:
-        """Its name, or the Spark application's (``spark.app.name``): a redeployed job
-        keeps it whatever its stages became, two unrelated jobs differ."""
+        """Its name, or the Spark application's: kept by a redeployed job, not shared."""
         return self.name if self.name is not None else f"app:{app_name}"
 
     def stream(self, spark: Any) -> DataFrame:
@@ -135,40 +127,13 @@ class Pipeline:
         return self.ft.with_replays(self, stream, stream.sparkSession)
 
     @property
-    def vectorized(self) -> bool:
+    def vectorized(self) -> bool:  # it has batch stages
         return any(seg.vectorized for seg in self.segments)
 
     @property
     def frames(self) -> bool:
-        """Its stages are DataFrame stages (``transform``, ``sink_dataframe``): the batch
-        runs as one Spark plan (ftlayer.spark.frame_run)."""
+        """It has DataFrame stages: its batches run as one Spark plan (frame_run)."""
         return any(seg.frames for seg in self.segments)
-
-    def _add(self, op: Op) -> Pipeline:
-        self._open()
-        if op[0] != "map" and op[0] != "flat_map" and op[0] != "filter" and (
-                self.ack_scope == "task"):  # fmt: skip
-            raise ConfigError("ack_scope='task' runs row stages only (map, flat_map, filter)")
-        kinds = {_KINDS.get(kind, "row") for seg in self.segments for kind, _ in seg.ops}
-        kind = _KINDS.get(op[0], "row")
-        mixed = kinds | {kind}
-        if "row" in mixed and len(mixed) > 1:
-            raise ConfigError(
-                "row stages (map, flat_map, filter) take a pipeline of their own: they do "
-                "not mix with batch stages (map_batches, map_pandas) or DataFrame stages "
-                "(transform), which mix with each other"
-            )
-        last = self.segments[-1]
-        return replace(self, segments=(*self.segments[:-1], replace(last, ops=(*last.ops, op))))
-
-    def _open(self) -> None:
-        if self.sunk:
-            raise ConfigError("the pipeline already ends in a sink")
-
-    def _not_frames(self) -> None:
-        if self.frames:
-            raise ConfigError("a pipeline of DataFrame stages ends with sink_dataframe() "
-                              "or sink_batches()")
 
     def map_batches(
         self, fn: Callable[..., Any], schema: Any, errors: ErrorPolicy | None = None
@@ -179,7 +144,7 @@ class Pipeline:
         is isolated by bisection and fails alone (see ftlayer.spark.outcome). ``fn(batch,
         ctx)`` receives a :class:`~ftlayer.spark.policy.BatchContext`; ``errors``: this
         stage's error policy (default: the pipeline's)."""
-        return self._add(("batches", BatchStage(fn, schema, errors=errors)))
+        return _with_op(self, ("batches", BatchStage(fn, schema, errors=errors)))
 
     def map_pandas(
         self, fn: Callable[..., Any], schema: Any, errors: ErrorPolicy | None = None
@@ -187,7 +152,7 @@ class Pipeline:
         """``map_batches`` with pandas: ``fn(pandas.DataFrame)`` returns a DataFrame
         (or an ``Outcome`` whose ``output`` is one). ``schema``: the output's (DDL string or
         StructType); ``errors``: this stage's error policy (default: the pipeline's)."""
-        return self._add(("batches", BatchStage(fn, schema, pandas=True, errors=errors)))
+        return _with_op(self, ("batches", BatchStage(fn, schema, pandas=True, errors=errors)))
 
     def sink_batches(
         self,
@@ -204,14 +169,13 @@ class Pipeline:
         replay, for a sink that keeps one row per record (ftlayer.sinks). Default: the
         sink's own ``ft_lineage`` attribute (the sinks ftlayer ships have one). ``errors``:
         this stage's error policy (default: the pipeline's)."""
-        self._open()
+        _open(self)
         if self.ack_scope == "task":
             raise ConfigError("ack_scope='task' runs row stages only: end it with sink()")
         if self.segments[-1].ops and not self.vectorized and not self.frames:
             raise ConfigError("sink_batches ends a pipeline of batch stages; use sink()")
-        last = replace(self.segments[-1], sink=fn, sink_per="batch", sink_pandas=pandas,
-                       sink_errors=errors, sink_lineage=_lineage_of(fn, lineage))  # fmt: skip
-        return replace(self, segments=(*self.segments[:-1], last), sunk=True)
+        return _ending(self, sink=fn, sink_per="batch", sink_pandas=pandas, sink_errors=errors,
+                            sink_lineage=_lineage_of(fn, lineage))  # fmt: skip
 
     def transform(
         self, fn: Callable[[DataFrame], DataFrame], failed: Any = None, errors: Any = None
@@ -231,15 +195,8 @@ class Pipeline:
         (ftlayer.spark.frame_run): a source kept by reference (``reads=``) adds no Python;
         one that cannot be read again is copied by one Python pass. Python batch stages
         mix in; see docs/dataframe-stages.md."""
-        if not callable(fn):
-            raise ConfigError(f"transform takes a function of a DataFrame, not {fn!r}")
-        if isinstance(failed, bool) or (failed is not None and not (
-                isinstance(failed, str) or callable(failed) or _is_column(failed))):  # fmt: skip
-            raise ConfigError(f"failed= takes a boolean Column, an SQL expression or a "
-                              f"function of the stage's output, not {failed!r}")  # fmt: skip
-        if errors is not None and not (isinstance(errors, str) or _is_column(errors)):
-            raise ConfigError(f"errors= takes a Column or a text, not {errors!r}")
-        return self._add(("frame", FrameStage(fn, failed, errors)))
+        _check_transform(fn, failed, errors)
+        return _with_op(self, ("frame", FrameStage(fn, failed, errors)))
 
     def sink_dataframe(
         self,
@@ -258,23 +215,16 @@ class Pipeline:
         every replay of a record) and write them idempotently, keeping one row per
         lineage id (a ``MERGE ... ON t.lineage_id = s.lineage_id WHEN NOT MATCHED THEN
         INSERT``: docs/effectively-once.md), or accept duplicates (at least once)."""
-        self._open()
-        if not callable(fn):
-            raise ConfigError(f"sink_dataframe takes a function (df, batch_id), not {fn!r}")
-        if any(_KINDS.get(kind, "row") == "row" for seg in self.segments for kind, _ in seg.ops):
-            raise ConfigError("sink_dataframe ends a pipeline of DataFrame or batch stages, "
-                              "not of row stages (map, flat_map, filter): end it with sink()")
-        if self.ack_scope != "batch":
-            raise ConfigError("sink_dataframe needs the default ack_scope='batch'")
-        last = replace(self.segments[-1], sink=fn, sink_per="dataframe", sink_ids=with_ids,
-                       sink_lineage=_lineage_of(fn, lineage))  # fmt: skip
-        return replace(self, segments=(*self.segments[:-1], last), sunk=True)
+        _open(self)
+        _check_frame_sink(self, fn)
+        return _ending(self, sink=fn, sink_per="dataframe", sink_ids=with_ids,
+                            sink_lineage=_lineage_of(fn, lineage))  # fmt: skip
 
     def map(self, fn: Callable[..., Any], errors: ErrorPolicy | None = None) -> Pipeline:
         """One output per record (acked when ``fn`` returns, via its outputs' fate).
         ``fn(record, ctx)`` receives a :class:`~ftlayer.spark.policy.RecordContext`;
         ``errors``: this stage's error policy (default: the pipeline's)."""
-        return self._add(("map", RowFn.of(fn, errors)))
+        return _with_op(self, ("map", RowFn.of(fn, errors)))
 
     def flat_map(
         self, fn: Callable[..., Iterable[Any]], errors: ErrorPolicy | None = None
@@ -282,12 +232,12 @@ class Pipeline:
         """Zero or more outputs per record: ``fn(record)`` returns an iterable; a record
         with none is complete. ``errors``: this stage's error policy (default: the
         pipeline's)."""
-        return self._add(("flat_map", RowFn.of(fn, errors)))
+        return _with_op(self, ("flat_map", RowFn.of(fn, errors)))
 
     def filter(self, fn: Callable[..., Any], errors: ErrorPolicy | None = None) -> Pipeline:
         """Keep records where ``fn`` is true; dropped records are acked (complete).
         ``errors``: this stage's error policy (default: the pipeline's)."""
-        return self._add(("filter", RowFn.of(fn, errors)))
+        return _with_op(self, ("filter", RowFn.of(fn, errors)))
 
     def partition_by(
         self, cols: Sequence[str] | str, n: int, types: Sequence[str] | None = None
@@ -298,18 +248,11 @@ class Pipeline:
         (Spark's placement of a key depends on its type; with ``ack_scope="task"`` it is
         inferred from the values); default: the input schema's. A record whose key cannot be
         hashed fails."""
-        self._open()
+        _open(self)
         cols = (cols,) if isinstance(cols, str) else tuple(cols)
-        if not cols or n < 1:
-            raise ConfigError("partition_by needs at least one column and n >= 1")
-        if types is not None:
-            HashPartitioner(n, list(types))  # validate now, on the driver
-        last = replace(
-            self.segments[-1],
-            shuffle_cols=cols,
-            shuffle_n=n,
-            shuffle_types=None if types is None else tuple(types),
-        )
+        _check_partition_by(cols, n, types)
+        last = replace(self.segments[-1], shuffle_cols=cols, shuffle_n=n,
+                       shuffle_types=None if types is None else tuple(types))  # fmt: skip
         return replace(self, segments=(*self.segments[:-1], last, Segment(())))
 
     def sink(
@@ -328,18 +271,9 @@ class Pipeline:
         ``lineage``: a key each record is given its lineage id under (see
         ``sink_batches``; not with ``ack_scope="task"``). ``errors``: this stage's error
         policy (default: the pipeline's)."""
-        self._open()
-        self._not_frames()
-        name = _lineage_of(fn, lineage)
-        if name is not None and self.ack_scope == "task":
-            raise ConfigError("lineage= takes the default ack_scope='batch'")
-        if self.vectorized:
-            raise ConfigError("a pipeline of batch stages ends with sink_batches()")
-        if per not in ("record", "partition"):
-            raise ConfigError(f"per must be 'record' or 'partition', not {per!r}")
-        last = replace(self.segments[-1], sink=fn, sink_per=per, sink_errors=errors,
-                       sink_lineage=name)  # fmt: skip
-        return replace(self, segments=(*self.segments[:-1], last), sunk=True)
+        _open(self)
+        name = _check_row_sink(self, fn, per, lineage)
+        return _ending(self, sink=fn, sink_per=per, sink_errors=errors, sink_lineage=name)
 
     def __call__(self, df: DataFrame, batch_id: Any) -> None:
         self.ft.run_batch(self, df, batch_id)
@@ -359,3 +293,113 @@ def _lineage_of(fn: Any, lineage: str | None) -> str | None:
 
 def _is_column(x: Any) -> bool:
     return type(x).__name__ == "Column" and type(x).__module__.startswith("pyspark.sql")
+
+
+def new_pipeline(ft: BatchRunner, source: int, key: Sequence[str] | str, partitions: int | None,
+                 on_error: OnError, immediate_replays: int | None, ack_scope: AckScope,
+                 errors: ErrorPolicy, on_dead_letter: Callable[[Any], None] | None,
+                 record_key: str | None, reads: Any, name: str | None) -> Pipeline:  # fmt: skip
+    """A new, empty pipeline of ``ft``, its arguments checked (see
+    ``FaultTolerance.pipeline``): a wrong one is refused here, named, before any batch."""
+    if on_error not in ("fail_record", "fail_batch"):
+        raise ConfigError(f"on_error must be 'fail_record' or 'fail_batch', not {on_error!r}")
+    if ack_scope not in ("batch", "task"):
+        raise ConfigError(f"ack_scope must be 'batch' or 'task', not {ack_scope!r}")
+    if immediate_replays is not None and not 0 <= immediate_replays <= MAX_REPLAYS:
+        raise ConfigError(f"immediate_replays must be in 0..{MAX_REPLAYS}, not {immediate_replays}")
+    key = (key,) if isinstance(key, str) else tuple(key)
+    if partitions is not None and (not key or partitions < 1):
+        raise ConfigError("partitions= needs key columns and must be >= 1")
+    if on_dead_letter is not None and not callable(on_dead_letter):
+        raise ConfigError("on_dead_letter takes a function of one DeadLetter")
+    if record_key is not None and (ack_scope != "batch" or not isinstance(record_key, str)):
+        raise ConfigError("record_key names one column, on the default ack_scope='batch'")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ConfigError(f"name must be a non-empty string, not {name!r}")
+    if reads is not None:
+        from ftlayer.spark.references import ReplayableSource
+
+        if not isinstance(reads, ReplayableSource):
+            raise ConfigError("reads= takes a FileSource or another ReplayableSource "
+                              f"(stream, reference, read_back), not {reads!r}")  # fmt: skip
+        if ack_scope != "batch":
+            raise ConfigError("reads= needs the default ack_scope='batch'")
+    return Pipeline(ft, source, key, partitions, on_error, immediate_replays, ack_scope, errors,
+                    on_dead_letter, record_key, reads, name)  # fmt: skip
+
+
+def _check_mix(pipeline: Pipeline, kind: str) -> None:
+    """Row stages take a pipeline of their own; ``ack_scope="task"`` takes row stages only."""
+    if kind not in ("map", "flat_map", "filter") and pipeline.ack_scope == "task":
+        raise ConfigError("ack_scope='task' runs row stages only (map, flat_map, filter)")
+    kinds = {_KINDS.get(k, "row") for seg in pipeline.segments for k, _ in seg.ops}
+    mixed = kinds | {_KINDS.get(kind, "row")}
+    if "row" in mixed and len(mixed) > 1:
+        raise ConfigError(
+            "row stages (map, flat_map, filter) take a pipeline of their own: they do "
+            "not mix with batch stages (map_batches, map_pandas) or DataFrame stages "
+            "(transform), which mix with each other"
+        )
+
+
+def _check_transform(fn: Any, failed: Any, errors: Any) -> None:
+    if not callable(fn):
+        raise ConfigError(f"transform takes a function of a DataFrame, not {fn!r}")
+    if isinstance(failed, bool) or (failed is not None and not (
+            isinstance(failed, str) or callable(failed) or _is_column(failed))):  # fmt: skip
+        raise ConfigError(f"failed= takes a boolean Column, an SQL expression or a "
+                          f"function of the stage's output, not {failed!r}")  # fmt: skip
+    if errors is not None and not (isinstance(errors, str) or _is_column(errors)):
+        raise ConfigError(f"errors= takes a Column or a text, not {errors!r}")
+
+
+def _check_row_sink(pipeline: Pipeline, fn: Any, per: str, lineage: str | None) -> str | None:
+    """A row sink's checks; its lineage column."""
+    if pipeline.frames:
+        raise ConfigError("a pipeline of DataFrame stages ends with sink_dataframe() "
+                          "or sink_batches()")
+    name = _lineage_of(fn, lineage)
+    if name is not None and pipeline.ack_scope == "task":
+        raise ConfigError("lineage= takes the default ack_scope='batch'")
+    if pipeline.vectorized:
+        raise ConfigError("a pipeline of batch stages ends with sink_batches()")
+    if per not in ("record", "partition"):
+        raise ConfigError(f"per must be 'record' or 'partition', not {per!r}")
+    return name
+
+
+def _check_frame_sink(pipeline: Pipeline, fn: Any) -> None:
+    if not callable(fn):
+        raise ConfigError(f"sink_dataframe takes a function (df, batch_id), not {fn!r}")
+    if any(_KINDS.get(kind, "row") == "row" for seg in pipeline.segments for kind, _ in seg.ops):
+        raise ConfigError("sink_dataframe ends a pipeline of DataFrame or batch stages, "
+                          "not of row stages (map, flat_map, filter): end it with sink()")
+    if pipeline.ack_scope != "batch":
+        raise ConfigError("sink_dataframe needs the default ack_scope='batch'")
+
+
+def _check_partition_by(cols: tuple[str, ...], n: int, types: Sequence[str] | None) -> None:
+    if not cols or n < 1:
+        raise ConfigError("partition_by needs at least one column and n >= 1")
+    if types is not None:
+        HashPartitioner(n, list(types))  # validate now, on the driver
+
+
+def _open(pipeline: Pipeline) -> None:
+    if pipeline.sunk:
+        raise ConfigError("the pipeline already ends in a sink")
+
+
+def _with_op(pipeline: Pipeline, op: Op) -> Pipeline:
+    """``pipeline`` with the stage ``op`` added to its last segment."""
+    _open(pipeline)
+    _check_mix(pipeline, op[0])
+    last = pipeline.segments[-1]
+    return replace(pipeline, segments=(*pipeline.segments[:-1],
+                                       replace(last, ops=(*last.ops, op))))  # fmt: skip
+
+
+def _ending(pipeline: Pipeline, **sink: Any) -> Pipeline:
+    """``pipeline`` ending in the sink ``sink`` describes (Segment's sink fields)."""
+    last = replace(pipeline.segments[-1], **sink)
+    return replace(pipeline, segments=(*pipeline.segments[:-1], last), sunk=True)

@@ -7,6 +7,14 @@ kept by reference, lineage ids and the replay stream, and with O(tasks) Redis ca
 batch instead of O(records). Migrating: drop ``ack_scope="task"``; the stages and the
 sink stay as they are.
 
+Placement: ``key`` columns give each record its hash code (Spark's ``hash(key)``, in the
+JVM). With ``partitions=n`` the source stage is keyed: fresh rows are placed by
+``df.repartition(n, *key)`` and replays by ``HashPartitioner(n).select(hash_code)`` -- the
+same partition. Without it, replays return to their original partition (modulo the batch's
+partition count). After a ``partition_by(cols, n)``, fresh and replayed records alike are
+placed by the ``partitioners`` mirror of ``repartition(n, *cols)`` (types from the input
+schema, or ``types=``), so every record of a key meets in the partition Spark assigns it.
+
 Invariant: the batch function returns after every task flushed, so Spark commits the
 batch's offsets only when each of its records is complete or persisted with a live
 timeout (invariant 1).

@@ -256,70 +256,82 @@ def run_vector_task(
             out = run_chain(plan, stage, task, batch.select(names), None).out
             if out is not None:
                 yield out
-            continue
-        has_ids = SRC_COL in batch.schema.names
-        by_ref = LOC_COL in batch.schema.names
-        user = batch.select(names)
-        if stage == 0:  # fresh rows (no id yet) and claimed replays (their persisted ids)
-            if has_ids:
-                src = u64_ids(batch.column(SRC_COL))
-                is_fresh = src == 0
-                n_fresh = int(is_fresh.sum())
-            else:  # no replays were claimed: every row is fresh
-                n_fresh = batch.num_rows
-            if n_fresh:
-                part = user if n_fresh == batch.num_rows else user.filter(pa.array(is_fresh))
-                ids = batch_source_ids(partition, task.fresh, n_fresh)
-                task.fresh += n_fresh
-                if by_ref:  # the segment holds every fresh row's reference, bad keys too
-                    # (and its record key: failures past a shuffle are reported by key)
-                    key = (plan.record_key,) if plan.record_key else ()
-                    refs = batch.select([*REF_COLS, *key])
-                    fresh.append(refs if n_fresh == batch.num_rows else
-                                 refs.filter(pa.array(is_fresh)))  # fmt: skip
-                else:  # the segment holds every fresh row, bad keys too
-                    fresh.append(part)
-                refs_now = fresh[-1] if by_ref else None
-                part, ids, _ = _valid_keys(plan, task, part, ids, None)
-                lin = _fresh_lineage(plan, part, ids, refs_now) if plan.wants_lineage[0] else None
-                yield from _run_with_replays(plan, task, part, ids, plan.immediate_replays,
-                                             None, lin)  # fmt: skip
-            if n_fresh < batch.num_rows:  # claimed replays: their budget is in Redis
-                keep = _first_of_each(src, ~is_fresh)
-                task.replayed += int(keep.sum())
-                _note_replays(plan, task, batch, keep)
-                before = None
-                if ATT_COL in batch.schema.names:
-                    att = batch.column(ATT_COL).fill_null(0).to_numpy(zero_copy_only=False)
-                    before = np.asarray(att, np.int32)[keep]
-                part, ids, before = _valid_keys(plan, task, user.filter(pa.array(keep)),
-                                                src[keep], before)  # fmt: skip
-                lin = None
-                if plan.wants_lineage[0]:
-                    lin = (_key_lineage(plan, part) if plan.record_key else
-                           u64_ids(batch.column(LIN_COL))[keep].view(np.int64))  # fmt: skip
-                yield from _run_with_replays(plan, task, part, ids, 0, before, lin)
-            continue
-        src = u64_ids(batch.column(plan.record_key or SRC_COL))
-        lin = None
-        if plan.wants_lineage[stage]:
-            lin = (src.view(np.int64) if plan.record_key else
-                   u64_ids(batch.column(LIN_COL)).view(np.int64))  # fmt: skip
-        if _may_hold_markers(user, plan.record_key) and (markers := _markers(src)).any():
-            task.upstream.extend(split_local(src[markers])[1].tolist())
-            keep = ~markers
-            user, src = user.filter(pa.array(keep)), src[keep]
-            lin = None if lin is None else lin[keep]
-            if user.num_rows == 0:
-                continue
-        task.fold -= fold_sum(edge_hashes(src, plan.edge_salts[stage - 1]))  # received
-        ctx = (_context(plan, task, stage, src, None, lin) if plan.wants_context[stage]
-               else None)  # fmt: skip
-        chain = run_chain(plan, stage, task, user, src, ctx, lin)
-        _residues(task, src, chain, 1)
-        if chain.out is not None:
-            yield chain.out
+        elif stage == 0:
+            yield from _source_batch(plan, task, batch, batch.select(names), fresh)
+        else:
+            yield from _shuffled_batch(plan, stage, task, batch, batch.select(names))
     yield from _finish(plan, stage, task, fresh, final)
+
+
+def _source_batch(plan: VectorPlan, task: TaskRun, batch: pa.RecordBatch,
+                  user: pa.RecordBatch, fresh: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """One input batch of a source task: fresh rows (no id yet: given batch-local ids,
+    kept for the task's segment) and claimed replays (their persisted ids)."""
+    has_ids = SRC_COL in batch.schema.names
+    by_ref = LOC_COL in batch.schema.names
+    if has_ids:
+        src = u64_ids(batch.column(SRC_COL))
+        is_fresh = src == 0
+        n_fresh = int(is_fresh.sum())
+    else:  # no replays were claimed: every row is fresh
+        n_fresh = batch.num_rows
+    if n_fresh:
+        part = user if n_fresh == batch.num_rows else user.filter(pa.array(is_fresh))
+        ids = batch_source_ids(task.partition, task.fresh, n_fresh)
+        task.fresh += n_fresh
+        if by_ref:  # the segment holds every fresh row's reference, bad keys too
+            # (and its record key: failures past a shuffle are reported by key)
+            key = (plan.record_key,) if plan.record_key else ()
+            refs = batch.select([*REF_COLS, *key])
+            fresh.append(refs if n_fresh == batch.num_rows else
+                         refs.filter(pa.array(is_fresh)))  # fmt: skip
+        else:  # the segment holds every fresh row, bad keys too
+            fresh.append(part)
+        refs_now = fresh[-1] if by_ref else None
+        part, ids, _ = _valid_keys(plan, task, part, ids, None)
+        lin = _fresh_lineage(plan, part, ids, refs_now) if plan.wants_lineage[0] else None
+        yield from _run_with_replays(plan, task, part, ids, plan.immediate_replays,
+                                     None, lin)  # fmt: skip
+    if n_fresh < batch.num_rows:  # claimed replays: their budget is in Redis
+        keep = _first_of_each(src, ~is_fresh)
+        task.replayed += int(keep.sum())
+        _note_replays(plan, task, batch, keep)
+        before = None
+        if ATT_COL in batch.schema.names:
+            att = batch.column(ATT_COL).fill_null(0).to_numpy(zero_copy_only=False)
+            before = np.asarray(att, np.int32)[keep]
+        part, ids, before = _valid_keys(plan, task, user.filter(pa.array(keep)),
+                                        src[keep], before)  # fmt: skip
+        lin = None
+        if plan.wants_lineage[0]:
+            lin = (_key_lineage(plan, part) if plan.record_key else
+                   u64_ids(batch.column(LIN_COL))[keep].view(np.int64))  # fmt: skip
+        yield from _run_with_replays(plan, task, part, ids, 0, before, lin)
+
+
+def _shuffled_batch(plan: VectorPlan, stage: int, task: TaskRun, batch: pa.RecordBatch,
+                    user: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+    """One input batch of a task past a shuffle: markers' tokens noted, what crossed the
+    edge folded, the segment's stages run."""
+    src = u64_ids(batch.column(plan.record_key or SRC_COL))
+    lin = None
+    if plan.wants_lineage[stage]:
+        lin = (src.view(np.int64) if plan.record_key else
+               u64_ids(batch.column(LIN_COL)).view(np.int64))  # fmt: skip
+    if _may_hold_markers(user, plan.record_key) and (markers := _markers(src)).any():
+        task.upstream.extend(split_local(src[markers])[1].tolist())
+        keep = ~markers
+        user, src = user.filter(pa.array(keep)), src[keep]
+        lin = None if lin is None else lin[keep]
+        if user.num_rows == 0:
+            return
+    task.fold -= fold_sum(edge_hashes(src, plan.edge_salts[stage - 1]))  # received
+    ctx = (_context(plan, task, stage, src, None, lin) if plan.wants_context[stage]
+           else None)  # fmt: skip
+    chain = run_chain(plan, stage, task, user, src, ctx, lin)
+    _residues(task, src, chain, 1)
+    if chain.out is not None:
+        yield chain.out
 
 
 def _finish(
