@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ftlayer.errors import ConfigError, FTLayerError
-from ftlayer.ids import LOCAL_BIT
 from ftlayer.limits import DEAD_NOW
 from ftlayer.spark.frame_tasks import FAILED_COL
+from ftlayer.spark.identity import U64, is_replay
 from ftlayer.spark.plan import MAX_MESSAGES, SOURCE_STAGE
 from ftlayer.spark.results import StageCounts
 from ftlayer.spark.settle import Failure, Residues
@@ -103,7 +103,7 @@ class Observations:
         ran: list[int] = []
         if self.replays_observed is not None:
             got = _metrics(self.replays_observed)
-            ran = [] if got is None else [int(x) & _U64 for x in got["ids"].split(",") if x]
+            ran = [] if got is None else [int(x) & U64 for x in got["ids"].split(",") if x]
         r = run.result
         r.replayed = len(ran)
         fresh: dict[tuple[int | None, int], Failure] = {}
@@ -121,8 +121,8 @@ class Observations:
             for loc_text, pos_text, err in failed:
                 why, pos = errors[int(err)], int(pos_text)
                 loc = int(loc_text) if loc_text else None
-                if _replay(loc, pos):
-                    replays.setdefault(pos & _U64, why)
+                if is_replay(loc, pos):
+                    replays.setdefault(pos & U64, why)
                 else:
                     fresh.setdefault((loc, pos), why)
             rows = int(m["rows"])
@@ -143,9 +143,9 @@ class Observations:
         ids = self.plain_source.select(LOC_COL, POS_COL).toArrow()
         loc = ids.column(LOC_COL).to_pylist()
         pos = ids.column(POS_COL).to_pylist()
-        ran = {p & _U64 for lo, p in zip(loc, pos, strict=True) if _replay(lo, p)}
+        ran = {p & U64 for lo, p in zip(loc, pos, strict=True) if is_replay(lo, p)}
         why = Failure(text, 1, self.sink_label or SOURCE_STAGE)
-        fresh = {(lo, p): why for lo, p in zip(loc, pos, strict=True) if not _replay(lo, p)}
+        fresh = {(lo, p): why for lo, p in zip(loc, pos, strict=True) if not is_replay(lo, p)}
         r.replayed, r.fresh = len(ran), len(fresh)
         r.errors.append(text)
         return self._residues(run, ran, fresh, dict.fromkeys(ran, why), copies)
@@ -167,7 +167,7 @@ class Observations:
         res = Residues(failed=dict(replays))
         for (loc, pos), why in fresh.items():
             if copies:
-                res.failed[pos & _U64] = why
+                res.failed[pos & U64] = why
             elif loc is not None:
                 res.by_reference[(loc, pos)] = why
         return res
@@ -216,12 +216,6 @@ def metrics_kept(spark: Any) -> Iterator[None]:
             spark.conf.set(_EXCLUDED, before)
 
 
-def _replay(loc: int | None, pos: int) -> bool:
-    """A replay's identity: no location, and a persisted record id (not a batch-local
-    id, which names a copied row of this batch's source pass)."""
-    return loc is None and not pos & _U64 & _LOCAL
-
-
 def _metrics(obs: Any) -> dict[str, Any] | None:
     """An observation's metrics, or None if no action filled them (never blocks)."""
     jo = getattr(obs, "_jo", None)
@@ -237,6 +231,3 @@ def _metrics(obs: Any) -> dict[str, Any] | None:
     got = obs.get  # Spark Connect: empty until an action's result carried them
     return dict(got) if got else None
 
-
-_U64 = (1 << 64) - 1
-_LOCAL = int(LOCAL_BIT)

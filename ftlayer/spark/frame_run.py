@@ -52,6 +52,7 @@ from ftlayer.spark.frame_tasks import (
     PythonStep,
     answer_type,
 )
+from ftlayer.spark.identity import IDENTITY, lineage_column
 from ftlayer.spark.plan import (
     BatchStage,
     FrameStage,
@@ -68,12 +69,10 @@ if TYPE_CHECKING:
 
     from ftlayer.spark.engine import BatchRun
 
-__all__ = ["IDENTITY", "FrameRun", "frame_label"]
+__all__ = ["FrameRun", "frame_label"]
 
 log = logging.getLogger(__name__)
 
-IDENTITY = {"ftlayer": "identity"}
-"""The metadata of the identity columns (``__ft_loc``, ``__ft_pos``)."""
 
 
 def frame_label(segment: int, op: int, fn: Any) -> str:
@@ -300,8 +299,7 @@ class FrameRun:
         if self.layer is None:
             return out.withColumn(name, F.xxhash64(F.lit(plan.lineage_seed).cast("long"),
                                                    F.monotonically_increasing_id()))
-        lin = (F.when(loc.isNotNull(), F.xxhash64(F.lit(plan.source).cast("long"), loc, pos))
-               .when(pos < 0, F.xxhash64(F.lit(plan.lineage_seed).cast("long"), pos)))
+        lin = lineage_column(plan.source, plan.lineage_seed, loc, pos)
         replays = self.run.replays
         if replays is not None and replays.table.num_rows:
             rid, rlin = "__ft_replay_id", "__ft_replay_lin"

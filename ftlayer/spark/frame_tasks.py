@@ -27,7 +27,8 @@ import numpy as np
 import pyarrow as pa
 
 from ftlayer.config import FTConfig
-from ftlayer.ids import batch_source_ids, is_local
+from ftlayer.ids import batch_source_ids
+from ftlayer.spark.identity import replay_rows
 from ftlayer.spark.outcome import run_stage
 from ftlayer.spark.plan import BatchStage
 from ftlayer.spark.policy import BatchContext, ErrorPolicy
@@ -81,7 +82,7 @@ class PythonStep:
         loc, pos = b.column(LOC_COL), b.column(POS_COL)
         user = b.select(self.inputs.names)
         ids = np.asarray(pos.fill_null(0).to_numpy(zero_copy_only=False)).view(np.uint64)
-        replay = ~np.asarray(loc.is_valid()) & ~is_local(ids)  # no location, a stored id
+        replay = replay_rows(np.asarray(loc.is_valid()), ids)
         before = np.full(len(ids), True) if self.run_again else replay
         ctx = BatchContext(ids, None, partition, attempt, 0, None, None, before, self.batch_id,
                            self.run_id)  # fmt: skip
