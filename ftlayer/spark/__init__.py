@@ -46,18 +46,40 @@ from ftlayer.requirements import require_pyspark
 
 require_pyspark()  # before anything imports pyspark: one line, not an ImportError's trace
 
-from ftlayer.spark.driver import FaultTolerance  # noqa: E402
-from ftlayer.spark.outcome import Outcome, StageContractError  # noqa: E402
-from ftlayer.spark.pipeline import OnError, Pipeline  # noqa: E402
-from ftlayer.spark.plan import UNCONFIRMED, Unconfirmed  # noqa: E402
-from ftlayer.spark.policy import BatchContext, ErrorPolicy, RecordContext  # noqa: E402
-from ftlayer.spark.progress import BatchProgress  # noqa: E402
-from ftlayer.spark.references import (  # noqa: E402
-    FileSource,
-    RateMicroBatchSource,
-    ReplayableSource,
-)
-from ftlayer.spark.results import BatchResult, DrainResult, StageCounts  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
+
+_PUBLIC = {
+    "FaultTolerance": "driver", "Outcome": "outcome", "StageContractError": "outcome",
+    "OnError": "pipeline", "Pipeline": "pipeline", "UNCONFIRMED": "plan",
+    "Unconfirmed": "plan", "BatchContext": "policy", "ErrorPolicy": "policy",
+    "RecordContext": "policy", "BatchProgress": "progress", "FileSource": "references",
+    "RateMicroBatchSource": "references", "ReplayableSource": "references",
+    "BatchResult": "results", "DrainResult": "results", "StageCounts": "results",
+}  # fmt: skip
+"""The public names, each imported from its module when first used: a process that needs
+one part (the replay stream's reader, started by Spark for every query) does not import
+the rest."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        import importlib
+
+        value = getattr(importlib.import_module(f"ftlayer.spark.{_PUBLIC[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'ftlayer.spark' has no attribute {name!r}")
+
+
+if TYPE_CHECKING:
+    from ftlayer.spark.driver import FaultTolerance
+    from ftlayer.spark.outcome import Outcome, StageContractError
+    from ftlayer.spark.pipeline import OnError, Pipeline
+    from ftlayer.spark.plan import UNCONFIRMED, Unconfirmed
+    from ftlayer.spark.policy import BatchContext, ErrorPolicy, RecordContext
+    from ftlayer.spark.progress import BatchProgress
+    from ftlayer.spark.references import FileSource, RateMicroBatchSource, ReplayableSource
+    from ftlayer.spark.results import BatchResult, DrainResult, StageCounts
 
 __all__ = [
     "UNCONFIRMED",
