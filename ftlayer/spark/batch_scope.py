@@ -28,19 +28,30 @@ import numpy as np
 import pyarrow as pa
 
 from ftlayer.connection import is_cluster
+from ftlayer.errors import ConfigError
 from ftlayer.ids import batch_source_ids
-from ftlayer.spark.batch_plan import spark_schema, with_replay_columns
+from ftlayer.spark.batch_plan import arrow_schema, plan_batch, spark_schema, with_replay_columns
 from ftlayer.spark.plan import MAX_MESSAGES
 from ftlayer.spark.results import BatchResult, StageCounts
-from ftlayer.spark.settle import Failure, Residues
-from ftlayer.spark.vector_plan import LOC_COL, REF_COLS, REPLAY_COLS, SRC_COL, SUMMARY_COL
+from ftlayer.spark.row_stages import compile_rows
+from ftlayer.spark.settle import Failure, Residues, Settlement
+from ftlayer.spark.vector_plan import (
+    LOC_COL,
+    REF_COLS,
+    REPLAY_COLS,
+    SRC_COL,
+    SUMMARY_COL,
+    VectorPlan,
+)
 from ftlayer.spark.vector_tasks import run_vector_task
 from ftlayer.wire import BatchSummary
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+    from ftlayer.config import FTConfig
     from ftlayer.spark.engine import BatchRun
+    from ftlayer.spark.pipeline import Pipeline
 
 __all__ = ["VectorRun"]
 
@@ -56,6 +67,8 @@ class VectorRun:
     """The replays the counted source tasks ran: source id -> current id."""
     replay_keys: dict[int, list[int]] = field(default_factory=dict)  # record key -> srcs
     calls: int = 0
+    summaries: list[BatchSummary] = field(default_factory=list)
+    """The task summaries that counted (once the job ended)."""
 
     @property
     def plan(self) -> Any:
@@ -69,14 +82,46 @@ class VectorRun:
     def result(self) -> BatchResult:
         return self.run.result
 
+    # -- the stage kind (ftlayer.spark.engine.StageKind) ----------------------------------
+    @staticmethod
+    def make_plan(pipeline: Pipeline, schema: Any, spark: Any, *, config: FTConfig,
+                  batch_key: str, lineage_seed: int, run_again: bool) -> VectorPlan:  # fmt: skip
+        """The batch's plan: its batch stages (row stages compiled to batch stages)."""
+        segments = pipeline.segments
+        if pipeline.record_key is not None and not pipeline.vectorized:
+            raise ConfigError("record_key takes batch stages (map_batches, map_pandas)")
+        if not pipeline.vectorized:
+            segments = compile_rows(segments, schema, pipeline.on_error,
+                                    lambda ddl: arrow_schema(ddl, spark),
+                                    pipeline.errors)  # fmt: skip
+        return plan_batch(segments, schema, spark, config=config, source=pipeline.source,
+                          batch_key=batch_key, on_error=pipeline.on_error,
+                          immediate_replays=pipeline.immediate_replays, errors=pipeline.errors,
+                          record_key=pipeline.record_key, lineage_seed=lineage_seed,
+                          run_again=run_again)  # fmt: skip
+
+    def execute(self, df: DataFrame, pipeline: Pipeline, replay_limit: int,
+                fresh: bool) -> Residues | None:  # fmt: skip
+        """Run the batch's job; its residues (None: FT off)."""
+        out = self.dataframe(df, pipeline.key, pipeline.partitions, replay_limit)
+        got = self.residues([row[0] for row in out.collect()])
+        if got is None:
+            return None
+        self.summaries, res = got
+        return res
+
+    def settle(self, settlement: Settlement, res: Residues) -> None:
+        """The segments the counted tasks stored, then the replays they ran."""
+        settlement.segments(self.summaries, res)
+        refs = self.run.replays.references if self.run.replays is not None else {}
+        settlement.replays(self.injected, refs, res)
+
     # -- building the DataFrame ------------------------------------------------------------
     def dataframe(self, df: DataFrame, key: tuple[str, ...], partitions: int | None,
                   replay_limit: int) -> DataFrame:  # fmt: skip
         """The batch's plan: fresh rows of ``df`` (with their references, if it carries
         them) and its replays (riding in ``df`` from the replay stream, or taken in now),
         those kept by reference read back from the source."""
-        from pyspark.sql import functions as F  # noqa: N812
-
         plan, run = self.plan, self.run
         names = plan.inputs[0].names
         ft = plan.config.enabled
@@ -91,9 +136,9 @@ class VectorRun:
                 source_df = df.select(*names, *refs, *REPLAY_COLS)
             else:
                 if streamed:  # by reference: the replays of the batch's open claims, read
-                    # back in the plan. Not from df: every action on a micro-batch's
-                    # DataFrame computes it again, its files scanned; one, the job, is all.
-                    source_df = df.filter(F.col(SRC_COL).isNull()).select(*names, *refs)
+                    # back in the plan (the replay stream carries no rows kept by
+                    # reference: source_df is df's own). Not from df: every action on a
+                    # micro-batch's DataFrame computes it again; one, the job, is all.
                     run.replays = run.intake.streamed()
                 else:
                     run.replays = run.intake.claim(replay_limit)

@@ -31,24 +31,16 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 
-from ftlayer.errors import ConfigError
-from ftlayer.spark.batch_plan import (
-    arrow_schema,
-    lineage_seed,
-    plan_batch,
-    plan_frames,
-    without_replay_columns,
-)
+from ftlayer.spark.batch_plan import lineage_seed, without_replay_columns
 from ftlayer.spark.batch_scope import VectorRun
 from ftlayer.spark.frame_run import FrameRun
 from ftlayer.spark.intake import Intake, Replays
 from ftlayer.spark.report import report
 from ftlayer.spark.results import BatchResult
-from ftlayer.spark.row_stages import compile_rows
 from ftlayer.spark.settle import Residues, Settlement
 from ftlayer.spark.vector_plan import VectorPlan
 
@@ -59,7 +51,7 @@ if TYPE_CHECKING:
     from ftlayer.layer import FTLayer
     from ftlayer.spark.pipeline import Pipeline
 
-__all__ = ["BatchEngine", "BatchRun"]
+__all__ = ["BatchEngine", "BatchRun", "StageKind"]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +83,25 @@ class BatchRun:
         return sum(p.calls for p in (self.intake, self.settlement) if p is not None)
 
 
+class StageKind(Protocol):
+    """What a stage kind is to the engine (batch_scope.VectorRun: Python stages;
+    frame_run.FrameRun: DataFrame stages): it plans its part, runs the batch's Spark job
+    and says what it left undone, and settles that its own way (where its rows were
+    persisted). One per batch run, made of the run (``kind(run)``)."""
+
+    calls: int
+    """The Redis round trips it made itself."""
+
+    @staticmethod
+    def make_plan(pipeline: Pipeline, schema: Any, spark: Any, *, config: FTConfig,
+                  batch_key: str, lineage_seed: int, run_again: bool) -> VectorPlan: ...
+
+    def execute(self, df: DataFrame, pipeline: Pipeline, replay_limit: int,
+                fresh: bool) -> Residues | None: ...  # fmt: skip
+
+    def settle(self, settlement: Settlement, res: Residues) -> None: ...
+
+
 class BatchEngine:
     """Runs batches of pipelines on one FT layer (None: FT off). ``config``: the
     executors' (its ``redis_url`` filled in); ``replay_limit``: the most replays a batch
@@ -108,57 +119,28 @@ class BatchEngine:
     def run(self, pipeline: Pipeline, df: DataFrame, batch_id: Any) -> BatchResult:
         """One batch through plan, intake, execute, settle and report."""
         started = time.monotonic()
-        run = self._plan(pipeline, df, batch_id, started)
+        kind_of = FrameRun if pipeline.frames else VectorRun
+        run = self._plan(kind_of, pipeline, df, batch_id, started)
         self._backpressure(pipeline.source, batch_id)
+        kind: StageKind = kind_of(run)
         with self._keepalive(run):
-            if pipeline.frames:
-                frames = FrameRun(run)
-                out = frames.frame(df, pipeline.key, pipeline.partitions, self.replay_limit,
-                                   fresh=not self.draining)  # fmt: skip
-                res = frames.write(out, batch_id) if out is not None else None
-                if res is not None and run.settlement is not None:
-                    self._settle_frames(run, frames, res)
-            else:
-                vector = VectorRun(run)
-                out = vector.dataframe(df, pipeline.key, pipeline.partitions,
-                                       self.replay_limit)  # fmt: skip
-                got = vector.residues([row[0] for row in out.collect()])
-                if got is not None:
-                    self._settle_vector(run, vector, *got)
-                run.result.redis_calls = vector.calls
-        run.result.redis_calls += run.redis_calls
+            res = kind.execute(df, pipeline, self.replay_limit, not self.draining)
+        if res is not None and run.settlement is not None:
+            log.info("batch settling batch_id=%s source=%d", batch_id, pipeline.source)
+            kind.settle(run.settlement, res)
+            run.settlement.count_outcomes()
+        run.result.redis_calls = run.redis_calls + kind.calls
         return report(self.layer, pipeline, run.result, started)
 
     # -- plan ---------------------------------------------------------------------------
-    def _plan(self, pipeline: Pipeline, df: DataFrame, batch_id: Any,
-              started: float) -> BatchRun:  # fmt: skip
+    def _plan(self, kind: type[FrameRun] | type[VectorRun], pipeline: Pipeline, df: DataFrame,
+              batch_id: Any, started: float) -> BatchRun:  # fmt: skip
         spark = df.sparkSession
         schema = without_replay_columns(df.schema)  # the source's own columns
-        seed = lineage_seed(df, pipeline.source, batch_id)
-        again = self._run_again(pipeline.source, batch_id)
-        if pipeline.frames:
-            if pipeline.record_key is not None:
-                raise ConfigError("record_key takes pipelines of batch stages only "
-                                  "(map_batches, map_pandas), not DataFrame stages "
-                                  "(transform, sink_dataframe)")  # fmt: skip
-            plan = plan_frames(pipeline.segments, schema, spark, config=self.config,
-                               source=pipeline.source, batch_key=str(batch_id),
-                               on_error=pipeline.on_error, errors=pipeline.errors,
-                               lineage_seed=seed, run_again=again)  # fmt: skip
-        else:
-            segments = pipeline.segments
-            if pipeline.record_key is not None and not pipeline.vectorized:
-                raise ConfigError("record_key takes batch stages (map_batches, map_pandas)")
-            if not pipeline.vectorized:
-                segments = compile_rows(segments, schema, pipeline.on_error,
-                                        lambda ddl: arrow_schema(ddl, spark),
-                                        pipeline.errors)  # fmt: skip
-            plan = plan_batch(
-                segments, schema, spark, config=self.config, source=pipeline.source,
-                batch_key=str(batch_id), on_error=pipeline.on_error,
-                immediate_replays=pipeline.immediate_replays, errors=pipeline.errors,
-                record_key=pipeline.record_key, lineage_seed=seed, run_again=again,
-            )  # fmt: skip
+        plan = kind.make_plan(pipeline, schema, spark, config=self.config,
+                              batch_key=str(batch_id),
+                              lineage_seed=lineage_seed(df, pipeline.source, batch_id),
+                              run_again=self._run_again(pipeline.source, batch_id))  # fmt: skip
         result = BatchResult(batch_id)
         run = BatchRun(plan, self.layer, result, started, pipeline.reads, spark,
                        columns=self.columns)  # fmt: skip
@@ -185,31 +167,6 @@ class BatchEngine:
         if not self.layer.wait_for_capacity(source, timeout_s=self.backpressure_timeout_s):
             log.warning("backpressure timed out, running batch anyway batch_id=%s source=%d",
                         batch_id, source)  # fmt: skip
-
-    # -- settle -------------------------------------------------------------------------
-    @staticmethod
-    def _settle_vector(run: BatchRun, vector: VectorRun, summaries: list[Any],
-                       res: Residues) -> None:  # fmt: skip
-        settle = run.settlement
-        assert settle is not None
-        log.info("batch settling batch_id=%s source=%d", run.result.batch_id, run.plan.source)
-        settle.segments(summaries, res)
-        refs = run.replays.references if run.replays is not None else {}
-        settle.replays(vector.injected, refs, res)
-        settle.count_outcomes()
-
-    @staticmethod
-    def _settle_frames(run: BatchRun, frames: FrameRun, res: Residues) -> None:
-        settle = run.settlement
-        assert settle is not None
-        log.info("batch settling batch_id=%s source=%d", run.result.batch_id, run.plan.source)
-        if frames.copies:
-            settle.copies(res)
-        else:
-            settle.by_reference(res.by_reference, run.result.fresh)
-        refs = run.replays.references if run.replays is not None else {}
-        settle.replays(frames.ran, refs, res)
-        settle.count_outcomes()
 
     # -- keepalive ----------------------------------------------------------------------
     @contextmanager

@@ -1,36 +1,29 @@
-"""Driver side of DataFrame stages (``Pipeline.transform``, ``sink_dataframe``): a batch
-runs as the user's own Spark plan, with no Python in its tasks.
+"""The execute phase of DataFrame stages (``Pipeline.transform``, ``sink_dataframe``): a
+batch runs as the user's own Spark plan, with no Python in its tasks (a Python stage among
+them is one ``mapInArrow``: ftlayer.spark.frame_tasks).
 
-Identity. Every row carries two int64 columns tagged with column metadata
-(``{"ftlayer": "identity"}``): ``__ft_loc`` and ``__ft_pos``, a fresh row's reference
-(its source is kept by reference: ftlayer.spark.references), a fresh copy's (null, its
-batch-local id: ftlayer.spark.frame_tasks.CopySource), or a replay's (null, its record
-id). Spark carries a column's metadata through projections, filters, joins,
-unions and shuffles, and drops it from a column computed anew: a stage whose output lacks
-the tagged columns dropped, recomputed or aggregated them, and is refused, named.
+Identity (ftlayer.spark.identity). Every row carries two int64 columns tagged with column
+metadata: ``__ft_loc`` and ``__ft_pos``, a fresh row's reference (its source is kept by
+reference: ftlayer.spark.references), a fresh copy's (null, its batch-local id:
+frame_tasks.CopySource), or a replay's (null, its record id). Spark carries a column's
+metadata through projections, filters, joins, unions and shuffles, and drops it from a
+column computed anew: a stage whose output lacks the tagged columns dropped, recomputed or
+aggregated them, and is refused, named -- checked before the columns are used (a stage's
+``failed=``, a Python stage, the sink), one schema read each.
 
-Failures. After each stage with ``failed=`` (and each Python stage:
-ftlayer.spark.frame_tasks), an ``Observation`` collects the identity and error text of
-the rows it marks, and counts its rows; the failed rows are filtered out. The observations
-are filled by the job the sink runs (``df.write``): no second pass over the data, no
-caching. An observation of the replays' branch collects the ids of the replays that ran.
-
-Settling (after the sink returned, before the batch function returns, so Spark commits
-the batch's offsets only then):
-
-* fresh rows that failed become records kept by reference, queued for replay with their
-  error (or dead-lettered past ``max_replays``): stored as a segment of failed rows and
-  settled at once (lua/segment_settle.lua, under this run's salt), so a driver that dies
-  in between leaves a segment the sidecar fails when it times out; copies were stored by
-  the source pass, and their segments are settled the same way;
-* replays that ran are completed, or failed with their error; one the job did not run
-  (its row not found: the file deleted or rewritten) is dead-lettered, named.
+Failures (ftlayer.spark.frame_observations). After each stage with ``failed=`` (and each
+Python stage) an ``Observation`` collects the identity and error text of the rows it
+marks, and counts its rows; the failed rows are filtered out. The observations are filled
+by the job the sink runs (``df.write``): no second pass over the data, no caching. The
+batch's residues are read from them; the settle phase (ftlayer.spark.settle) stores the
+failed fresh rows as records kept by reference (copies: settles the segments the source
+pass stored), and completes or fails the replays that ran.
 
 Invariants: a fresh record kept by reference is stored in Redis only once it fails --
 until then the batch Spark has not committed is its keeper (a driver that dies mid-batch
 gets it run again from the query's checkpoint, like any micro-batch). A sink that raises
 fails every record of the batch (they replay); nothing is acked that the sink did not
-return for.
+return for. The expressions ftlayer adds are built once per query (``BatchRun.columns``).
 """
 
 from __future__ import annotations
@@ -42,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ftlayer.errors import ConfigError
-from ftlayer.spark.batch_plan import arrow_schema, spark_schema
+from ftlayer.spark.batch_plan import arrow_schema, plan_frames, spark_schema
 from ftlayer.spark.frame_observations import Observations, metrics_kept
 from ftlayer.spark.frame_tasks import (
     DEAD_COL,
@@ -52,7 +45,7 @@ from ftlayer.spark.frame_tasks import (
     PythonStep,
     answer_type,
 )
-from ftlayer.spark.identity import IDENTITY, lineage_column
+from ftlayer.spark.identity import IDENTITY, check_identity, identity_columns, with_lineage
 from ftlayer.spark.plan import (
     BatchStage,
     FrameStage,
@@ -61,13 +54,15 @@ from ftlayer.spark.plan import (
 )
 from ftlayer.spark.references import with_references
 from ftlayer.spark.results import BatchResult
-from ftlayer.spark.settle import Residues
-from ftlayer.spark.vector_plan import LOC_COL, POS_COL, SRC_COL, stage_label
+from ftlayer.spark.settle import Residues, Settlement
+from ftlayer.spark.vector_plan import LOC_COL, POS_COL, SRC_COL, VectorPlan, stage_label
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
+    from ftlayer.config import FTConfig
     from ftlayer.spark.engine import BatchRun
+    from ftlayer.spark.pipeline import Pipeline
 
 __all__ = ["FrameRun", "frame_label"]
 
@@ -87,6 +82,9 @@ class FrameRun:
     run: BatchRun
     copies: bool = False
     """Its fresh rows are copies, stored by the source pass (frame_tasks.CopySource)."""
+    calls: int = 0
+    unchecked: list[tuple[str, DataFrame]] = field(default_factory=list)
+    """DataFrame stages whose identity columns were not checked yet: (label, output)."""
     seen: Observations = field(init=False)
     """The batch's observations (its failed rows, its counts, the replays it ran)."""
 
@@ -109,6 +107,35 @@ class FrameRun:
     @property
     def result(self) -> BatchResult:
         return self.run.result
+
+    # -- the stage kind (ftlayer.spark.engine.StageKind) ----------------------------------
+    @staticmethod
+    def make_plan(pipeline: Pipeline, schema: Any, spark: Any, *, config: FTConfig,
+                  batch_key: str, lineage_seed: int, run_again: bool) -> VectorPlan:  # fmt: skip
+        """The batch's plan: Spark plans DataFrame stages itself (batch_plan.plan_frames)."""
+        if pipeline.record_key is not None:
+            raise ConfigError("record_key takes pipelines of batch stages only (map_batches, "
+                              "map_pandas), not DataFrame stages (transform, sink_dataframe)")
+        return plan_frames(pipeline.segments, schema, spark, config=config,
+                           source=pipeline.source, batch_key=batch_key,
+                           on_error=pipeline.on_error, errors=pipeline.errors,
+                           lineage_seed=lineage_seed, run_again=run_again)  # fmt: skip
+
+    def execute(self, df: DataFrame, pipeline: Pipeline, replay_limit: int,
+                fresh: bool) -> Residues | None:  # fmt: skip
+        """Run the batch's job (the sink's write); its residues (None: no rows at all)."""
+        out = self.frame(df, pipeline.key, pipeline.partitions, replay_limit, fresh)
+        return None if out is None else self.write(out, self.result.batch_id)
+
+    def settle(self, settlement: Settlement, res: Residues) -> None:
+        """Failed fresh rows stored (copies: the source pass's segments settled), then
+        the replays the job ran."""
+        if self.copies:
+            settlement.copies(res)
+        else:
+            settlement.by_reference(res.by_reference, self.result.fresh)
+        refs = self.run.replays.references if self.run.replays is not None else {}
+        settlement.replays(self.ran, refs, res)
 
     # -- the plan ----------------------------------------------------------------------
     def frame(self, df: DataFrame, key: tuple[str, ...], partitions: int | None,
@@ -141,7 +168,8 @@ class FrameRun:
                 out = out.repartition(prev.shuffle_n, *prev.shuffle_cols)
             for j, (kind, stage) in enumerate(seg.ops):
                 if kind == "frame":
-                    out, known = self._stage(out, frame_label(i, j, stage.fn), stage), None
+                    last = i == len(plan.segments) - 1 and j == len(seg.ops) - 1
+                    out, known = self._stage(out, frame_label(i, j, stage.fn), stage, last), None
                 else:
                     output = arrow_schema(stage.schema, spark)
                     out = self._python(out, stage_label(i, j, stage.fn), stage, output, known)
@@ -155,7 +183,9 @@ class FrameRun:
 
         plan, run = self.plan, self.run
         names = list(plan.inputs[0].names)
-        rows = df.filter(F.col(SRC_COL).isNull()) if streamed else df
+        # kept by reference, the replay stream carries no rows (the batch reads its claims
+        # itself): nothing to filter out
+        rows = df.filter(F.col(SRC_COL).isNull()) if streamed and run.reads is None else df
         if run.reads is not None:
             if LOC_COL not in rows.columns:
                 rows = with_references(run.reads, rows)
@@ -169,7 +199,7 @@ class FrameRun:
         else:  # FT off: nothing to name
             rows = rows.select(*names, F.lit(None).cast("long").alias(LOC_COL),
                                F.lit(0).cast("long").alias(POS_COL))  # fmt: skip
-        return rows.select(*names, *self._identity())
+        return rows.select(*names, *identity_columns(self.run.columns))
 
     def _replays(self, spark: Any, streamed: bool, limit: int) -> DataFrame | None:
         """The batch's replays (the intake phase), their identity their record id, the
@@ -180,7 +210,7 @@ class FrameRun:
         plan, run = self.plan, self.run
         if run.intake is None:
             return None
-        run.intake.calls += 1
+        self.calls += 1
         self.layer.segments.drop_batch(plan.source, plan.batch_key)
         run.streamed = streamed
         run.replays = run.intake.streamed() if streamed else run.intake.claim(limit)
@@ -194,30 +224,18 @@ class FrameRun:
         ids = F.array_join(F.collect_list(F.col(POS_COL).cast("string")), ",")
         return replays.observe(self.seen.replays_observed, ids.alias("ids"))
 
-    def _identity(self) -> list[Column]:
-        """The identity columns, tagged (built once per engine)."""
-        from pyspark.sql import functions as F  # noqa: N812
-
-        if "identity" not in self.run.columns:
-            self.run.columns["identity"] = [F.col(LOC_COL).alias(LOC_COL, metadata=IDENTITY),
-                                            F.col(POS_COL).alias(POS_COL, metadata=IDENTITY)]
-        return list(self.run.columns["identity"])
-
-    def _stage(self, df: DataFrame, label: str, stage: FrameStage) -> DataFrame:
+    def _stage(self, df: DataFrame, label: str, stage: FrameStage, last: bool) -> DataFrame:
+        """A DataFrame stage, its failed rows observed and filtered out. Its identity
+        columns are checked before they are used (its ``failed=``, the next Python stage,
+        the sink: ``last``)."""
         from pyspark.sql import functions as F  # noqa: N812
 
         out = stage.fn(df)
         if not hasattr(out, "sparkSession") or not hasattr(out, "columns"):
             raise ConfigError(f"{label} returned {type(out).__name__}, not a DataFrame")
-        schema = out.schema
-        for name in (LOC_COL, POS_COL):
-            if name not in out.columns or schema[name].metadata.get("ftlayer") != "identity":
-                how = "dropped" if name not in out.columns else "recomputed or aggregated"
-                raise ConfigError(
-                    f"{label} {how} ftlayer's identity column {name!r}: a DataFrame stage "
-                    "keeps __ft_loc and __ft_pos as they are (withColumn, select('*', ...), "
-                    "filters and joins do) and works row by row (no aggregation)"
-                )  # fmt: skip
+        self.unchecked.append((label, out))
+        if stage.failed is not None or last:
+            check_identity(self.unchecked)
         failed = _column(stage.failed, out)
         if failed is None:
             return out
@@ -240,6 +258,7 @@ class FrameRun:
         from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import StructType
 
+        check_identity(self.unchecked)
         if inputs is None:
             user = StructType([f for f in df.schema.fields if f.name not in (LOC_COL, POS_COL)])
             inputs = to_arrow_schema(user, timezone="UTC")
@@ -262,7 +281,8 @@ class FrameRun:
         assert user_sink is not None
         out = self.seen.counted(out)
         if seg.sink_lineage is not None:
-            out = self._with_lineage(out, seg.sink_lineage)
+            out = with_lineage(out, seg.sink_lineage, self.plan, self.layer is not None,
+                               self.run.replays)  # fmt: skip
         if seg.sink_per == "dataframe":
             given = out if seg.sink_ids else out.drop(LOC_COL, POS_COL)
             name = f"sink_dataframe {stage_name(user_sink)}"
@@ -287,27 +307,7 @@ class FrameRun:
             return self.seen.fail_everything(self.run, text, self.copies)
         return self.seen.residues(self.run, name, self.copies)
 
-    def _with_lineage(self, out: DataFrame, name: str) -> DataFrame:
-        """``out`` with each row's lineage id in column ``name`` (ftlayer.lineage),
-        computed in the JVM from its identity: a reference's hash, a copy's batch-local
-        id's, a replay's stored one (a broadcast join with the batch's replays; FT off:
-        a hash of Spark's row id)."""
-        from pyspark.sql import functions as F  # noqa: N812
 
-        plan = self.plan
-        loc, pos = F.col(LOC_COL), F.col(POS_COL)
-        if self.layer is None:
-            return out.withColumn(name, F.xxhash64(F.lit(plan.lineage_seed).cast("long"),
-                                                   F.monotonically_increasing_id()))
-        lin = lineage_column(plan.source, plan.lineage_seed, loc, pos)
-        replays = self.run.replays
-        if replays is not None and replays.table.num_rows:
-            rid, rlin = "__ft_replay_id", "__ft_replay_lin"
-            known = replays.lineage.rename_columns([rid, rlin])
-            out = out.join(F.broadcast(out.sparkSession.createDataFrame(known)),
-                           pos == F.col(rid), "left")  # fmt: skip
-            return out.withColumn(name, lin.otherwise(F.col(rlin))).drop(rid, rlin)
-        return out.withColumn(name, lin)
 
 def _column(spec: Any, df: DataFrame) -> Column | None:
     from pyspark.sql import functions as F  # noqa: N812
