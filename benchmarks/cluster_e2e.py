@@ -95,8 +95,7 @@ def run(records: int, batches: int, kinds: tuple[str, ...], timeout_s: float, lo
                          kinds, at, master_kill_at=master_kill_at,
                          master_kill_delay_s=master_kill_delay_s,
                          rejoin_delay_s=rejoin_delay_s)  # fmt: skip
-        stack.callback(SettleWatch(plan).attach(("ftlayer.spark.batch_scope",
-                                                 "ftlayer.spark.frame_run",
+        stack.callback(SettleWatch(plan).attach(("ftlayer.spark.engine",
                                                  "ftlayer.scripts")))  # fmt: skip
         phases: dict[str, float] = {}
 

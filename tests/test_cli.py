@@ -144,7 +144,7 @@ def test_demo_reads_like_a_report_and_shows_logs_only_when_asked() -> None:
     assert re.search(r"^draining: \d+ pending$", out.stdout, re.M), out.stdout
     loud = _run([*CLI, *small, "-v"])
     assert loud.returncode == 0, loud.stderr[-3000:]
-    assert "INFO ftlayer.spark.driver batch done" in loud.stderr
+    assert "INFO ftlayer.spark.report batch done" in loud.stderr
 
 
 @pytest.mark.slow

@@ -31,8 +31,9 @@ from ftlayer.connection import is_cluster
 from ftlayer.errors import ConfigError
 from ftlayer.ids import batch_source_ids
 from ftlayer.spark.batch_plan import arrow_schema, plan_batch, spark_schema, with_replay_columns
+from ftlayer.spark.batch_run import BatchRun, OfRun
 from ftlayer.spark.plan import MAX_MESSAGES
-from ftlayer.spark.results import BatchResult, StageCounts
+from ftlayer.spark.results import StageCounts
 from ftlayer.spark.row_stages import compile_rows
 from ftlayer.spark.settle import Failure, Residues, Settlement
 from ftlayer.spark.vector_plan import (
@@ -50,7 +51,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from ftlayer.config import FTConfig
-    from ftlayer.spark.engine import BatchRun
     from ftlayer.spark.pipeline import Pipeline
 
 __all__ = ["VectorRun"]
@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class VectorRun:
+class VectorRun(OfRun):
     """The execute phase of one run of a batch of Python stages."""
 
     run: BatchRun
@@ -69,18 +69,6 @@ class VectorRun:
     calls: int = 0
     summaries: list[BatchSummary] = field(default_factory=list)
     """The task summaries that counted (once the job ended)."""
-
-    @property
-    def plan(self) -> Any:
-        return self.run.plan
-
-    @property
-    def layer(self) -> Any:
-        return self.run.layer
-
-    @property
-    def result(self) -> BatchResult:
-        return self.run.result
 
     # -- the stage kind (ftlayer.spark.engine.StageKind) ----------------------------------
     @staticmethod

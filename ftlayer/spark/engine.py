@@ -30,15 +30,15 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 
 from ftlayer.spark.batch_plan import lineage_seed, without_replay_columns
+from ftlayer.spark.batch_run import BatchRun
 from ftlayer.spark.batch_scope import VectorRun
 from ftlayer.spark.frame_run import FrameRun
-from ftlayer.spark.intake import Intake, Replays
+from ftlayer.spark.intake import Intake
 from ftlayer.spark.report import report
 from ftlayer.spark.results import BatchResult
 from ftlayer.spark.settle import Residues, Settlement
@@ -51,36 +51,9 @@ if TYPE_CHECKING:
     from ftlayer.layer import FTLayer
     from ftlayer.spark.pipeline import Pipeline
 
-__all__ = ["BatchEngine", "BatchRun", "StageKind"]
+__all__ = ["BatchEngine", "StageKind"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class BatchRun:
-    """One run of one batch, as its phases share it (FT off: no layer, intake or
-    settlement)."""
-
-    plan: VectorPlan
-    layer: FTLayer | None
-    result: BatchResult
-    started: float
-    reads: Any = None
-    """The pipeline's ReplayableSource (None: its records are copies)."""
-    spark: Any = None
-    intake: Intake | None = None
-    settlement: Settlement | None = None
-    replays: Replays | None = None
-    """What the intake took (known once the job's plan is built)."""
-    streamed: bool = False
-    """Its replays ride in from the replay stream (kept alive by their claims' tokens)."""
-    columns: dict[Any, Any] = field(default_factory=dict)
-    """Spark Columns the engine built once for every batch (a Column is an expression:
-    building one is a round trip to the JVM, using it again is free)."""
-
-    @property
-    def redis_calls(self) -> int:
-        return sum(p.calls for p in (self.intake, self.settlement) if p is not None)
 
 
 class StageKind(Protocol):

@@ -36,6 +36,7 @@ import pyarrow as pa
 
 from ftlayer.errors import ConfigError
 from ftlayer.spark.batch_plan import arrow_schema, plan_frames, spark_schema
+from ftlayer.spark.batch_run import BatchRun, OfRun
 from ftlayer.spark.frame_observations import Observations, metrics_kept
 from ftlayer.spark.frame_tasks import (
     DEAD_COL,
@@ -53,7 +54,6 @@ from ftlayer.spark.plan import (
     stage_name,
 )
 from ftlayer.spark.references import with_references
-from ftlayer.spark.results import BatchResult
 from ftlayer.spark.settle import Residues, Settlement
 from ftlayer.spark.vector_plan import LOC_COL, POS_COL, SRC_COL, VectorPlan, stage_label
 
@@ -61,7 +61,6 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
     from ftlayer.config import FTConfig
-    from ftlayer.spark.engine import BatchRun
     from ftlayer.spark.pipeline import Pipeline
 
 __all__ = ["FrameRun", "frame_label"]
@@ -76,7 +75,7 @@ def frame_label(segment: int, op: int, fn: Any) -> str:
 
 
 @dataclass
-class FrameRun:
+class FrameRun(OfRun):
     """The execute phase of one run of a batch of DataFrame stages."""
 
     run: BatchRun
@@ -95,18 +94,6 @@ class FrameRun:
     def ran(self) -> dict[int, int]:
         """The replays the job ran: source id -> current id."""
         return self.seen.ran
-
-    @property
-    def plan(self) -> Any:
-        return self.run.plan
-
-    @property
-    def layer(self) -> Any:
-        return self.run.layer
-
-    @property
-    def result(self) -> BatchResult:
-        return self.run.result
 
     # -- the stage kind (ftlayer.spark.engine.StageKind) ----------------------------------
     @staticmethod
