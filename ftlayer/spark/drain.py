@@ -18,18 +18,20 @@ from ftlayer.spark.results import DrainResult
 
 if TYPE_CHECKING:
     from ftlayer.layer import FTLayer
-    from ftlayer.spark.driver import FaultTolerance
+    from ftlayer.spark.engine import BatchEngine
+    from ftlayer.spark.results import BatchResult
 
 __all__ = ["drain"]
 
 log = logging.getLogger(__name__)
 
 
-def drain(ft: FaultTolerance, layer: FTLayer | None,
+def drain(layer: FTLayer | None, engine: BatchEngine,
+          run_batch: Callable[[Any, Any, str], BatchResult],
           last: Callable[[], tuple[Any, Any, Any] | None], timeout_s: float) -> DrainResult:
-    """Drain ``ft``'s namespace, running replays through ``last()`` (pipeline, Spark
+    """Drain ``layer``'s namespace, running replays through ``last()`` (pipeline, Spark
     session, the source's schema; None: no batch run yet), asked only when replays are
-    queued."""
+    queued, by ``run_batch`` (``FaultTolerance.run_batch``) with ``engine`` draining."""
     started = time.monotonic()
     if layer is None:
         return DrainResult(True, 0, 0, 0, 0.0)
@@ -46,11 +48,11 @@ def drain(ft: FaultTolerance, layer: FTLayer | None,
         if run is not None:
             pipe, spark, schema = run
             empty = spark.createDataFrame([], schema)
-            ft.engine.draining = True
+            engine.draining = True
             try:
-                result = ft.run_batch(pipe, empty, f"drain-{uuid.uuid4().hex[:6]}")
+                result = run_batch(pipe, empty, f"drain-{uuid.uuid4().hex[:6]}")
             finally:
-                ft.engine.draining = False
+                engine.draining = False
             batches += 1
             if result.replayed or result.undecodable:
                 continue

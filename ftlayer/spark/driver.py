@@ -279,7 +279,7 @@ class FaultTolerance:
         def last() -> tuple[Pipeline, SparkSession, Any] | None:
             return self._last if pipeline is None else (pipeline, *self._spark_schema())
 
-        return drain(self, self.layer, last, timeout_s)
+        return drain(self.layer, self.engine, self.run_batch, last, timeout_s)
 
     def _spark_schema(self) -> tuple[SparkSession, Any]:
         if self._last is None:

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from ftlayer.layer import FTLayer
-    from ftlayer.spark.results import RecordCounts
+    from ftlayer.spark.results import BatchResult
 
 __all__ = ["Intake", "Replays", "dead_letter_table", "reject"]
 
@@ -67,14 +67,14 @@ class Replays:
         return self.table.select([SRC_COL, LIN_COL])
 
 
-def reject(layer: FTLayer, bad: Sequence[tuple[RecordId, str]], counts: RecordCounts | None,
+def reject(layer: FTLayer, bad: Sequence[tuple[RecordId, str]], counts: BatchResult | None,
            where: str = "") -> int:  # fmt: skip
     """Dead-letter replays no replay can fix (a payload that no longer decodes or fits),
     each with its own error; counted in ``counts.undecodable`` when given. Returns the
     Redis calls made (one each: they are rare)."""
     for rid, text in bad:
         if counts is not None:
-            counts.undecodable += 1  # type: ignore[attr-defined]
+            counts.undecodable += 1
             counts.note(counts.errors, text)
         log.error("replay rejected %s%s", where, text)
         layer.fail([rid], error=text, max_replays=0)
@@ -87,7 +87,7 @@ class Intake:
     reference). ``calls`` counts the Redis round trips it made."""
 
     def __init__(self, layer: FTLayer, source: int, schema: pa.Schema, by_reference: bool,
-                 counts: RecordCounts | None = None, where: str = "") -> None:  # fmt: skip
+                 counts: BatchResult | None = None, where: str = "") -> None:  # fmt: skip
         self.layer, self.source, self.counts, self.where = layer, source, counts, where
         self.stored = stored_schema(schema, by_reference)
         self.names = list(schema.names)
