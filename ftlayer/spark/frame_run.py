@@ -29,6 +29,8 @@ return for. The expressions ftlayer adds are built once per query (``BatchRun.co
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -39,12 +41,14 @@ from ftlayer.spark.batch_plan import arrow_schema, plan_frames, spark_schema
 from ftlayer.spark.batch_run import BatchRun, OfRun
 from ftlayer.spark.frame_observations import Observations, metrics_kept
 from ftlayer.spark.frame_tasks import (
+    BATCH_PROPERTY,
     DEAD_COL,
     ERROR_COL,
     FAILED_COL,
     CopySource,
     PythonStep,
     answer_type,
+    run_fields,
 )
 from ftlayer.spark.identity import IDENTITY, check_identity, identity_columns, with_lineage
 from ftlayer.spark.plan import (
@@ -53,6 +57,7 @@ from ftlayer.spark.plan import (
     error_text,
     stage_name,
 )
+from ftlayer.spark.preflight import is_connect
 from ftlayer.spark.references import with_references
 from ftlayer.spark.settle import Residues, Settlement
 from ftlayer.spark.vector_plan import LOC_COL, POS_COL, SRC_COL, VectorPlan, stage_label
@@ -82,6 +87,8 @@ class FrameRun(OfRun):
     copies: bool = False
     """Its fresh rows are copies, stored by the source pass (frame_tasks.CopySource)."""
     calls: int = 0
+    steps: int = 0
+    """Python stages applied from a UDF built once per query (classic sessions)."""
     unchecked: list[tuple[str, DataFrame]] = field(default_factory=list)
     """DataFrame stages whose identity columns were not checked yet: (label, output)."""
     seen: Observations = field(init=False)
@@ -249,14 +256,56 @@ class FrameRun(OfRun):
         if inputs is None:
             user = StructType([f for f in df.schema.fields if f.name not in (LOC_COL, POS_COL)])
             inputs = to_arrow_schema(user, timezone="UTC")
-        plan = self.plan
-        step = PythonStep(stage, label, inputs, output, stage.errors or plan.errors,
-                          plan.run_again,
-                          int(plan.batch_key) if plan.batch_key.isdigit() else None,
-                          plan.salt)  # fmt: skip
-        out = df.mapInArrow(step, answer_type(step, IDENTITY))
+        step = PythonStep(stage, label, inputs, output, stage.errors or self.plan.errors)
+        out = self._map_in_arrow(df, step)
         out = self.seen.stage(out, label, F.col(ERROR_COL), F.col(DEAD_COL), "python")
         return out.drop(FAILED_COL, ERROR_COL, DEAD_COL)
+
+    def _map_in_arrow(self, df: DataFrame, step: PythonStep) -> DataFrame:
+        """``df.mapInArrow(step)``. On a classic session its UDF (the pickle, the Java
+        function: some 35 round trips to the JVM) is built once per query, over the names
+        of its input's columns, and applied to each batch in one round trip; the batch
+        run's fields reach its tasks in a local property (:meth:`_run_fields`). Under
+        Spark Connect the step carries them."""
+        from pyspark.sql import DataFrame
+        from pyspark.sql import functions as F  # noqa: N812
+        from pyspark.sql.pandas.functions import pandas_udf
+        from pyspark.util import PythonEvalType
+
+        plan = self.plan
+        if is_connect(df.sparkSession):
+            step = step.for_run(run_fields(_batch_id(plan), plan.run_again, plan.salt))
+            return df.mapInArrow(step, answer_type(step, IDENTITY))
+        self.steps += 1
+        names = tuple(df.columns)
+        key = ("mapInArrow", id(step.stage), step.label, step.inputs, step.output,
+               step.policy, names)  # fmt: skip
+        if key not in self.run.columns:
+            udf = pandas_udf(step, returnType=answer_type(step, IDENTITY),
+                             functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF)  # type: ignore[call-overload]
+            quoted = [F.col("`" + n.replace("`", "``") + "`") for n in names]
+            # the stage kept with it: its id stays its own
+            self.run.columns[key] = (step.stage, udf(*quoted)._jc)
+        return DataFrame(df._jdf.mapInArrow(self.run.columns[key][1], False, None),
+                         df.sparkSession)  # fmt: skip
+
+    @contextmanager
+    def _run_fields(self, spark: Any) -> Iterator[None]:
+        """While the batch's job runs, its run's fields in the local property its Python
+        stages' tasks read (frame_tasks.BATCH_PROPERTY); removed after. A task that does
+        not find them (a sink that runs its job on a thread of its own) takes the safe
+        ones: every row written before, no batch id."""
+        if not self.steps:
+            yield
+            return
+        sc = spark.sparkContext
+        plan = self.plan
+        sc.setLocalProperty(BATCH_PROPERTY, run_fields(_batch_id(plan), plan.run_again,
+                                                       plan.salt))  # fmt: skip
+        try:
+            yield
+        finally:
+            sc.setLocalProperty(BATCH_PROPERTY, None)
 
     # -- running and settling ----------------------------------------------------------
     def write(self, out: DataFrame, batch_id: Any) -> Residues:
@@ -285,7 +334,7 @@ class FrameRun(OfRun):
             def write() -> None:
                 answers.write.format("noop").mode("overwrite").save()
         try:
-            with metrics_kept(out.sparkSession):
+            with metrics_kept(out.sparkSession), self._run_fields(out.sparkSession):
                 write()
         except Exception as e:
             text = error_text(name, e)
@@ -294,6 +343,10 @@ class FrameRun(OfRun):
             return self.seen.fail_everything(self.run, text, self.copies)
         return self.seen.residues(self.run, name, self.copies)
 
+
+
+def _batch_id(plan: VectorPlan) -> int | None:
+    return int(plan.batch_key) if plan.batch_key.isdigit() else None
 
 
 def _column(spec: Any, df: DataFrame) -> Column | None:

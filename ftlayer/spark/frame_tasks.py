@@ -19,7 +19,7 @@ is a failed row, or was dropped by the stage on purpose (a filter: complete).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgpack
@@ -36,12 +36,22 @@ from ftlayer.spark.vector_plan import LOC_COL, POS_COL
 from ftlayer.spark.vector_tasks import segment_bytes
 from ftlayer.spark.worker import worker_layer
 
-__all__ = ["DEAD_COL", "ERROR_COL", "FAILED_COL", "CopySource", "PythonStep", "outcome_fields"]
+__all__ = ["BATCH_PROPERTY", "DEAD_COL", "ERROR_COL", "FAILED_COL", "CopySource", "PythonStep",
+           "outcome_fields", "run_fields"]
 
 FAILED_COL = "__ft_failed"
 ERROR_COL = "__ft_error"
 DEAD_COL = "__ft_dead"
 UNCONFIRMED = "the sink did not confirm the write"
+BATCH_PROPERTY = "ftlayer.batch"
+"""The Spark local property a batch's job carries its run's fields in (:func:`run_fields`):
+on a classic session a Python stage's ``mapInArrow`` is built once per query, so what
+changes from one batch run to the next reaches its tasks this way, not in its pickle."""
+
+
+def run_fields(batch_id: int | None, run_again: bool, run_id: int) -> str:
+    """The value of :data:`BATCH_PROPERTY` for a batch run (PythonStep.for_run reads it)."""
+    return f"{'' if batch_id is None else batch_id},{int(run_again)},{run_id}"
 
 
 def outcome_fields() -> list[pa.Field]:
@@ -70,13 +80,22 @@ class PythonStep:
     def answer_schema(self) -> pa.Schema:
         return pa.schema([*(self.output or []), *outcome_fields()])
 
+    def for_run(self, fields: str | None) -> PythonStep:
+        """This step with a batch run's fields (:func:`run_fields`; None: its own)."""
+        if not fields:
+            return self
+        batch_id, run_again, run_id = fields.split(",")
+        return replace(self, batch_id=int(batch_id) if batch_id else None,
+                       run_again=run_again == "1", run_id=int(run_id))  # fmt: skip
+
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         tc = TaskContext.get()
         part, attempt = (tc.partitionId(), tc.attemptNumber()) if tc else (0, 0)
+        step = self.for_run(tc.getLocalProperty(BATCH_PROPERTY) if tc else None)
         for b in batches:
-            yield self.run(b, part, attempt)
+            yield step.run(b, part, attempt)
 
     def run(self, b: pa.RecordBatch, partition: int = 0, attempt: int = 0) -> pa.RecordBatch:
         loc, pos = b.column(LOC_COL), b.column(POS_COL)

@@ -336,3 +336,46 @@ def test_python_and_dataframe_stages_mix_in_one_pipeline(
     assert "ValueError: id 77 is poison" in letters[77] and "map_batches" in letters[77]
     assert all("transform[1.0] parse: bad amount" in letters[i] for i in bad)
     assert ft.layer.stats().pending == 0
+
+
+def test_a_python_stage_among_dataframe_stages_knows_its_batch_run(
+    spark: SparkSession, make_ft: Any, probe: Any, tmp_path: Path
+) -> None:
+    """A Python stage after a DataFrame stage takes a context; batches 3, 4, then 4 again
+    (Spark running its last batch again). Each task sees its batch's id, its run's id (another
+    for every run) and ``written_before`` False on a first run, True on the re-run -- the
+    stage's UDF is built once per query, so these reach it apart from its pickle.
+    Catches: a batch told another batch's id or run, a re-run taken for a first run (an
+    idempotent sink appending again)."""
+    import pyarrow as pa
+
+    from ftlayer.spark import BatchContext
+
+    write_json(tmp_path / "in" / "a.json", range(60))
+    files = FileSource("json", str(tmp_path / "in"), SCHEMA)
+
+    def seen(b: pa.RecordBatch, ctx: BatchContext) -> pa.RecordBatch:
+        before = ctx.written_before
+        state = "none" if before is None else "all" if before.all() else \
+            "no" if not before.any() else "some"  # fmt: skip
+        probe.r.rpush(f"{probe.prefix}:ctx", f"{ctx.batch_id}/{ctx.run_id}/{state}")
+        return b
+
+    ft = make_ft(timeout_s=5.0)
+    pipeline = (
+        ft.pipeline(reads=files, name="ctx")
+        .transform(parse, failed="amt IS NULL")
+        .map_batches(seen, "id long, key long, amount string, amt double")
+        .sink_dataframe(lambda df, _: df.write.format("noop").mode("overwrite").save())
+    )
+    runs = []
+    for batch_id in (3, 4, 4):
+        probe.r.delete(f"{probe.prefix}:ctx")
+        df = spark.read.schema(SCHEMA).json(str(tmp_path / "in"))
+        assert ft.run_batch(pipeline, df, batch_id).acked == 60
+        got = {x.decode() for x in probe.r.lrange(f"{probe.prefix}:ctx", 0, -1)}
+        assert len(got) == 1, got  # every task of the run saw the same
+        runs.append(got.pop().split("/"))
+    assert [r[0] for r in runs] == ["3", "4", "4"]
+    assert [r[2] for r in runs] == ["no", "no", "all"]
+    assert len({r[1] for r in runs}) == 3 and "0" not in {r[1] for r in runs}
