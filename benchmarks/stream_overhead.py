@@ -36,7 +36,10 @@ b``: ``ft_ms_per_batch`` (a, the part that does not grow with the batch) and
 ending it: ftlayer's seconds outside its micro-batches less the plain query's), is measured
 from the queries' own progress, not fitted: ``<variant>_micro_batches`` (replay rounds included),
 ``<variant>_trigger_s_per_batch`` (Spark's ``triggerExecution`` per micro-batch) and
-``<variant>_outside_batches_s`` (a run's wall time less its micro-batches').
+``<variant>_outside_batches_s`` (a run's wall time less its micro-batches'). Beside it,
+``python_source_s_per_query``: what Spark charges any query for a Python streaming source
+(the API the replay stream is written in), measured in the same session on a source that
+never has data.
 
     python -m benchmarks.stream_overhead [--cadences 5000x20,50000x8] [--pipelines df,arrow]
         [--repeat 5] [--warmup 1] [--payload-bytes 1024] [--json] [--record | --results DIR]
@@ -148,6 +151,71 @@ def _each(fn: Callable[[pa.RecordBatch], pa.RecordBatch]) -> Callable[..., Any]:
             yield fn(b)
 
     return run
+
+
+# -- what Spark charges any Python streaming source ------------------------------------------
+class EmptyReader:
+    """A Python streaming source's reader with nothing to read, ever."""
+
+    def initialOffset(self) -> dict[str, int]:  # noqa: N802 (Spark's names)
+        return {"seq": 0}
+
+    def latestOffset(self) -> dict[str, int]:  # noqa: N802
+        return {"seq": 0}
+
+    def partitions(self, start: Any, end: Any) -> list[Any]:
+        return []
+
+    def read(self, partition: Any) -> Iterator[Any]:
+        return iter([])
+
+    def commit(self, end: Any) -> None:
+        pass
+
+
+def python_source_s_per_query(spark: Any, tmp: Path, pairs: int = 5) -> float:
+    """What Spark charges a query for a Python streaming source (the data source API the
+    replay stream is written in), whoever wrote it: a query over one small JSON file
+    unioned with a source that never has data, against the same query without it, paired;
+    the median difference of their seconds outside their micro-batches (the source's
+    Python process started at the query's start, from ``pyspark.zip`` on a pip install)."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader
+
+    class Empty(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "ftbench-empty"
+
+        def schema(self) -> str:
+            return "id long, key long, payload string"
+
+        def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: N802
+            return type("Reader", (EmptyReader, DataSourceStreamReader), {})()
+
+    spark.dataSource.register(Empty)
+    root = tmp / "tiny"
+    write_events(root, 10, 16, 1)
+
+    def outside(with_source: bool) -> float:
+        t0 = time.perf_counter()
+        stream = spark.readStream.schema(SCHEMA).json(str(root))
+        if with_source:
+            stream = stream.unionByName(spark.readStream.format("ftbench-empty").load())
+        q = (stream.writeStream.foreachBatch(lambda df, _: df.count())
+             .trigger(availableNow=True)
+             .option("checkpointLocation", str(tmp / f"ck-{uuid.uuid4().hex[:8]}")).start())
+        q.awaitTermination()
+        wall = time.perf_counter() - t0
+        return wall - sum(p.durationMs.get("triggerExecution", 0) for p in q.recentProgress) / 1e3
+
+    outside(True)  # warm: the data source registered, its first planning done
+    diffs = []
+    for i in range(pairs):
+        first = i % 2 == 0
+        a = outside(first)
+        b = outside(not first)
+        diffs.append(a - b if first else b - a)
+    return round(statistics.median(diffs), 3)
 
 
 # -- the runs -------------------------------------------------------------------------------
@@ -313,11 +381,14 @@ def run(cadences: list[Cadence], pipelines: list[str], width: int, repeat: int, 
                 print(f"round {rnd + 1}/{warmup + repeat}: {time.perf_counter() - t0:.0f} s",
                       flush=True)  # fmt: skip
             redis_version = client.info("server")["redis_version"]
+            floor = python_source_s_per_query(spark, tmp)
     finally:
         spark.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     counted = {k: v[-repeat * (1 + k.endswith(":plain")):] for k, v in runs.progress.items()}
-    return result(rounds, counted, cadences, pipelines, width, repeat, warmup, redis_version)
+    r = result(rounds, counted, cadences, pipelines, width, repeat, warmup, redis_version)
+    r["python_source_s_per_query"] = floor
+    return r
 
 
 def result(rounds: PairedRounds, progress: dict[str, list[tuple[int, float]]],
@@ -400,6 +471,9 @@ def text(r: dict[str, Any]) -> str:
     for p, f in r["fit"].items():
         lines.append(f"  {p}: {f['ft_s_per_query']} s per query + {f['ft_ms_per_batch']} ms "
                      f"per micro-batch + {f['ft_us_per_record']} us per record over plain")
+    if "python_source_s_per_query" in r:
+        lines.append(f"  any Python streaming source: {r['python_source_s_per_query']} s per "
+                     "query (Spark's, measured in this run)")
     return "\n".join(lines)
 
 

@@ -199,6 +199,7 @@ def test_stream_overhead_smoke(tmp_path: Path) -> None:
     for f in r["fit"].values():
         assert set(f) == {"ft_s_per_query", "ft_ms_per_batch", "ft_us_per_record"}
         assert f["ft_s_per_query"] > 0  # the replay stream's Python reader starts per query
+    assert r["python_source_s_per_query"] > 0  # Spark starts a Python process per query
     assert r["goals"]["df:ft_ms_per_batch"] == "<= 30"
 
 

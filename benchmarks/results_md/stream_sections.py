@@ -43,6 +43,10 @@ def render_stream(page: Page) -> None:
                "outside its micro-batches (starting and ending the query):",
                ["query", "micro-batches", "s per micro-batch (Spark)", "s outside them"],
                progress)  # fmt: skip
+    if "python_source_s_per_query" in d:
+        page.row("any Python streaming source's cost per query (Spark's: the API the replay "
+                 "stream is written in; a source that never has data, same session)",
+                 d["python_source_s_per_query"], unit="s")  # fmt: skip
     for p, f in (d.get("fit") or {}).items():
         if "ft_s_per_query" in f:  # measured from the progress, not fitted
             page.row(f"`{p}` `ft_s_per_query` (starting and ending the query, over plain)",

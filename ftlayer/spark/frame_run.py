@@ -29,8 +29,6 @@ return for. The expressions ftlayer adds are built once per query (``BatchRun.co
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,15 +38,13 @@ from ftlayer.errors import ConfigError
 from ftlayer.spark.batch_plan import arrow_schema, plan_frames, spark_schema
 from ftlayer.spark.batch_run import BatchRun, OfRun
 from ftlayer.spark.frame_observations import Observations, metrics_kept
+from ftlayer.spark.frame_steps import map_in_arrow, run_fields_set
 from ftlayer.spark.frame_tasks import (
-    BATCH_PROPERTY,
     DEAD_COL,
     ERROR_COL,
     FAILED_COL,
     CopySource,
     PythonStep,
-    answer_type,
-    run_fields,
 )
 from ftlayer.spark.identity import IDENTITY, check_identity, identity_columns, with_lineage
 from ftlayer.spark.plan import (
@@ -257,55 +253,10 @@ class FrameRun(OfRun):
             user = StructType([f for f in df.schema.fields if f.name not in (LOC_COL, POS_COL)])
             inputs = to_arrow_schema(user, timezone="UTC")
         step = PythonStep(stage, label, inputs, output, stage.errors or self.plan.errors)
-        out = self._map_in_arrow(df, step)
+        out = map_in_arrow(df, step, self.plan, self.run.columns)
+        self.steps += not is_connect(df.sparkSession)
         out = self.seen.stage(out, label, F.col(ERROR_COL), F.col(DEAD_COL), "python")
         return out.drop(FAILED_COL, ERROR_COL, DEAD_COL)
-
-    def _map_in_arrow(self, df: DataFrame, step: PythonStep) -> DataFrame:
-        """``df.mapInArrow(step)``. On a classic session its UDF (the pickle, the Java
-        function: some 35 round trips to the JVM) is built once per query, over the names
-        of its input's columns, and applied to each batch in one round trip; the batch
-        run's fields reach its tasks in a local property (:meth:`_run_fields`). Under
-        Spark Connect the step carries them."""
-        from pyspark.sql import DataFrame
-        from pyspark.sql import functions as F  # noqa: N812
-        from pyspark.sql.pandas.functions import pandas_udf
-        from pyspark.util import PythonEvalType
-
-        plan = self.plan
-        if is_connect(df.sparkSession):
-            step = step.for_run(run_fields(_batch_id(plan), plan.run_again, plan.salt))
-            return df.mapInArrow(step, answer_type(step, IDENTITY))
-        self.steps += 1
-        names = tuple(df.columns)
-        key = ("mapInArrow", id(step.stage), step.label, step.inputs, step.output,
-               step.policy, names)  # fmt: skip
-        if key not in self.run.columns:
-            udf = pandas_udf(step, returnType=answer_type(step, IDENTITY),
-                             functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF)  # type: ignore[call-overload]
-            quoted = [F.col("`" + n.replace("`", "``") + "`") for n in names]
-            # the stage kept with it: its id stays its own
-            self.run.columns[key] = (step.stage, udf(*quoted)._jc)
-        return DataFrame(df._jdf.mapInArrow(self.run.columns[key][1], False, None),
-                         df.sparkSession)  # fmt: skip
-
-    @contextmanager
-    def _run_fields(self, spark: Any) -> Iterator[None]:
-        """While the batch's job runs, its run's fields in the local property its Python
-        stages' tasks read (frame_tasks.BATCH_PROPERTY); removed after. A task that does
-        not find them (a sink that runs its job on a thread of its own) takes the safe
-        ones: every row written before, no batch id."""
-        if not self.steps:
-            yield
-            return
-        sc = spark.sparkContext
-        plan = self.plan
-        sc.setLocalProperty(BATCH_PROPERTY, run_fields(_batch_id(plan), plan.run_again,
-                                                       plan.salt))  # fmt: skip
-        try:
-            yield
-        finally:
-            sc.setLocalProperty(BATCH_PROPERTY, None)
 
     # -- running and settling ----------------------------------------------------------
     def write(self, out: DataFrame, batch_id: Any) -> Residues:
@@ -334,7 +285,8 @@ class FrameRun(OfRun):
             def write() -> None:
                 answers.write.format("noop").mode("overwrite").save()
         try:
-            with metrics_kept(out.sparkSession), self._run_fields(out.sparkSession):
+            with metrics_kept(out.sparkSession), run_fields_set(out.sparkSession, self.plan,
+                                                                self.steps > 0):
                 write()
         except Exception as e:
             text = error_text(name, e)
@@ -343,10 +295,6 @@ class FrameRun(OfRun):
             return self.seen.fail_everything(self.run, text, self.copies)
         return self.seen.residues(self.run, name, self.copies)
 
-
-
-def _batch_id(plan: VectorPlan) -> int | None:
-    return int(plan.batch_key) if plan.batch_key.isdigit() else None
 
 
 def _column(spec: Any, df: DataFrame) -> Column | None:
