@@ -1,6 +1,7 @@
 """The plan phase of a batch: one :class:`~ftlayer.spark.vector_plan.VectorPlan` per batch
 run, for every pipeline (batch stages, row stages compiled to batch stages, DataFrame
-stages), with the schemas Spark and Arrow agree on and the columns a replay carries.
+stages), with the schemas Spark and Arrow agree on, the columns a replay carries and an
+entry before every segment (ftlayer.spark.entries).
 
 Invariant: a plan is plain picklable data (no live client, no Spark object): every task of
 the batch gets the same one, and a run's ``salt`` is fresh, so no two runs of a batch id
@@ -17,6 +18,7 @@ import pyarrow as pa
 from ftlayer.errors import ConfigError
 from ftlayer.ids import new_ids
 from ftlayer.lineage import copy_seed
+from ftlayer.spark.entries import plan_entries
 from ftlayer.spark.plan import Segment
 from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy
 from ftlayer.spark.vector_plan import (
@@ -119,9 +121,10 @@ def plan_batch(
                 )
     salt = new_salt()
     budget = config.max_replays if immediate_replays is None else immediate_replays
+    entries = plan_entries(segments, tuple(inputs), False, record_key)
     return VectorPlan(config, source, batch_key, salt, segments, on_error,
                       min(budget, config.max_replays), tuple(inputs), tuple(outputs),
-                      errors, record_key, lineage_seed, run_again)  # fmt: skip
+                      errors, record_key, lineage_seed, run_again, entries)  # fmt: skip
 
 
 def lineage_seed(df: DataFrame, source: int, batch_id: Any) -> int:
@@ -147,6 +150,7 @@ def plan_frames(segments: tuple[Segment, ...], input_schema: Any, spark: Any, *,
     """The plan of one run of a batch of DataFrame stages: Spark plans the stages itself,
     so the plan holds the source's schema only (and no immediate replays: a DataFrame
     stage's failed rows wait for a later batch)."""
-    return VectorPlan(config, source, batch_key, new_salt(), segments, on_error, 0,
-                      (arrow_schema(input_schema, spark),), (), errors,
-                      lineage_seed=lineage_seed, run_again=run_again)  # fmt: skip
+    inputs = (arrow_schema(input_schema, spark),)
+    return VectorPlan(config, source, batch_key, new_salt(), segments, on_error, 0, inputs,
+                      (), errors, lineage_seed=lineage_seed, run_again=run_again,
+                      entries=plan_entries(segments, inputs, True, None))  # fmt: skip

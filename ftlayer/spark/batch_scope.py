@@ -32,6 +32,7 @@ from ftlayer.errors import ConfigError
 from ftlayer.ids import batch_source_ids
 from ftlayer.spark.batch_plan import arrow_schema, plan_batch, spark_schema, with_replay_columns
 from ftlayer.spark.batch_run import BatchRun, OfRun
+from ftlayer.spark.entries import walk
 from ftlayer.spark.plan import MAX_MESSAGES
 from ftlayer.spark.results import StageCounts
 from ftlayer.spark.row_stages import compile_rows
@@ -136,13 +137,9 @@ class VectorRun(OfRun):
                         replays, allowMissingColumns=True)  # fmt: skip
         if key and partitions:
             source_df = source_df.repartition(partitions, *key)
-        out = source_df
-        for i in range(len(plan.segments)):
-            if i:
-                prev = plan.segments[i - 1]
-                out = out.repartition(prev.shuffle_n, *prev.shuffle_cols)
-            out = out.mapInArrow(partial(run_vector_task, plan, i), self._out_schema(i))
-        return out
+        return walk(plan.entries, plan.segments, source_df,
+                    lambda i, df: df.mapInArrow(partial(run_vector_task, plan, i),
+                                                self._out_schema(i)))  # fmt: skip
 
     def _out_schema(self, i: int) -> Any:
         plan = self.plan

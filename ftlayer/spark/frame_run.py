@@ -37,6 +37,7 @@ import pyarrow as pa
 from ftlayer.errors import ConfigError
 from ftlayer.spark.batch_plan import arrow_schema, plan_frames, spark_schema
 from ftlayer.spark.batch_run import BatchRun, OfRun
+from ftlayer.spark.entries import walk
 from ftlayer.spark.frame_observations import Observations, metrics_kept
 from ftlayer.spark.frame_steps import map_in_arrow, run_fields_set
 from ftlayer.spark.frame_tasks import (
@@ -151,20 +152,23 @@ class FrameRun(OfRun):
         self.seen.plain_source = out
         if key and partitions:
             out = out.repartition(partitions, *key)
-        known: pa.Schema | None = plan.inputs[0]  # the user columns, while known
-        for i, seg in enumerate(plan.segments):
-            if i:
-                prev = plan.segments[i - 1]
-                out = out.repartition(prev.shuffle_n, *prev.shuffle_cols)
+        known: list[pa.Schema | None] = [plan.inputs[0]]  # the user columns, while known
+
+        def segment(i: int, out: DataFrame) -> DataFrame:
+            seg = plan.segments[i]
             for j, (kind, stage) in enumerate(seg.ops):
                 if kind == "frame":
                     last = i == len(plan.segments) - 1 and j == len(seg.ops) - 1
-                    out, known = self._stage(out, frame_label(i, j, stage.fn), stage, last), None
+                    out = self._stage(out, frame_label(i, j, stage.fn), stage, last)
+                    known[0] = None
                 else:
                     output = arrow_schema(stage.schema, spark)
-                    out = self._python(out, stage_label(i, j, stage.fn), stage, output, known)
-                    known = output
-        return out
+                    out = self._python(out, stage_label(i, j, stage.fn), stage, output,
+                                       known[0])  # fmt: skip
+                    known[0] = output
+            return out
+
+        return walk(plan.entries, plan.segments, out, segment)
 
     def _fresh(self, df: DataFrame, streamed: bool) -> DataFrame:
         """The batch's fresh rows with their identity: a reference, a copy's batch-local

@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from ftlayer.config import FTConfig
 from ftlayer.ids import mix64
+from ftlayer.spark.entries import Entry
 from ftlayer.spark.plan import Segment, stage_name
 from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy, wants_context
 
@@ -71,6 +72,8 @@ class VectorPlan:
     run_again: bool = True
     """This batch id began before (Spark running it again): its rows may have been
     written (BatchContext.written_before). True unless the driver knows otherwise."""
+    entries: tuple[Entry, ...] = ()
+    """Where rows join the run: one entry before every segment (ftlayer.spark.entries)."""
 
     @property
     def lineage(self) -> str | None:
