@@ -36,6 +36,7 @@ from ftlayer.spark.entries import walk
 from ftlayer.spark.plan import MAX_MESSAGES
 from ftlayer.spark.results import StageCounts
 from ftlayer.spark.row_stages import compile_rows
+from ftlayer.spark.run_fields import RunFields, fields_set, map_in_arrow
 from ftlayer.spark.settle import Failure, Residues, Settlement
 from ftlayer.spark.vector_plan import (
     LOC_COL,
@@ -92,8 +93,10 @@ class VectorRun(OfRun):
     def execute(self, df: DataFrame, pipeline: Pipeline, replay_limit: int,
                 fresh: bool) -> Residues | None:  # fmt: skip
         """Run the batch's job; its residues (None: FT off)."""
-        out = self.dataframe(df, pipeline.key, pipeline.partitions, replay_limit)
-        got = self.residues([row[0] for row in out.collect()])
+        out = self.dataframe(df, pipeline, replay_limit)
+        with fields_set(df.sparkSession, RunFields.of(self.plan)):
+            finals = [row[0] for row in out.collect()]
+        got = self.residues(finals)
         if got is None:
             return None
         self.summaries, res = got
@@ -106,8 +109,7 @@ class VectorRun(OfRun):
         settlement.replays(self.injected, refs, res)
 
     # -- building the DataFrame ------------------------------------------------------------
-    def dataframe(self, df: DataFrame, key: tuple[str, ...], partitions: int | None,
-                  replay_limit: int) -> DataFrame:  # fmt: skip
+    def dataframe(self, df: DataFrame, pipeline: Pipeline, replay_limit: int) -> DataFrame:
         """The batch's plan: fresh rows of ``df`` (with their references, if it carries
         them) and its replays (riding in ``df`` from the replay stream, or taken in now),
         those kept by reference read back from the source."""
@@ -135,11 +137,19 @@ class VectorRun(OfRun):
                 if replays is not None:
                     source_df = with_replay_columns(source_df).unionByName(
                         replays, allowMissingColumns=True)  # fmt: skip
-        if key and partitions:
-            source_df = source_df.repartition(partitions, *key)
-        return walk(plan.entries, plan.segments, source_df,
-                    lambda i, df: df.mapInArrow(partial(run_vector_task, plan, i),
-                                                self._out_schema(i)))  # fmt: skip
+        if pipeline.key and pipeline.partitions:
+            source_df = source_df.repartition(pipeline.partitions, *pipeline.key)
+        # what a segment's function is, once per query: the pipeline (kept: its id stays
+        # its own) and the schemas (the rest of the plan is the pipeline's)
+        self.run.columns.setdefault(("pipeline", id(pipeline)), pipeline)
+        query, key = plan.query_part(), ("segment", id(pipeline), plan.inputs, plan.outputs)
+
+        def segment(i: int, df: DataFrame) -> DataFrame:
+            return map_in_arrow(df, (*key, i), lambda run: (
+                partial(run_vector_task, query.for_run(run), i), self._out_schema(i)),
+                RunFields.of(plan), self.run.columns)  # fmt: skip
+
+        return walk(plan.entries, plan.segments, source_df, segment)
 
     def _out_schema(self, i: int) -> Any:
         plan = self.plan

@@ -29,7 +29,7 @@ return for. The expressions ftlayer adds are built once per query (``BatchRun.co
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -39,13 +39,13 @@ from ftlayer.spark.batch_plan import arrow_schema, plan_frames, spark_schema
 from ftlayer.spark.batch_run import BatchRun, OfRun
 from ftlayer.spark.entries import walk
 from ftlayer.spark.frame_observations import Observations, metrics_kept
-from ftlayer.spark.frame_steps import map_in_arrow, run_fields_set
 from ftlayer.spark.frame_tasks import (
     DEAD_COL,
     ERROR_COL,
     FAILED_COL,
     CopySource,
     PythonStep,
+    answer_type,
 )
 from ftlayer.spark.identity import IDENTITY, check_identity, identity_columns, with_lineage
 from ftlayer.spark.plan import (
@@ -54,8 +54,8 @@ from ftlayer.spark.plan import (
     error_text,
     stage_name,
 )
-from ftlayer.spark.preflight import is_connect
 from ftlayer.spark.references import with_references
+from ftlayer.spark.run_fields import RunFields, fields_set, map_in_arrow
 from ftlayer.spark.settle import Residues, Settlement
 from ftlayer.spark.vector_plan import LOC_COL, POS_COL, SRC_COL, VectorPlan, stage_label
 
@@ -84,8 +84,8 @@ class FrameRun(OfRun):
     copies: bool = False
     """Its fresh rows are copies, stored by the source pass (frame_tasks.CopySource)."""
     calls: int = 0
-    steps: int = 0
-    """Python stages applied from a UDF built once per query (classic sessions)."""
+    python: int = 0
+    """Python stages in the batch's job (they read the run's fields: run_fields)."""
     unchecked: list[tuple[str, DataFrame]] = field(default_factory=list)
     """DataFrame stages whose identity columns were not checked yet: (label, output)."""
     seen: Observations = field(init=False)
@@ -257,8 +257,11 @@ class FrameRun(OfRun):
             user = StructType([f for f in df.schema.fields if f.name not in (LOC_COL, POS_COL)])
             inputs = to_arrow_schema(user, timezone="UTC")
         step = PythonStep(stage, label, inputs, output, stage.errors or self.plan.errors)
-        out = map_in_arrow(df, step, self.plan, self.run.columns)
-        self.steps += not is_connect(df.sparkSession)
+        self.python += 1
+        key = ("step", id(stage), label, inputs, output, step.policy)
+        out = map_in_arrow(df, key, lambda run: (replace(step, run=run),
+                                                 answer_type(step, IDENTITY)),
+                           RunFields.of(self.plan), self.run.columns)  # fmt: skip
         out = self.seen.stage(out, label, F.col(ERROR_COL), F.col(DEAD_COL), "python")
         return out.drop(FAILED_COL, ERROR_COL, DEAD_COL)
 
@@ -289,8 +292,8 @@ class FrameRun(OfRun):
             def write() -> None:
                 answers.write.format("noop").mode("overwrite").save()
         try:
-            with metrics_kept(out.sparkSession), run_fields_set(out.sparkSession, self.plan,
-                                                                self.steps > 0):
+            with metrics_kept(out.sparkSession), fields_set(
+                    out.sparkSession, RunFields.of(self.plan), self.python > 0):
                 write()
         except Exception as e:
             text = error_text(name, e)

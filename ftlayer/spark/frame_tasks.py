@@ -19,7 +19,7 @@ is a failed row, or was dropped by the stage on purpose (a filter: complete).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -32,28 +32,17 @@ from ftlayer.spark.identity import replay_rows
 from ftlayer.spark.outcome import run_stage
 from ftlayer.spark.plan import BatchStage
 from ftlayer.spark.policy import BatchContext, ErrorPolicy
+from ftlayer.spark.run_fields import RunFields, current
 from ftlayer.spark.vector_plan import LOC_COL, POS_COL
 from ftlayer.spark.vector_tasks import segment_bytes
 from ftlayer.spark.worker import worker_layer
 
-__all__ = ["BATCH_PROPERTY", "DEAD_COL", "ERROR_COL", "FAILED_COL", "CopySource", "PythonStep",
-           "outcome_fields", "run_fields"]
+__all__ = ["DEAD_COL", "ERROR_COL", "FAILED_COL", "CopySource", "PythonStep", "outcome_fields"]
 
 FAILED_COL = "__ft_failed"
 ERROR_COL = "__ft_error"
 DEAD_COL = "__ft_dead"
 UNCONFIRMED = "the sink did not confirm the write"
-BATCH_PROPERTY = "ftlayer.batch"
-"""The Spark local property a batch's job carries its run's fields in (:func:`run_fields`):
-on a classic session a Python stage's ``mapInArrow`` is built once per query, so what
-changes from one batch run to the next reaches its tasks this way, not in its pickle."""
-
-
-def run_fields(batch_id: int | None, run_again: bool, run_id: int) -> str:
-    """The value of :data:`BATCH_PROPERTY` for a batch run (PythonStep.for_run reads it)."""
-    return f"{'' if batch_id is None else batch_id},{int(run_again)},{run_id}"
-
-
 def outcome_fields() -> list[pa.Field]:
     """The columns every answer of a Python stage carries after the user's."""
     return [pa.field(LOC_COL, pa.int64()), pa.field(POS_COL, pa.int64()),
@@ -71,40 +60,33 @@ class PythonStep:
     """The user columns the stage is given (its input without ftlayer's)."""
     output: pa.Schema | None
     policy: ErrorPolicy
-    run_again: bool = True
-    """The batch began before (BatchContext.written_before: every row)."""
-    batch_id: int | None = None
-    run_id: int = 0
+    run: RunFields | None = None
+    """Its batch run's fields (None: read from the job, run_fields.current; a job that
+    carries none gets the safe ones: every row written before, no batch id)."""
 
     @property
     def answer_schema(self) -> pa.Schema:
         return pa.schema([*(self.output or []), *outcome_fields()])
-
-    def for_run(self, fields: str | None) -> PythonStep:
-        """This step with a batch run's fields (:func:`run_fields`; None: its own)."""
-        if not fields:
-            return self
-        batch_id, run_again, run_id = fields.split(",")
-        return replace(self, batch_id=int(batch_id) if batch_id else None,
-                       run_again=run_again == "1", run_id=int(run_id))  # fmt: skip
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         tc = TaskContext.get()
         part, attempt = (tc.partitionId(), tc.attemptNumber()) if tc else (0, 0)
-        step = self.for_run(tc.getLocalProperty(BATCH_PROPERTY) if tc else None)
+        run = self.run or current()
         for b in batches:
-            yield step.run(b, part, attempt)
+            yield self.answer(b, run, part, attempt)
 
-    def run(self, b: pa.RecordBatch, partition: int = 0, attempt: int = 0) -> pa.RecordBatch:
+    def answer(self, b: pa.RecordBatch, run: RunFields | None, partition: int = 0,
+               attempt: int = 0) -> pa.RecordBatch:  # fmt: skip
         loc, pos = b.column(LOC_COL), b.column(POS_COL)
         user = b.select(self.inputs.names)
         ids = np.asarray(pos.fill_null(0).to_numpy(zero_copy_only=False)).view(np.uint64)
         replay = replay_rows(np.asarray(loc.is_valid()), ids)
-        before = np.full(len(ids), True) if self.run_again else replay
-        ctx = BatchContext(ids, None, partition, attempt, 0, None, None, before, self.batch_id,
-                           self.run_id)  # fmt: skip
+        before = np.full(len(ids), True) if run is None or run.run_again else replay
+        ctx = BatchContext(ids, None, partition, attempt, 0, None, None, before,
+                           None if run is None else run.batch_id,
+                           0 if run is None else run.salt)  # fmt: skip
         sink = self.output is None
         res = run_stage(self.stage.fn, user, self.label, schema=self.output,
                         pandas=self.stage.pandas, is_sink=sink, policy=self.policy,

@@ -4,7 +4,7 @@ adds to the user's rows (ids, replay fields, references, summaries), :class:`Vec
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -16,6 +16,7 @@ from ftlayer.ids import mix64
 from ftlayer.spark.entries import Entry
 from ftlayer.spark.plan import Segment, stage_name
 from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy, wants_context
+from ftlayer.spark.run_fields import RunFields, current
 
 __all__ = [
     "ATT_COL", "CUR_COL", "ID_FIELDS", "LIN_COL", "LIN_FIELD", "LOC_COL", "POS_COL",
@@ -74,6 +75,30 @@ class VectorPlan:
     written (BatchContext.written_before). True unless the driver knows otherwise."""
     entries: tuple[Entry, ...] = ()
     """Where rows join the run: one entry before every segment (ftlayer.spark.entries)."""
+
+    def for_run(self, run: RunFields | None) -> VectorPlan:
+        """This plan for the run ``run`` (None: as it is). A plan built once per query has
+        no batch key: its tasks call ``for_run(run_fields.current())``."""
+        if run is None:
+            return self
+        return replace(self, batch_key=run.batch_key, salt=run.salt,
+                       lineage_seed=run.lineage_seed, run_again=run.run_again)  # fmt: skip
+
+    def in_task(self) -> VectorPlan:
+        """This plan as a task runs it: with its run's fields, from the job when built once
+        per query. A job without them fails the task (never a guessed batch key: the
+        task's segment and summary are filed under it)."""
+        if self.batch_key:
+            return self
+        run = current()
+        if run is None:
+            raise RuntimeError("ftlayer: a vectorized segment's task found no batch "
+                               "run's fields (Spark local property 'ftlayer.batch')")
+        return self.for_run(run)
+
+    def query_part(self) -> VectorPlan:
+        """This plan without its run's fields: what a function built once per query holds."""
+        return replace(self, batch_key="", salt=0, lineage_seed=0, run_again=True)
 
     @property
     def lineage(self) -> str | None:

@@ -243,6 +243,7 @@ def run_vector_task(
     plan: VectorPlan, stage: int, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function of segment ``stage`` (see the module docstring)."""
+    plan = plan.in_task()
     partition, attempt = task_context()
     ft = plan.config.enabled
     task = TaskRun(stage, partition, attempt)
