@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 
 from benchmarks._common import parse_args, provenance, redis_for_benchmark, save, url_of
 from benchmarks._paired import PARTITIONS, PairedRounds, quartiles, spark_session
@@ -153,8 +154,14 @@ def _each(fn: Callable[[pa.RecordBatch], pa.RecordBatch]) -> Callable[..., Any]:
     return run
 
 
+def trigger_seconds(query: Any) -> float:
+    """The seconds a finished query spent in its micro-batches (Spark's own
+    ``triggerExecution``, summed over its progress)."""
+    return sum(p.durationMs.get("triggerExecution", 0) for p in query.recentProgress) / 1e3
+
+
 # -- what Spark charges any Python streaming source ------------------------------------------
-class EmptyReader:
+class EmptyReader(DataSourceStreamReader):
     """A Python streaming source's reader with nothing to read, ever."""
 
     def initialOffset(self) -> dict[str, int]:  # noqa: N802 (Spark's names)
@@ -169,8 +176,19 @@ class EmptyReader:
     def read(self, partition: Any) -> Iterator[Any]:
         return iter([])
 
-    def commit(self, end: Any) -> None:
-        pass
+
+class EmptySource(DataSource):
+    """A Python streaming source (format ``ftbench-empty``) that never has data."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "ftbench-empty"
+
+    def schema(self) -> str:
+        return "id long, key long, payload string"
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: N802
+        return EmptyReader()
 
 
 def python_source_s_per_query(spark: Any, tmp: Path, pairs: int = 5) -> float:
@@ -179,20 +197,7 @@ def python_source_s_per_query(spark: Any, tmp: Path, pairs: int = 5) -> float:
     unioned with a source that never has data, against the same query without it, paired;
     the median difference of their seconds outside their micro-batches (the source's
     Python process started at the query's start, from ``pyspark.zip`` on a pip install)."""
-    from pyspark.sql.datasource import DataSource, DataSourceStreamReader
-
-    class Empty(DataSource):
-        @classmethod
-        def name(cls) -> str:
-            return "ftbench-empty"
-
-        def schema(self) -> str:
-            return "id long, key long, payload string"
-
-        def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: N802
-            return type("Reader", (EmptyReader, DataSourceStreamReader), {})()
-
-    spark.dataSource.register(Empty)
+    spark.dataSource.register(EmptySource)
     root = tmp / "tiny"
     write_events(root, 10, 16, 1)
 
@@ -205,8 +210,7 @@ def python_source_s_per_query(spark: Any, tmp: Path, pairs: int = 5) -> float:
              .trigger(availableNow=True)
              .option("checkpointLocation", str(tmp / f"ck-{uuid.uuid4().hex[:8]}")).start())
         q.awaitTermination()
-        wall = time.perf_counter() - t0
-        return wall - sum(p.durationMs.get("triggerExecution", 0) for p in q.recentProgress) / 1e3
+        return time.perf_counter() - t0 - trigger_seconds(q)
 
     outside(True)  # warm: the data source registered, its first planning done
     diffs = []
@@ -233,9 +237,7 @@ class Runs:
         sum of their ``triggerExecution``), in run order."""
 
     def _progress(self, name: str, q: Any) -> None:
-        ps = q.recentProgress
-        spent = sum(p.durationMs.get("triggerExecution", 0) for p in ps) / 1e3
-        self.progress.setdefault(name, []).append((len(ps), spent))
+        self.progress.setdefault(name, []).append((len(q.recentProgress), trigger_seconds(q)))
 
     def prepare(self, name: str) -> Callable[[], Any]:
         pipeline, cadence, variant = name.split(":")

@@ -152,20 +152,19 @@ class FrameRun(OfRun):
         self.seen.plain_source = out
         if key and partitions:
             out = out.repartition(partitions, *key)
-        known: list[pa.Schema | None] = [plan.inputs[0]]  # the user columns, while known
+        known: pa.Schema | None = plan.inputs[0]  # the user columns, while known
 
         def segment(i: int, out: DataFrame) -> DataFrame:
+            nonlocal known
             seg = plan.segments[i]
             for j, (kind, stage) in enumerate(seg.ops):
                 if kind == "frame":
                     last = i == len(plan.segments) - 1 and j == len(seg.ops) - 1
-                    out = self._stage(out, frame_label(i, j, stage.fn), stage, last)
-                    known[0] = None
+                    out, known = self._stage(out, frame_label(i, j, stage.fn), stage, last), None
                 else:
                     output = arrow_schema(stage.schema, spark)
-                    out = self._python(out, stage_label(i, j, stage.fn), stage, output,
-                                       known[0])  # fmt: skip
-                    known[0] = output
+                    out = self._python(out, stage_label(i, j, stage.fn), stage, output, known)
+                    known = output
             return out
 
         return walk(plan.entries, plan.segments, out, segment)

@@ -43,6 +43,8 @@ FAILED_COL = "__ft_failed"
 ERROR_COL = "__ft_error"
 DEAD_COL = "__ft_dead"
 UNCONFIRMED = "the sink did not confirm the write"
+
+
 def outcome_fields() -> list[pa.Field]:
     """The columns every answer of a Python stage carries after the user's."""
     return [pa.field(LOC_COL, pa.int64()), pa.field(POS_COL, pa.int64()),
