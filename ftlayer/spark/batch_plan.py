@@ -146,11 +146,14 @@ def new_salt() -> int:
 
 def plan_frames(segments: tuple[Segment, ...], input_schema: Any, spark: Any, *, config: Any,
                 source: int, batch_key: str, on_error: str, errors: ErrorPolicy,
-                lineage_seed: int, run_again: bool) -> VectorPlan:  # fmt: skip
+                lineage_seed: int, run_again: bool,
+                immediate_replays: int | None = None) -> VectorPlan:  # fmt: skip
     """The plan of one run of a batch of DataFrame stages: Spark plans the stages itself,
-    so the plan holds the source's schema only (and no immediate replays: a DataFrame
-    stage's failed rows wait for a later batch)."""
+    so the plan holds the source's schema only. Its immediate replays are those of its
+    Python stages (a DataFrame stage's failed rows wait for a later batch)."""
     inputs = (arrow_schema(input_schema, spark),)
-    return VectorPlan(config, source, batch_key, new_salt(), segments, on_error, 0, inputs,
+    budget = config.max_replays if immediate_replays is None else immediate_replays
+    return VectorPlan(config, source, batch_key, new_salt(), segments, on_error,
+                      min(budget, config.max_replays), inputs,
                       (), errors, lineage_seed=lineage_seed, run_again=run_again,
                       entries=plan_entries(segments, inputs, True, None))  # fmt: skip

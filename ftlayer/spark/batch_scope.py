@@ -236,9 +236,10 @@ class VectorRun(OfRun):
             r.failed += len(s.failed_src)
             r.immediate_replays += s.immediate_replays
             r.unconfirmed += len(s.unc_src)
-            for label, (rin, rout, failed, unc, extra, micros, now) in s.counts.items():
+            for label, (rin, rout, failed, unc, extra, micros, now, *held) in s.counts.items():
                 r.stages.setdefault(label, StageCounts()).add(
-                    StageCounts(rin, rout, failed, unc, extra, micros / 1e6, replayed=now)
+                    StageCounts(rin, rout, failed, unc, extra, micros / 1e6, replayed=now,
+                                held=sum(held))
                 )
             for text in s.errors:
                 if len(r.errors) < MAX_MESSAGES:

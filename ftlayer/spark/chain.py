@@ -47,8 +47,9 @@ class TaskRun(BatchSummary):
         """Sum one call of a stage: rows in, out, failed, unconfirmed, extra calls
         (bisection), and the microseconds the stage took (its function, bisection
         included): StageCounts' fields, in this order. A seventh counts the stage's
-        failed rows this task replayed at once (:meth:`replayed_now`)."""
-        c = self.counts.setdefault(label, [0] * 7)
+        failed rows this task replayed at once (:meth:`replayed_now`), an eighth those
+        its breaker held back (:meth:`held_back`)."""
+        c = self.counts.setdefault(label, [0] * 8)
         for i, v in enumerate((rows_in, rows_out, failed, unc, extra, micros)):
             c[i] += v
 
@@ -56,7 +57,12 @@ class TaskRun(BatchSummary):
         """Rows replayed at once in this task, one per label of the stage they failed in."""
         self.immediate_replays += len(stages)
         for label in stages:
-            self.counts.setdefault(label, [0] * 7)[6] += 1
+            self.counts.setdefault(label, [0] * 8)[6] += 1
+
+    def held_back(self, stages: list[str]) -> None:
+        """Failed rows a stage's open breaker kept from a replay at once, one per label."""
+        for label in stages:
+            self.counts.setdefault(label, [0] * 8)[7] += 1
 
     def pack(self, token: int, segment: str | None, segment_rows: int) -> bytes:
         """This attempt's summary, encoded."""

@@ -70,9 +70,10 @@ class Observations:
         return df.observe(obs, self.columns["count"])
 
     def stage(self, out: DataFrame, label: str, error: Column, dead: Column,
-              key: Any = None) -> DataFrame:  # fmt: skip
+              attempts: Column, key: Any = None) -> DataFrame:  # fmt: skip
         """Observe the rows ``__ft_failed`` marks (their identity, error, whether they go
-        straight to the dead letters) and the stage's count; leave the others. The flag
+        straight to the dead letters, the attempts they used) and the stage's count;
+        leave the others. The flag
         is a column, observed, then filtered: the observation also keeps Spark from
         pushing the filter below the stage's projection (which would compute it twice).
         ``key``: the stage's columns are built once under it (its error and dead-letter
@@ -83,7 +84,7 @@ class Observations:
         self.observed.append((label, obs))
         built = self.columns.get(key) if key is not None else None
         if built is None:
-            built = _observed_columns(error, dead)
+            built = _observed_columns(error, dead, attempts)
             if key is not None:
                 self.columns[key] = built
         aggregates, keep = built
@@ -116,7 +117,7 @@ class Observations:
                                    "the batch fails (Spark runs it again)")  # fmt: skip
             failed = [x.split(",") for x in (m.get("failed") or "").split(";") if x]
             stage = label or SOURCE_STAGE
-            errors = {int(e["id"]): Failure(e["error"], 1 | DEAD_NOW if e["dead"] else 1, stage)
+            errors = {int(e["id"]): Failure(e["error"], _attempts(e), stage)
                       for e in json.loads(m.get("errors") or "[]")}  # fmt: skip
             for loc_text, pos_text, err in failed:
                 why, pos = errors[int(err)], int(pos_text)
@@ -173,7 +174,15 @@ class Observations:
         return res
 
 
-def _observed_columns(error: Column, dead: Column) -> tuple[list[Column], Column]:
+def _attempts(error: dict[str, Any]) -> int:
+    """The attempts a failed row used (one, for a DataFrame stage), with ``DEAD_NOW`` when
+    it goes straight to the dead letters."""
+    n = int(error.get("attempts") or 1)
+    return n | DEAD_NOW if error["dead"] else n
+
+
+def _observed_columns(error: Column, dead: Column,
+                      attempts: Column) -> tuple[list[Column], Column]:  # fmt: skip
     """A stage's observation (its row count, its failed rows, its errors) and the filter
     that keeps the rows that did not fail."""
     from pyspark.sql import functions as F  # noqa: N812
@@ -182,13 +191,14 @@ def _observed_columns(error: Column, dead: Column) -> tuple[list[Column], Column
     # error once as JSON (py4j passes a string as it is, where a pickled row of lists
     # crosses byte by byte)
     failed = F.col(FAILED_COL)
-    err_id = F.xxhash64(error, dead)
+    err_id = F.xxhash64(error, dead, attempts)
     row = F.concat_ws(",", F.coalesce(F.col(LOC_COL).cast("string"), F.lit("")),
                       F.col(POS_COL).cast("string"), err_id.cast("string"))  # fmt: skip
     return [F.count(F.lit(1)).alias("rows"),
             F.array_join(F.collect_list(F.when(failed, row)), ";").alias("failed"),
             F.to_json(F.collect_set(F.when(failed, F.struct(
-                err_id.alias("id"), error.alias("error"), dead.alias("dead"))))).alias("errors"),
+                err_id.alias("id"), error.alias("error"), dead.alias("dead"),
+                attempts.alias("attempts"))))).alias("errors"),
             ], ~failed  # fmt: skip
 
 

@@ -40,6 +40,7 @@ from ftlayer.spark.batch_run import BatchRun, OfRun
 from ftlayer.spark.entries import walk
 from ftlayer.spark.frame_observations import Observations, metrics_kept
 from ftlayer.spark.frame_tasks import (
+    ATTEMPTS_COL,
     DEAD_COL,
     ERROR_COL,
     FAILED_COL,
@@ -110,7 +111,8 @@ class FrameRun(OfRun):
         return plan_frames(pipeline.segments, schema, spark, config=config,
                            source=pipeline.source, batch_key=batch_key,
                            on_error=pipeline.on_error, errors=pipeline.errors,
-                           lineage_seed=lineage_seed, run_again=run_again)  # fmt: skip
+                           lineage_seed=lineage_seed, run_again=run_again,
+                           immediate_replays=pipeline.immediate_replays)  # fmt: skip
 
     def execute(self, df: DataFrame, pipeline: Pipeline, replay_limit: int,
                 fresh: bool) -> Residues | None:  # fmt: skip
@@ -238,7 +240,8 @@ class FrameRun(OfRun):
         out = out.withColumn(FAILED_COL, F.coalesce(failed, F.lit(False)))
         key = ("frame", label, id(stage))
         self.run.columns.setdefault(("stage", id(stage)), stage)  # its id stays its own
-        out = self.seen.stage(out, label, F.coalesce(text, F.lit(label)), F.lit(False), key)
+        out = self.seen.stage(out, label, F.coalesce(text, F.lit(label)), F.lit(False),
+                              F.lit(1), key)  # fmt: skip
         return out.drop(FAILED_COL)
 
     def _python(self, df: DataFrame, label: str, stage: BatchStage, output: pa.Schema | None,
@@ -255,14 +258,16 @@ class FrameRun(OfRun):
         if inputs is None:
             user = StructType([f for f in df.schema.fields if f.name not in (LOC_COL, POS_COL)])
             inputs = to_arrow_schema(user, timezone="UTC")
-        step = PythonStep(stage, label, inputs, output, stage.errors or self.plan.errors)
+        step = PythonStep(stage, label, inputs, output, stage.errors or self.plan.errors,
+                          self.plan.immediate_replays)
         self.python += 1
-        key = ("step", id(stage), label, inputs, output, step.policy)
+        key = ("step", id(stage), label, inputs, output, step.policy, step.budget)
         out = map_in_arrow(df, key, lambda run: (replace(step, run=run),
                                                  answer_type(step, IDENTITY)),
                            RunFields.of(self.plan), self.run.columns)  # fmt: skip
-        out = self.seen.stage(out, label, F.col(ERROR_COL), F.col(DEAD_COL), "python")
-        return out.drop(FAILED_COL, ERROR_COL, DEAD_COL)
+        out = self.seen.stage(out, label, F.col(ERROR_COL), F.col(DEAD_COL),
+                              F.col(ATTEMPTS_COL), "python")  # fmt: skip
+        return out.drop(FAILED_COL, ERROR_COL, DEAD_COL, ATTEMPTS_COL)
 
     # -- running and settling ----------------------------------------------------------
     def write(self, out: DataFrame, batch_id: Any) -> Residues:

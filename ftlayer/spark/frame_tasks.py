@@ -7,8 +7,11 @@ policies), and the task answers
 
 * its output rows, each with the identity of the input row it derives from (``parents``);
 * one row per failed input row (and, in a sink, per unconfirmed one): null user columns,
-  the input row's identity, ``__ft_failed`` true, its error, and whether it goes straight
-  to the dead letters.
+  the input row's identity, ``__ft_failed`` true, its error, whether it goes straight
+  to the dead letters, and the attempts it used.
+
+A fresh row that fails is first replayed at once in the task, at this stage (the source
+is not read again), within the step's budget, unless the stage's breaker opened.
 
 The driver then observes and filters those rows like a DataFrame stage's ``failed=``.
 
@@ -19,7 +22,7 @@ is a failed row, or was dropped by the stage on purpose (a filter: complete).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgpack
@@ -31,17 +34,19 @@ from ftlayer.ids import batch_source_ids
 from ftlayer.spark.identity import replay_rows
 from ftlayer.spark.outcome import run_stage
 from ftlayer.spark.plan import BatchStage
-from ftlayer.spark.policy import BatchContext, ErrorPolicy
+from ftlayer.spark.policy import BatchContext, ErrorPolicy, breaker_open
 from ftlayer.spark.run_fields import RunFields, current
 from ftlayer.spark.vector_plan import LOC_COL, POS_COL
 from ftlayer.spark.vector_tasks import segment_bytes
 from ftlayer.spark.worker import worker_layer
 
-__all__ = ["DEAD_COL", "ERROR_COL", "FAILED_COL", "CopySource", "PythonStep", "outcome_fields"]
+__all__ = ["ATTEMPTS_COL", "DEAD_COL", "ERROR_COL", "FAILED_COL", "CopySource", "PythonStep",
+           "outcome_fields"]
 
 FAILED_COL = "__ft_failed"
 ERROR_COL = "__ft_error"
 DEAD_COL = "__ft_dead"
+ATTEMPTS_COL = "__ft_attempts"
 UNCONFIRMED = "the sink did not confirm the write"
 
 
@@ -49,7 +54,7 @@ def outcome_fields() -> list[pa.Field]:
     """The columns every answer of a Python stage carries after the user's."""
     return [pa.field(LOC_COL, pa.int64()), pa.field(POS_COL, pa.int64()),
             pa.field(FAILED_COL, pa.bool_()), pa.field(ERROR_COL, pa.string()),
-            pa.field(DEAD_COL, pa.bool_())]  # fmt: skip
+            pa.field(DEAD_COL, pa.bool_()), pa.field(ATTEMPTS_COL, pa.int32())]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,8 @@ class PythonStep:
     """The user columns the stage is given (its input without ftlayer's)."""
     output: pa.Schema | None
     policy: ErrorPolicy
+    budget: int = 0
+    """How many times a fresh row failing here is replayed at once in its task."""
     run: RunFields | None = None
     """Its batch run's fields (None: read from the job, run_fields.current; a job that
     carries none gets the safe ones: every row written before, no batch id)."""
@@ -89,34 +96,84 @@ class PythonStep:
         ctx = BatchContext(ids, None, partition, attempt, 0, None, None, before,
                            None if run is None else run.batch_id,
                            0 if run is None else run.salt)  # fmt: skip
-        sink = self.output is None
-        res = run_stage(self.stage.fn, user, self.label, schema=self.output,
-                        pandas=self.stage.pandas, is_sink=sink, policy=self.policy,
-                        ctx=ctx)  # fmt: skip
+        got = _Attempts(self, user, ctx, ~replay)
         schema = self.answer_schema
         parts = []
-        if res.output is not None and res.output.num_rows:
-            take = pa.array(res.parents)
-            n = res.output.num_rows
+        for out, parents in got.outputs:
+            take, n = pa.array(parents), out.num_rows
             parts.append(pa.RecordBatch.from_arrays(
-                [*res.output.columns, loc.take(take), pos.take(take),
+                [*out.columns, loc.take(take), pos.take(take),
                  pa.array(np.zeros(n, bool)), pa.nulls(n, pa.string()),
-                 pa.array(np.zeros(n, bool))], schema=schema))  # fmt: skip
-        rows = np.concatenate([res.failed, res.unconfirmed]).astype(np.int64)
+                 pa.array(np.zeros(n, bool)), pa.array(np.ones(n, np.int32))],
+                schema=schema))  # fmt: skip
+        rows = np.array(got.failed, np.int64)
         if len(rows):
-            errors = [f"{self.label}: {e}" for e in res.errors]
-            errors += [f"{self.label}: {UNCONFIRMED}"] * len(res.unconfirmed)
             take, n = pa.array(rows), len(rows)
             user_cols = [pa.nulls(n, f.type) for f in (self.output or [])]
             parts.append(pa.RecordBatch.from_arrays(
                 [*user_cols, loc.take(take), pos.take(take), pa.array(np.ones(n, bool)),
-                 pa.array(errors, pa.string()), pa.array(np.isin(rows, res.dead))],
-                schema=schema))  # fmt: skip
+                 pa.array(got.errors, pa.string()), pa.array(got.dead, pa.bool_()),
+                 pa.array(got.attempts, pa.int32())], schema=schema))  # fmt: skip
         if not parts:
             return pa.RecordBatch.from_pylist([], schema=schema)
         if len(parts) == 1:
             return parts[0]
         return pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
+
+
+class _Attempts:
+    """A step's calls over one input batch: the first, then its failed fresh rows replayed
+    at once, in this task, up to the step's ``budget`` (not rows to dead-letter now, not
+    claimed replays -- their budget is in Redis --, not when the stage's breaker opened:
+    too many of the batch failed). ``outputs``: (output batch, input row of each output
+    row) per call; ``failed`` (input rows), ``errors``, ``dead``, ``attempts``: one entry
+    per failed or unconfirmed row, after its last attempt."""
+
+    def __init__(self, step: PythonStep, user: pa.RecordBatch, ctx: BatchContext,
+                 retryable: np.ndarray) -> None:  # fmt: skip
+        self.outputs: list[tuple[pa.RecordBatch, np.ndarray]] = []
+        self.failed: list[int] = []
+        self.errors: list[str] = []
+        self.dead: list[bool] = []
+        self.attempts: list[int] = []
+        rows = np.arange(user.num_rows)
+        tries = 1
+        while True:
+            res = self._call(step, user, ctx, rows, tries)
+            failed = rows[res.failed]
+            dead = np.isin(res.failed, res.dead)
+            again = ~dead & retryable[failed]
+            if tries > step.budget or (
+                    tries == 1 and breaker_open(step.policy, len(failed), len(rows))):
+                again[:] = False
+            for i, row in enumerate(failed.tolist()):
+                if not again[i]:
+                    self._fail(row, f"{step.label}: {res.errors[i]}", bool(dead[i]), tries)
+            for row in rows[res.unconfirmed].tolist():
+                self._fail(row, f"{step.label}: {UNCONFIRMED}", False, tries)
+            if not again.any():
+                return
+            rows = np.unique(failed[again])
+            tries += 1
+
+    def _call(self, step: PythonStep, user: pa.RecordBatch, ctx: BatchContext,
+              rows: np.ndarray, tries: int) -> Any:  # fmt: skip
+        if tries > 1:  # a replay at once: attempt ``tries``, maybe written before
+            user = user.take(pa.array(rows))
+            ctx = replace(ctx.take(rows), attempts=np.full(len(rows), tries, np.int32),
+                          written_before=np.full(len(rows), True))  # fmt: skip
+        res = run_stage(step.stage.fn, user, step.label, schema=step.output,
+                        pandas=step.stage.pandas, is_sink=step.output is None,
+                        policy=step.policy, ctx=ctx)  # fmt: skip
+        if res.output is not None and res.output.num_rows:
+            self.outputs.append((res.output, rows[res.parents]))
+        return res
+
+    def _fail(self, row: int, error: str, dead: bool, attempts: int) -> None:
+        self.failed.append(row)
+        self.errors.append(error)
+        self.dead.append(dead)
+        self.attempts.append(attempts)
 
 
 @dataclass(frozen=True)

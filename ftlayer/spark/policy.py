@@ -36,10 +36,12 @@ from ftlayer.backoff import jittered
 from ftlayer.errors import ConfigError, FailRecord
 
 __all__ = [
+    "BREAKER_MIN_ROWS",
     "DEFAULT_POLICY",
     "BatchContext",
     "ErrorPolicy",
     "RecordContext",
+    "breaker_open",
     "is_dead",
     "wants_context",
 ]
@@ -61,10 +63,18 @@ class ErrorPolicy:
     dead_letter_on: tuple[type[BaseException], ...] = ()
     """Exception types no retry or replay can fix (bad input): a record raising one (or a
     subclass) goes straight to the dead letters with its text, not retried, not replayed."""
+    breaker_share: float = 0.5
+    """The stage's circuit breaker: when more than this share of the rows a task gave the
+    stage in one input batch failed (and at least ``BREAKER_MIN_ROWS`` did), its failed
+    rows are not replayed at once in the task -- a downstream that is down is not
+    hammered -- but wait in the replay queue (counted as ``StageCounts.held``). 1.0:
+    never open."""
 
     def __post_init__(self) -> None:
         if self.retries < 0 or self.backoff_s < 0 or self.max_backoff_s < 0:
             raise ConfigError("retries, backoff_s and max_backoff_s must be >= 0")
+        if not 0.0 <= self.breaker_share <= 1.0:
+            raise ConfigError(f"breaker_share must be in 0..1, not {self.breaker_share}")
         bad = [t for t in self.dead_letter_on
                if not (isinstance(t, type) and issubclass(t, BaseException))]  # fmt: skip
         if bad:
@@ -93,6 +103,15 @@ class ErrorPolicy:
 
 
 DEFAULT_POLICY = ErrorPolicy()
+BREAKER_MIN_ROWS = 10
+"""A stage's breaker opens only when at least this many rows of one input batch failed in
+it: a few failures in a small batch are retried at once whatever their share."""
+
+
+def breaker_open(policy: ErrorPolicy, failed: int, rows: int) -> bool:
+    """``failed`` of ``rows`` failing in a stage under ``policy`` open its breaker: they
+    wait in the replay queue instead of being replayed at once (ErrorPolicy.breaker_share)."""
+    return failed >= BREAKER_MIN_ROWS and failed > policy.breaker_share * rows
 
 
 def _mark_dead(e: BaseException) -> None:

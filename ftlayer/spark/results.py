@@ -35,6 +35,9 @@ class StageCounts:
     error no replay fixes). Each failed row is replayed or dead-lettered, once its batch
     settled: ``failed == replayed + dead_lettered`` for a stage that keeps one output
     row per input row."""
+    held: int = 0
+    """Failed rows the stage's circuit breaker kept from a replay at once in their task
+    (ErrorPolicy.breaker_share): too many of their batch failed; they wait in the queue."""
 
     @property
     def acked(self) -> int:

@@ -119,6 +119,7 @@ class Settlement:
             entry = self._segment_entry(s, res, *by_partition.get(s.partition, ([], [])))
             if entry is not None:
                 per_shard.setdefault(store.shard_of_partition(s.partition), []).append(entry)
+        _count_later_replays(per_shard, summaries)
         jobs = {k: (per_shard.get(k, []), tokens.get(k, []))
                 for k in per_shard.keys() | tokens.keys()}  # fmt: skip
         self._settle_jobs(jobs)
@@ -310,3 +311,15 @@ def _by_partition(res: Residues) -> dict[int, tuple[list[tuple[int, int]], list[
         for p, row, src in zip(parts.tolist(), rows.tolist(), fresh.tolist(), strict=True):
             out.setdefault(p, ([], []))[slot].append((row, src))
     return out
+
+
+def _count_later_replays(per_shard: dict[int, list[Any]], summaries: list[BatchSummary]) -> None:
+    """The failed attempts that tasks past a shuffle replayed at once (they hold no
+    segment) counted with the batch's first segment, so the layer's counters see every
+    attempt (a batch whose segments all timed out replays every row anyway)."""
+    later = sum(s.immediate_replays for s in summaries if not s.segment)
+    if not later or not per_shard:
+        return
+    entries = per_shard[min(per_shard)]
+    member, rows, fails, pends, immediate = entries[0]
+    entries[0] = (member, rows, fails, pends, immediate + later)

@@ -125,6 +125,18 @@ class VectorPlan:
         )
 
     @cached_property
+    def policies(self) -> dict[str, ErrorPolicy]:
+        """Each stage's error policy, by its label (stage_label)."""
+        out: dict[str, ErrorPolicy] = {}
+        for i, seg in enumerate(self.segments):
+            for j, (_, op) in enumerate(seg.ops):
+                out[stage_label(i, j, op.fn)] = op.errors or self.errors
+            if seg.sink is not None:
+                label = stage_label(i, len(seg.ops), seg.sink, sink=True)
+                out[label] = seg.sink_errors or self.errors
+        return out
+
+    @cached_property
     def edge_salts(self) -> tuple[int, ...]:
         """The salt of the shuffle edge leaving each segment."""
         seeds = np.array([self.salt ^ (i + 1) for i in range(len(self.segments))], np.uint64)

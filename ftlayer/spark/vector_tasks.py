@@ -48,7 +48,7 @@ from ftlayer.limits import DEAD_NOW
 from ftlayer.lineage import LINEAGE_META, copy_lineage, reference_lineage
 from ftlayer.spark.chain import Chain, TaskRun, note_failures, run_chain, u64_ids
 from ftlayer.spark.plan import SOURCE_STAGE
-from ftlayer.spark.policy import BatchContext
+from ftlayer.spark.policy import BatchContext, breaker_open
 from ftlayer.spark.vector_plan import (
     ATT_COL,
     CUR_COL,
@@ -116,19 +116,25 @@ def _run_with_replays(
     budget: int,
     before: np.ndarray | None = None,
     lin: np.ndarray | None = None,
+    stage: int = 0,
+    retryable: np.ndarray | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Run the source segment over ``batch`` and replay its failed rows at once, in this
-    task, up to ``budget`` times (Storm's spout re-emitting a failed tuple): a replay
+    """Run segment ``stage`` over ``batch`` and replay its failed rows at once, in this
+    task, up to ``budget`` times (Storm's spout re-emitting a failed tuple, at the stage
+    that holds the row: past a shuffle too, so the source is not read again): a replay
     takes the same path as its first attempt, so it lands where Spark places its key.
     Rows still failing become residues with the number of attempts they used; rows to
-    dead-letter now are not replayed. ``before``: attempts each row failed already (a
+    dead-letter now are not replayed, nor rows of a stage whose breaker opened
+    (ErrorPolicy.breaker_share), nor rows ``retryable`` excludes (a claimed replay past a
+    shuffle: its budget is in Redis). ``before``: attempts each row failed already (a
     claimed replay's), for stage contexts (None: fresh rows, 0). ``lin``: each row's
     lineage id (None: not wanted)."""
+    wants = plan.wants_context[stage]
+    prior = np.zeros(len(src), np.int32) if before is None else before
     ctx = None
-    if plan.wants_context[0]:
-        prior = np.zeros(len(src), np.int32) if before is None else before
-        ctx = _context(plan, task, 0, src, prior + 1, lin)
-    chain = run_chain(plan, 0, task, batch, src, ctx, lin)
+    if wants:  # past a shuffle a row's attempts are not known (claimed replays mix in)
+        ctx = _context(plan, task, stage, src, None if stage else prior + 1, lin)
+    chain = run_chain(plan, stage, task, batch, src, ctx, lin)
     attempts = 1
     while True:
         if chain.out is not None:
@@ -139,16 +145,44 @@ def _run_with_replays(
             chain = chain.only(~chain.dead)
         if not len(chain.failed) or attempts > budget:
             break
+        wait = _held(plan, task, chain, batch.num_rows if attempts == 1 else 0, retryable)
+        if wait.any():
+            held = chain.only(wait)
+            _residue(task, src[held.failed], held.texts, held.stages, attempts)
+            chain = chain.only(~wait)
+            if not len(chain.failed):
+                break
         rows, first = np.unique(chain.failed, return_index=True)
         task.replayed_now([chain.stages[i] for i in first.tolist()])
         sub = None
         sub_lin = None if lin is None else lin[rows]
-        if plan.wants_context[0]:
-            sub = _context(plan, task, 0, src[rows], prior[rows] + attempts + 1, sub_lin)
-        retry = run_chain(plan, 0, task, batch.take(pa.array(rows)), src[rows], sub, sub_lin)
+        if wants:
+            sub = _context(plan, task, stage, src[rows], prior[rows] + attempts + 1, sub_lin)
+        retry = run_chain(plan, stage, task, batch.take(pa.array(rows)), src[rows], sub,
+                          sub_lin)  # fmt: skip
         chain = Chain(retry.out, rows[retry.failed], retry.texts, retry.dead, retry.stages)
         attempts += 1
     _residue(task, src[chain.failed], chain.texts, chain.stages, attempts)
+
+
+def _held(plan: VectorPlan, task: TaskRun, chain: Chain, rows: int,
+          retryable: np.ndarray | None) -> np.ndarray:  # fmt: skip
+    """Which failures wait in the replay queue instead of a replay at once: those
+    ``retryable`` excludes, and (``rows``: the batch's rows, on the first pass; 0 after)
+    those of a stage whose breaker opened (too many of the batch's rows failed in it),
+    counted as held back."""
+    wait = np.zeros(len(chain.failed), bool)
+    if retryable is not None:
+        wait |= ~retryable[chain.failed]
+    if rows:
+        labels, counts = np.unique(np.array(chain.stages, dtype=object), return_counts=True)
+        for label, n in zip(labels.tolist(), counts.tolist(), strict=True):
+            policy = plan.policies.get(label, plan.errors)
+            if breaker_open(policy, n, rows):
+                opened = np.array([s == label for s in chain.stages])
+                task.held_back([label] * int((opened & ~wait).sum()))
+                wait |= opened
+    return wait
 
 
 def _note_replays(plan: VectorPlan, task: TaskRun, batch: pa.RecordBatch, keep: np.ndarray) -> None:
@@ -227,16 +261,6 @@ def _residue(task: TaskRun, src: np.ndarray, texts: list[str], stages: list[str]
         task.add(failed_src=src, failed_att=np.full(len(src), attempts, np.uint16))
         task.failed_err.extend(texts)
         task.failed_stage.extend(stages)
-
-
-def _residues(task: TaskRun, src: np.ndarray, chain: Chain, attempts: int) -> None:
-    """A chain's failed rows: the dead ones with ``DEAD_NOW``, the rest with ``attempts``."""
-    if not chain.dead.any():
-        _residue(task, src[chain.failed], chain.texts, chain.stages, attempts)
-        return
-    for mask, n in ((chain.dead, attempts | DEAD_NOW), (~chain.dead, attempts)):
-        part = chain.only(mask)
-        _residue(task, src[part.failed], part.texts, part.stages, n)
 
 
 def run_vector_task(
@@ -327,12 +351,11 @@ def _shuffled_batch(plan: VectorPlan, stage: int, task: TaskRun, batch: pa.Recor
         if user.num_rows == 0:
             return
     task.fold -= fold_sum(edge_hashes(src, plan.edge_salts[stage - 1]))  # received
-    ctx = (_context(plan, task, stage, src, None, lin) if plan.wants_context[stage]
-           else None)  # fmt: skip
-    chain = run_chain(plan, stage, task, user, src, ctx, lin)
-    _residues(task, src, chain, 1)
-    if chain.out is not None:
-        yield chain.out
+    # a fresh row is replayed at once here, at the stage that holds it; a claimed replay
+    # (or any row, when the ids past the shuffle are record keys) waits in the queue
+    retryable = None if plan.record_key else is_local(src)
+    budget = plan.immediate_replays if retryable is not None and retryable.any() else 0
+    yield from _run_with_replays(plan, task, user, src, budget, None, lin, stage, retryable)
 
 
 def _finish(

@@ -55,7 +55,7 @@ def test_the_driver_waits_for_a_replica_instead_of_ending_the_query(
         def sink(b: pa.RecordBatch) -> None:
             probe.r.rpush(f"{probe.prefix}:sink", *b.column("id").to_pylist())
 
-        pipeline = (ft.pipeline(source=0)
+        pipeline = (ft.pipeline(source=0, immediate_replays=0)  # failures queue
                     .map_batches(lambda b: b, "id long, key long")
                     .partition_by(["key"], 3)
                     .map_batches(stage, "id long, key long")

@@ -90,7 +90,7 @@ def _vectorized(ft: FaultTolerance, probe: Probe, reads: Any = None, unc: bool =
         left = first_seen(probe, "unc", ids, ids % 11 == 5) if unc else []
         return Outcome(None, unconfirmed=left)
 
-    return (ft.pipeline(source=0, reads=reads)
+    return (ft.pipeline(source=0, reads=reads, immediate_replays=0)  # replays queue
             .map_batches(first, "id long, key long")
             .partition_by(["key"], 3)
             .map_batches(second, "id long, key long")

@@ -74,7 +74,8 @@ def build(ft: FaultTolerance, probe: Probe, source: FileSource, fail_mod: int, u
         return Outcome(None, unconfirmed=unc)
 
     return (
-        ft.pipeline(source=0, reads=source, record_key=record_key)
+        ft.pipeline(source=0, reads=source, record_key=record_key,
+                    immediate_replays=0)  # failures past the shuffle queue
         .map_batches(lambda b: b, SCHEMA)
         .partition_by(["key"], 4)
         .map_batches(stage2, SCHEMA)

@@ -70,7 +70,7 @@ def pipeline_of(ft: FaultTolerance, probe: Probe, fail_mod: int, unc_mod: int = 
         return Outcome(None, unconfirmed=unc)
 
     return (
-        ft.pipeline(source=0)
+        ft.pipeline(source=0, immediate_replays=0)  # failures wait for the replay stream
         .map_batches(stage1, "id long, key long")
         .partition_by(["key"], 4)
         .map_batches(stage2, "id long, key long")

@@ -109,7 +109,8 @@ def test_keys_land_where_spark_puts_them_fresh_and_replayed(
             raise ValueError(f"after the shuffle {r['id']}")
         return r
 
-    p = ft.pipeline().map(rekey).partition_by(["name"], 4, types=["string"]).map(after)
+    p = (ft.pipeline(immediate_replays=0)  # failures past the shuffle queue
+         .map(rekey).partition_by(["name"], 4, types=["string"]).map(after))
     first = ft.run_batch(p.sink(probe.write, per="partition"), df, 0)
     assert first.failed == 40 and any("ValueError: after the shuffle" in e for e in first.errors)
     assert ft.drain(timeout_s=30).drained

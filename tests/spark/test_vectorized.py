@@ -196,8 +196,9 @@ def test_failures_in_the_source_task_replay_at_once(
     rows: lost + duplicates), a row replayed past its budget, attempts used at the
     source not counted against max_replays (a poison row replayed 3 more times from the
     queue), one history entry not holding the attempt count, immediate attempts missing
-    from the Redis counters, and failures after the shuffle replayed at once (they must
-    queue: their task does not hold the source row)."""
+    from the Redis counters; and failures after the shuffle not replayed at once in the
+    task that holds them, or replayed from the source (the stages before the shuffle run
+    again for them)."""
     ft = make_ft(max_replays=3, timeout_s=5.0)
     n = 3000
     all_ids = np.arange(n)
@@ -247,14 +248,18 @@ def test_failures_in_the_source_task_replay_at_once(
     res = ft.run_batch(pipeline, source_df(spark, n), 0)
     assert res.fold_ok and res.fresh == n and res.replayed == 0
     # the source task replayed: twice 2x, a fanned-out row once, a poison row 3x (budget)
-    assert res.immediate_replays == 2 * len(twice) + len(fan) + 3 * len(poison), res
+    # ... and the late rows once each, in the task past the shuffle that held them
+    assert res.immediate_replays == 2 * len(twice) + len(fan) + 3 * len(poison) + len(late)
     assert res.stages[S1].failed == 2 * len(twice) + 4 * len(poison)
     assert res.stages["map_batches[0.1] stage1b"].failed == len(fan)
-    late = late
-    assert res.failed == len(poison) + len(late)
+    assert res.stages[S2].failed == res.stages[S2].replayed == len(late), res.stages[S2]
+    assert res.failed == len(poison)
     st = ft.layer.stats()
     assert st.dead_letters == len(poison)  # attempts spent at the source count
-    assert st.queued_replays == len(late)  # failures after the shuffle queue
+    assert st.queued_replays == 0  # failures after the shuffle replayed where they were
+    calls = probe.r.hgetall(f"{probe.prefix}:s1")
+    once = late - twice - poison  # the stage before the shuffle did not run again
+    assert {int(calls[str(i).encode()]) for i in once} == {1}
     dead = dead_letters(ft)
     assert set(dead) == poison
     for i, d in dead.items():
@@ -311,20 +316,20 @@ def test_a_raising_row_fails_alone_by_bisection(
     res = ft.run_batch(pipeline, source_df(spark, n), 0)
     assert res.fold_ok and res.failed == 2 and res.written == n - 2
     s1, snk = res.stages[S1], res.stages["sink[1.0] sink"]
-    # bad1 fails in the source task: replayed there at once (max_replays=1), fails again
-    assert s1.failed == 2 and s1.rows_out == n - 1 and res.immediate_replays == 1
+    # bad1 fails in the source task, bad2 in the sink's past the shuffle: each replayed
+    # there at once (max_replays=1), each fails again
+    assert s1.failed == 2 and s1.rows_out == n - 1 and res.immediate_replays == 2
     # one poison row in a task of ~n/3 rows: two calls per halving level
     assert 0 < s1.bisections <= 2 * math.ceil(math.log2(n)), s1
-    assert snk.failed == 1 and 0 < snk.bisections <= 2 * math.ceil(math.log2(n)), snk
+    assert snk.failed == 2 and 0 < snk.bisections <= 2 * math.ceil(math.log2(n)), snk
     assert any(f"ValueError: poison row {bad1}" in e for e in res.errors), res.errors
     report = ft.drain(timeout_s=60)
     assert report.drained and report.dead_lettered == 2, report
     dead = dead_letters(ft)
     assert set(dead) == {bad1, bad2}
-    # bad1: dead-lettered at settlement, one history entry standing for its two attempts;
-    # bad2 (after the shuffle): failed, queued, replayed in a drain batch, failed again
+    # each dead-lettered at settlement, one history entry standing for its two attempts
     assert len(dead[bad1].history) == 1 and dead[bad1].attempts == 2, dead[bad1].history
-    assert len(dead[bad2].history) == 2 and dead[bad2].attempts == 2, dead[bad2].history
+    assert len(dead[bad2].history) == 1 and dead[bad2].attempts == 2, dead[bad2].history
     history = dead[bad1].history
     assert all(f"{S1}: ValueError: poison row {bad1}" in h.error for h in history), history
     assert all(f"RuntimeError: sink refuses {bad2}" in h.error for h in dead[bad2].history)
@@ -375,7 +380,7 @@ def test_fan_out_and_filtering_with_parents(
         )
 
     pipeline = (
-        ft.pipeline()
+        ft.pipeline(immediate_replays=0)  # a failed child fails its record, which queues
         .map_batches(stage1, "id long, key long, copy long")
         .partition_by(["key"], 3)
         .map_batches(stage2, "id long, key long, copy long")
@@ -683,7 +688,7 @@ def test_map_pandas_and_a_pandas_sink(spark: SparkSession, make_ft: Any, probe: 
         return Outcome(failed=failed, errors="pandas sink rejects it once")
 
     pipeline = (
-        ft.pipeline()
+        ft.pipeline(immediate_replays=0)  # the failed rows queue and replay in a drain
         .map_pandas(price, "id long, key long, total double")
         .partition_by(["key"], 3)
         .map_pandas(drop_thirds, "id long, key long, total double")
