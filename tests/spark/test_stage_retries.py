@@ -1,0 +1,200 @@
+"""A row failing past a shuffle is replayed at once, at its stage, in the task that holds
+it (real Spark local[2], real Redis): the stages before the shuffle do not run again, a
+fanned-out row's siblings are not sent again, the attempts count against the budget, and
+a stage whose rows mostly fail lets them wait in the replay queue (its breaker).
+
+Each test counts calls per record in Redis from inside the stages (tests.spark.probe), so
+"did not run again" is observed, not inferred.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from pyspark import cloudpickle
+from pyspark.sql import SparkSession
+
+from ftlayer.spark import ErrorPolicy, FaultTolerance, Outcome
+from tests.spark.probe import Probe, first_seen
+from tests.toolkit import source_df
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = pytest.mark.spark
+
+S2 = "map_batches[1.0] stage2"
+
+
+def counted(probe: Probe, tag: str, ids: np.ndarray) -> np.ndarray:
+    """Count one call of ``tag`` for each id; each id's count so far (this call included)."""
+    if len(ids) == 0:
+        return np.zeros(0, np.int64)
+    with probe.r.pipeline(transaction=False) as p:
+        for i in ids.tolist():
+            p.hincrby(f"{probe.prefix}:{tag}", str(i), 1)
+        return np.array(p.execute(), np.int64)
+
+
+def calls(probe: Probe, tag: str) -> dict[int, int]:
+    return {int(k): int(v) for k, v in probe.r.hgetall(f"{probe.prefix}:{tag}").items()}
+
+
+def dead_letters(ft: FaultTolerance) -> dict[int, Any]:
+    assert ft.layer is not None
+    return {d.frame.decode()["id"]: d for d in ft.layer.persistence.dead_letters()}
+
+
+def test_a_failed_child_past_the_shuffle_replays_alone_at_its_stage(
+    spark: SparkSession, make_ft: Any, probe: Probe
+) -> None:
+    """Stage 1 (before the shuffle) makes two children of ids = 0 (mod 5); stage 2 (after
+    it) fails the second child of ids = 1 (mod 13) once, and id 501 every time. Catches:
+    a failure past the shuffle queued for a later batch (or replayed from the source: stage
+    1 would run again), a failed child's sibling sent again (written twice), attempts in
+    the task not counted against max_replays (id 501 replayed on from the queue) or missing
+    from the layer's counters."""
+    ft = make_ft(max_replays=2, timeout_s=5.0)
+    n, poison = 2000, 501  # not fanned out: one row
+    ids_all = np.arange(n)
+    fan = set(ids_all[ids_all % 5 == 0].tolist())
+    flaky = {i for i in range(n) if i % 13 == 1 and i in fan}  # their 2nd child fails once
+
+    def stage1(b: pa.RecordBatch) -> Outcome:
+        ids = b.column("id").to_numpy()
+        counted(probe, "s1", ids)
+        parents = np.sort(np.concatenate([np.arange(len(ids)), np.flatnonzero(ids % 5 == 0)]))
+        copy = np.zeros(len(parents), np.int64)
+        copy[1:] = parents[1:] == parents[:-1]
+        out = pa.RecordBatch.from_arrays(
+            [pa.array(ids[parents]), pa.array(ids[parents] % 29), pa.array(copy)],
+            names=["id", "key", "copy"])  # fmt: skip
+        return Outcome(out, parents=parents)
+
+    def stage2(b: pa.RecordBatch) -> Outcome:
+        ids, copy = b.column("id").to_numpy(), b.column("copy").to_numpy()
+        counted(probe, "s2", ids[copy == 1])
+        failed = first_seen(probe, "f2", ids, (ids % 13 == 1) & (copy == 1))
+        failed = np.union1d(failed, np.flatnonzero(ids == poison))
+        return Outcome(b, failed=failed, errors="stage 2 fails it")
+
+    def sink(b: pa.RecordBatch) -> None:
+        keys = [f"{i}:{c}" for i, c in zip(b.column("id").to_pylist(),
+                                           b.column("copy").to_pylist(), strict=True)]  # fmt: skip
+        probe.r.rpush(f"{probe.prefix}:sink", *keys)
+
+    pipeline = (ft.pipeline().map_batches(stage1, "id long, key long, copy long")
+                .partition_by(["key"], 4).map_batches(stage2, "id long, key long, copy long")
+                .sink_batches(sink))  # fmt: skip
+    res = ft.run_batch(pipeline, source_df(spark, n), 0)
+    assert res.fold_ok and res.fresh == n
+    # flaky children once each; the poison row twice (max_replays=2), then dead-lettered
+    assert res.immediate_replays == len(flaky) + 2, res
+    assert res.stages[S2].replayed == len(flaky) + 2 and res.failed == 1, res.stages[S2]
+    st = ft.layer.stats()
+    assert st.queued_replays == 0 and st.pending == 0 and st.dead_letters == 1, st
+    assert st.failed_explicit == len(flaky) + 3, st  # every attempt counted
+    assert set(calls(probe, "s1").values()) == {1}, "a stage before the shuffle ran again"
+    second = calls(probe, "s2")
+    assert {i: second[i] for i in flaky} == dict.fromkeys(flaky, 2), "one retry each"
+    got = Counter(probe.strings("sink"))
+    want = {f"{i}:0" for i in range(n)} | {f"{i}:1" for i in fan}
+    want.discard(f"{poison}:0")
+    assert set(got) == want, "lost rows, or a dead letter written"
+    assert max(got.values()) == 1, [k for k, c in got.items() if c > 1][:5]
+    letter = dead_letters(ft)[poison]
+    assert letter.attempts == 3 and len(letter.history) == 1, letter.history
+    assert "stage 2 fails it" in letter.history[0].error
+
+
+@pytest.mark.parametrize("share", [0.5, 1.0])
+def test_a_stage_whose_rows_mostly_fail_lets_them_wait(
+    spark: SparkSession, make_ft: Any, probe: Probe, share: float
+) -> None:
+    """Stage 2 fails every row the first time it sees it (a downstream that is down).
+    With the default breaker (0.5) no row is retried at once: each is called once in the
+    batch, all wait in the queue (counted as held), and a drain lands them. With
+    ``breaker_share=1.0`` (never open) each is retried at once and nothing queues.
+    Catches: a down downstream hammered by immediate retries, held rows not counted, rows
+    lost or written twice through the wait."""
+    ft = make_ft(max_replays=3, timeout_s=5.0)
+    n = 800
+
+    def stage2(b: pa.RecordBatch) -> Outcome:
+        ids = b.column("id").to_numpy()
+        counted(probe, "s2", ids)
+        return Outcome(b, failed=first_seen(probe, "f2", ids, np.ones(len(ids), bool)),
+                       errors="downstream is down")  # fmt: skip
+
+    def sink(b: pa.RecordBatch) -> None:
+        probe.r.rpush(f"{probe.prefix}:sink", *b.column("id").to_pylist())
+
+    pipeline = (ft.pipeline().map_batches(lambda b: b, "id long, key long, amount long")
+                .partition_by(["key"], 4)
+                .map_batches(stage2, "id long, key long, amount long",
+                             errors=ErrorPolicy(breaker_share=share))
+                .sink_batches(sink))  # fmt: skip
+    res = ft.run_batch(pipeline, source_df(spark, n), 0)
+    st = ft.layer.stats()
+    if share < 1.0:
+        assert res.stages[S2].held == n and res.immediate_replays == 0, res.stages[S2]
+        assert res.failed == n and st.queued_replays == n, st
+        assert set(calls(probe, "s2").values()) == {1}, "retried at once while down"
+        report = ft.drain(timeout_s=60)
+        assert report.drained, report
+    else:
+        assert res.stages[S2].held == 0 and res.immediate_replays == n, res.stages[S2]
+        assert res.failed == 0 and st.queued_replays == 0, st
+    assert set(calls(probe, "s2").values()) == {2}
+    got = Counter(probe.ids())
+    assert set(got) == set(range(n)) and max(got.values()) == 1
+    assert ft.layer.stats().pending == 0
+
+
+def test_a_python_stage_among_dataframe_stages_replays_at_its_stage(
+    spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path
+) -> None:
+    """DataFrame stages, a keyed shuffle, then a Python stage failing ids = 3 (mod 7) once
+    and id 77 every time, into a Parquet sink. Catches: the Python stage's failures queued
+    instead of replayed in its task, the stage before the shuffle run again, a retried
+    row written twice or lost, the attempts used in the task not reaching the dead letter
+    (id 77 replayed on from the queue past max_replays)."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    ft = make_ft(max_replays=2, timeout_s=5.0)
+    n, poison, out = 700, 77, tmp_path / "out"
+
+    def stage1(b: pa.RecordBatch) -> pa.RecordBatch:
+        counted(probe, "s1", b.column("id").to_numpy())
+        return b
+
+    def stage2(b: pa.RecordBatch) -> Outcome:
+        ids = b.column("id").to_numpy()
+        counted(probe, "s2", ids)
+        failed = np.union1d(first_seen(probe, "f2", ids, ids % 7 == 3),
+                            np.flatnonzero(ids == poison))  # fmt: skip
+        return Outcome(b, failed=failed, errors="stage 2 fails it")
+
+    schema = "id long, key long, amount long, twice long"
+    pipeline = (ft.pipeline(name="frames")
+                .transform(lambda df: df.withColumn("twice", F.col("id") * 2))
+                .map_batches(stage1, schema).partition_by(["key"], 3)
+                .map_batches(stage2, schema)
+                .sink_dataframe(lambda df, _: df.write.mode("append").parquet(str(out))))
+    res = ft.run_batch(pipeline, source_df(spark, n), 0)
+    assert (res.fresh, res.failed) == (n, 1), res
+    st = ft.layer.stats()
+    assert st.queued_replays == 0 and st.pending == 0 and st.dead_letters == 1, st
+    assert set(calls(probe, "s1").values()) == {1}, "a stage before the shuffle ran again"
+    second = calls(probe, "s2")
+    flaky = {i for i in range(n) if i % 7 == 3}
+    assert {i: second[i] for i in flaky} == dict.fromkeys(flaky, 2)
+    assert second[poison] == 3  # its first attempt and max_replays=2 more, in the task
+    got = Counter(r["id"] for r in spark.read.parquet(str(out)).select("id").collect())
+    assert set(got) == set(range(n)) - {poison} and max(got.values()) == 1
+    letter = dead_letters(ft)[poison]
+    assert letter.attempts == 3, letter.history
