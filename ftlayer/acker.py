@@ -203,7 +203,7 @@ def _group(items: list[bytes], max_bytes: int) -> list[bytes]:
 class RedisAckerTable(NamespacePart):
     """The acker table of one namespace."""
 
-    def apply(self, batches: dict[int, ShardBatch], token: str) -> Tally:
+    def apply(self, batches: dict[int, ShardBatch], token: str, hold_until: float = 0.0) -> Tally:
         """Send one script call per non-empty shard (more when its arguments would pass
         ``flush_chunk_bytes``), pipelined in one round trip.
 
@@ -213,6 +213,7 @@ class RedisAckerTable(NamespacePart):
         the same one whenever the same work is sent again after a FlushError (see
         FTHandler.flush); different work needs a different token. Raises FlushError when
         Redis stays unreachable: the caller's task must fail so Spark re-runs it.
+        ``hold_until`` (epoch seconds): when fails with reason ``held`` may be claimed.
         """
         cfg = self.config
         calls = []
@@ -224,7 +225,7 @@ class RedisAckerTable(NamespacePart):
             ):
                 call_token = f"{token}:{shard}" + (f":{i}" if i else "")
                 args = [call_token, cfg.interval_ms, cfg.buckets, -1, persists, xors, fails, local,
-                        records]  # fmt: skip
+                        records, int(hold_until * 1000)]  # fmt: skip
                 calls.append((self.keyspace[shard].script_keys, args))
         result = Tally()
         if not calls:

@@ -63,7 +63,8 @@ def record_batch(client: Any, keyspace: Keyspace, *, pipeline: str, source: int,
                  batch_id: Any, elapsed_s: float, fresh: int, replayed: int, failed: int,
                  written: int, stages: Mapping[str, Sequence[float]]) -> None:  # fmt: skip
     """Push one batch's summary. ``stages``: label -> (rows in, rows out, failed,
-    unconfirmed, seconds, replayed, dead-lettered), in the pipeline's order."""
+    unconfirmed, seconds, replayed, dead-lettered, held: not called, its breaker open), in
+    the pipeline's order."""
     _push(client, keyspace.batches, {
         "t": time.time(), "pipeline": pipeline, "source": source, "batch": str(batch_id),
         "elapsed_s": elapsed_s, "fresh": fresh, "replayed": replayed, "failed": failed,
@@ -85,7 +86,8 @@ def _quantile(values: list[float], q: float) -> float | None:
 def stage_table(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (pipeline, stage), in the pipelines' stage order: batches, rows in and
     out, failed, of them replayed and dead-lettered, unconfirmed (they time out and
-    replay), and the p50/p99 over batches of the stage's time in a batch (ms, summed over
+    replay), held (rows the stage's open breaker did not call: queued for its probe, no
+    attempt charged), and the p50/p99 over batches of the stage's time in a batch (ms, summed over
     tasks). A summary written before the replayed / dead-lettered split counts 0 there."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     times: dict[tuple[str, str], list[float]] = {}
@@ -107,9 +109,9 @@ def stage_table(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 _STAGE_FIELDS = ("rows_in", "rows_out", "failed", "unconfirmed", "seconds", "replayed",
-                 "dead_lettered")  # fmt: skip
+                 "dead_lettered", "held")  # fmt: skip
 """The order of a stage's values in a batch summary (record_batch)."""
-_SUMMED = ("rows_in", "rows_out", "failed", "replayed", "dead_lettered", "unconfirmed")
+_SUMMED = ("rows_in", "rows_out", "failed", "replayed", "dead_lettered", "unconfirmed", "held")
 
 
 def _position(label: str) -> tuple[int, ...]:

@@ -85,6 +85,11 @@ class ShardKeys:
     def replay(self, source: int) -> str:
         return f"{self.prefix}:replay:{source}"
 
+    def replay_later(self, source: int) -> str:
+        """The delayed replays of ``source``: a sorted set of queue entries by the time
+        (ms) before which they are not claimed (lua/core/failures.lua, enqueue)."""
+        return f"{self.prefix}:replay:{source}:later"
+
     def claim(self, token: str) -> str:
         """The queue entries a claim with ``token`` took (lua/claim.lua)."""
         return f"{self.prefix}:claim:{token}"
@@ -130,6 +135,15 @@ class Keyspace:
     def stream_claims_pattern(self) -> str:
         """A SCAN pattern matching every source's ``stream_claims``."""
         return f"ft:{{{self.namespace}}}:rs:*"
+
+    def breakers(self, source: int) -> str:
+        """The circuit breakers of ``source``'s stages (ftlayer.spark.breakers): one hash."""
+        return f"ft:{{{self.namespace}}}:breakers:{source}"
+
+    @property
+    def breakers_pattern(self) -> str:
+        """A SCAN pattern matching every source's ``breakers``."""
+        return f"ft:{{{self.namespace}}}:breakers:*"
 
     @property
     def sources(self) -> str:

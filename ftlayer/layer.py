@@ -59,6 +59,9 @@ class FTStats:
     deleted or evicted behind ftlayer's back: ``maxmemory-policy`` must be ``noeviction``).
     They cannot replay and stay in ``pending``: any non-zero value needs an operator."""
     dead_lettered: int = 0
+    held: int = 0
+    """Records a stage's open breaker held (not attempted: what it calls was down): queued
+    again, not before the breaker's next probe, no attempt of their budget spent."""
     orphans: int = 0
     pending: int = 0
     queued_replays: int = 0
@@ -190,11 +193,14 @@ class FTLayer:
         error: str = "",
         reason: str = "explicit",
         max_replays: int | None = None,
+        hold_until: float = 0.0,
     ) -> tuple[int, int, int]:
         """Fail source records now: each is retired and replayed under a new source id in
         its shard, or dead-lettered past its replay budget (the ``max_replays`` of the
         pipeline that persisted it, unless ``max_replays`` overrides it: 0 dead-letters
-        at once, for records no replay can fix). Returns (replayed,
+        at once, for records no replay can fix). ``reason="held"``: they were not
+        attempted (a stage's breaker held them): queued again without spending an attempt,
+        not claimed before ``hold_until`` (epoch seconds). Returns (replayed,
         dead_lettered, orphans) where orphans were not pending. Retried on a lost
         connection: a retry finds the records it already failed retired (orphans), so
         nothing is failed twice."""
@@ -205,7 +211,8 @@ class FTLayer:
         totals = [0, 0, 0]
         for shard, fails in by_shard.items():
             budget = -1 if max_replays is None else max_replays
-            keys, args = self.keyspace[shard].script_keys, [budget, pack_fails(fails)]
+            keys = self.keyspace[shard].script_keys
+            args = [budget, pack_fails(fails), int(hold_until * 1000)]
             reply = self.persistence.retried(
                 partial(self.scripts.fail, keys=keys, args=args), "fail"
             )
@@ -355,7 +362,7 @@ class FTLayer:
         many keys were deleted."""
         ks = self.keyspace
         n = int(self.client.delete(ks.lease, ks.settings, ks.sources, ks.batches, ks.samples))
-        for pattern in (ks.pattern, ks.stream_claims_pattern):
+        for pattern in (ks.pattern, ks.stream_claims_pattern, ks.breakers_pattern):
             for key in self.client.scan_iter(match=pattern, count=1000):
                 n += int(self.client.delete(key))
         return n

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -179,11 +180,23 @@ class RedisPersistenceLayer(NamespacePart):
         return sum(int(v) for c in counters for k, v in c.items() if k.startswith(b"pending:"))
 
     def queued(self, source: int) -> int:
-        """Replays of ``source`` waiting to be claimed."""
+        """Replays of ``source`` waiting to be claimed (delayed ones included)."""
         with self.client.pipeline(transaction=False) as pipe:
             for shard in self.keyspace.shards:
                 pipe.llen(shard.replay(source))
+                pipe.zcard(shard.replay_later(source))
             return sum(pipe.execute())
+
+    def delayed(self, source: int) -> tuple[int, float | None]:
+        """Replays of ``source`` not to be claimed yet, and the first time (epoch seconds)
+        one of them is due (None: none waits)."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard in self.keyspace.shards:
+                pipe.zcard(shard.replay_later(source))
+                pipe.zrange(shard.replay_later(source), 0, 0, withscores=True)
+            got = pipe.execute()
+        firsts = [first[0][1] for first in got[1::2] if first]
+        return sum(got[0::2]), (min(firsts) / 1000.0 if firsts else None)
 
     def claim(self, source: int, limit: int) -> list[ClaimedRecord]:
         """Take up to ``limit`` queued replays of ``source``, each with a fresh current id
@@ -194,10 +207,7 @@ class RedisPersistenceLayer(NamespacePart):
         while this one decodes the replies that came back, so Redis runs one call while the
         client decodes the records of the one before (each call has its own token and
         retries)."""
-        with self.client.pipeline(transaction=False) as pipe:
-            for shard in self.keyspace.shards:
-                pipe.llen(shard.replay(source))
-            queued = [int(n) for n in pipe.execute()]
+        queued = self._claimable(source)
         asks: list[tuple[ShardKeys, list[Any]]] = []
         left = limit
         for shard, n in zip(self.keyspace.shards, queued, strict=True):
@@ -228,12 +238,11 @@ class RedisPersistenceLayer(NamespacePart):
         driver that crashed before Spark logged the offset claims the same records when it
         asks again). Returns how many each shard holds under ``token`` (shards with none
         left out)."""
+        queued = self._claimable(source)
         with self.client.pipeline(transaction=False) as pipe:
             for shard in self.keyspace.shards:
-                pipe.llen(shard.replay(source))
                 pipe.exists(shard.claim(token))
-            got_back = pipe.execute()
-        queued, seen = got_back[0::2], got_back[1::2]
+            seen = pipe.execute()
         out: dict[int, int] = {}
         left = limit
         for k, (shard, n) in enumerate(zip(self.keyspace.shards, queued, strict=True)):
@@ -250,6 +259,18 @@ class RedisPersistenceLayer(NamespacePart):
                 out[k] = got
                 left -= got
         return out
+
+    def _claimable(self, source: int) -> list[int]:
+        """Per shard, the replays of ``source`` a claim could take now: its queue, and its
+        delayed replays that are due (by this host's clock; the claim goes by Redis', and
+        takes what it finds)."""
+        now_ms = int(time.time() * 1000)
+        with self.client.pipeline(transaction=False) as pipe:
+            for shard in self.keyspace.shards:
+                pipe.llen(shard.replay(source))
+                pipe.zcount(shard.replay_later(source), "-inf", now_ms)
+            got = pipe.execute()
+        return [int(a) + int(b) for a, b in zip(got[0::2], got[1::2], strict=True)]
 
     def read_stream(self, source: int, token: str, shard: int) -> list[ClaimedRecord]:
         """The records ``token`` claimed on ``shard`` that are still pending (those that

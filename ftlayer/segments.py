@@ -242,12 +242,14 @@ class SegmentStore(NamespacePart):
         reason: str = "explicit",
         batch: str = "",
         elapsed_ms: int = 0,
+        hold_until: float = 0.0,
     ) -> dict[int, Tally]:
         """``settle`` for several shards (shard -> (segments, summary tokens)): one round
         trip on a single server, one call per shard on a cluster. Each call is idempotent
         (it settles only segments still indexed), so a retried one does its work once.
         ``elapsed_ms``: the batch's time so far, observed as the completion latency of
-        every row the segments complete (0: none observed, as at a segment's timeout)."""
+        every row the segments complete (0: none observed, as at a segment's timeout).
+        ``hold_until`` (epoch seconds): when its held rows (0 attempts) may be claimed."""
         cfg = self.config
 
         def call(shard: int, client: Any = None) -> Any:
@@ -257,7 +259,7 @@ class SegmentStore(NamespacePart):
                 args=[
                     cfg.interval_ms, cfg.buckets, cfg.max_replays, reason, str(salt),
                     pack_segments(segments, _MAX_ERROR), ",".join(f"{t:x}" for t in tokens), batch,
-                    str(int(elapsed_ms)),
+                    str(int(elapsed_ms)), str(int(hold_until * 1000)),
                 ],
                 client=client,
             )  # fmt: skip

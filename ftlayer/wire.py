@@ -63,8 +63,9 @@ PERSIST_HEAD_LUA = ">i4i4I5BI2I4"
 FAIL_HEAD = struct.Struct(">QBH")
 FAIL_HEAD_LUA = ">c8BI2"
 """Source id, reason code, error length; then the error's bytes."""
-REASON_CODES = {"explicit": 1, "timeout": 2, "dead_letter": 3}
-"""``dead_letter``: an explicit failure that no replay can fix (dead-lettered now)."""
+REASON_CODES = {"explicit": 1, "timeout": 2, "dead_letter": 3, "held": 4}
+"""``dead_letter``: an explicit failure that no replay can fix (dead-lettered now);
+``held``: not attempted (its stage's breaker was open): queued again, no attempt spent."""
 
 # -- a replay queue entry ----------------------------------------------------------------
 QUEUE_ENTRY = np.dtype([("source_id", ">u8"), ("hash_code", ">i4"), ("partition", ">i4"),

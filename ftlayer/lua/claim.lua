@@ -1,4 +1,6 @@
--- Take up to ARGV[2] replays of source ARGV[1] off this shard's queue for a source task.
+-- Take up to ARGV[2] replays of source ARGV[1] off this shard's queue for a source task:
+-- those of its delayed queue (``replay:<source>:later``) that are due first, then the
+-- queue's head.
 -- ARGV: source, count, current ids (count x 8 bytes), interval_ms, buckets, token, and
 -- optionally the token's time to live in ms (default CLAIM_TOKEN_TTL_MS) and a mode:
 --   ""       a claim: a token seen before replies its records again, an unseen one pops;
@@ -101,7 +103,18 @@ end
 if mode == 'read' then return {} end
 
 local deadline = deadline_for(tonumber(ARGV[4]), tonumber(ARGV[5]))
-local items = want > 0 and redis.call('LPOP', PREFIX .. ':replay:' .. source, want)
+-- entries of the delayed queue that are due come first, then the queue's head
+local items = false
+if want > 0 then
+  local later_key = PREFIX .. ':replay:' .. source .. ':later'
+  local due = redis.call('ZRANGEBYSCORE', later_key, '-inf', NOW, 'LIMIT', 0, want)
+  if #due > 0 then bulk('ZREM', later_key, due) end
+  local head = #due < want and redis.call('LPOP', PREFIX .. ':replay:' .. source, want - #due)
+  if head then
+    for _, item in ipairs(head) do due[#due + 1] = item end
+  end
+  if #due > 0 then items = due end
+end
 if not items then
   if mode ~= 'stream' then redis.call('SET', token_key, '', 'PX', ttl) end
   return {}

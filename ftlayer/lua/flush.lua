@@ -24,6 +24,7 @@ end
 local deadline = deadline_for(tonumber(ARGV[2]), tonumber(ARGV[3]))
 local max_replays = tonumber(ARGV[4])
 local persists, xors, fails, records = ARGV[5], ARGV[6], ARGV[7], ARGV[9]
+-- ARGV[10] (optional): hold_until, ms: when the fails with reason 'held' may be claimed
 local done = {0, 0, 0, 0}
 
 -- the changes, in order, as parallel arrays (no table per change): bucket, slot, delta
@@ -111,7 +112,7 @@ for i = 1, nops do apply(op_b[i], op_slot[i], op_hi[i], op_lo[i], op_src[i], op_
 count('persisted', born + tonumber(ARGV[8]))
 count('completed_local', tonumber(ARGV[8]))
 
-local failed = fail_records(parse_fails(fails, max_replays))
+local failed = fail_records(parse_fails(fails, max_replays), tonumber(ARGV[10] or '0'))
 done[2], done[3], done[4] = failed[1], failed[2], done[4] + failed[3]
 commit_failures()
 flush_counts()

@@ -16,6 +16,8 @@
 --       this run (late attempts store no segment and no summary), and the segments and
 --       summaries of its other attempts (retried or speculative copies whose output did
 --       not count) are dropped,
+--       hold_until: ms, a failed row with attempts 0 (held: not attempted, its stage's
+--       breaker was open) waits in the delayed queue until then, spending no attempt,
 --       elapsed_ms: the batch's time from its start to this settlement on the driver
 --       (0: not a batch's end): each row a segment completes is observed as a completion
 --       of that latency (the batch scope's persist-to-completion, bounded from above).
@@ -27,6 +29,7 @@ local interval_ms, buckets = tonumber(ARGV[1]), tonumber(ARGV[2])
 local budget, reason, salt = tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local deadline = deadline_for(interval_ms, buckets)
 local elapsed_ms = tonumber(ARGV[9]) or 0
+local hold_until = tonumber(ARGV[10]) or 0
 local idx = PREFIX .. ':segidx'
 
 local done = {0, 0, 0, 0, 0, 0}
@@ -47,6 +50,7 @@ while pos <= #segs do
     pending[i] = {frame, value}
   end
   if redis.call('ZSCORE', idx, member) then
+    local held = 0
     for _, f in ipairs(failed) do
       local unit, err, attempts = f[1], f[2], f[3]
       local src, frame = ssub(unit, 1, 8), ssub(unit, 9)
@@ -54,7 +58,18 @@ while pos <= #segs do
       local dead_now = attempts >= DEAD_NOW
       if dead_now then attempts = attempts - DEAD_NOW end
       local hist = {{reason, NOW, attempts, err}}
-      if dead_now or attempts > budget then
+      if attempts == 0 and not dead_now then -- held: back to the queue, no attempt spent
+        local hi, slot, lo = split_id(src)
+        local b = bucket(hi, lo)
+        local hc, part = queue_fields_of(frame)
+        hist[1][1] = 'held'
+        enqueue(b, slot, add_frame(b, frame), hc, part, source, packed_history(hist), 0,
+                hold_until)
+        held = held + 1
+        done[3] = done[3] + 1
+        count(pending_name(source))
+        count('held')
+      elseif dead_now or attempts > budget then
         dead_letter(src, frame, hist, source, false)
         done[4] = done[4] + 1
       else
@@ -83,7 +98,7 @@ while pos <= #segs do
     if elapsed_ms > 0 and completed > 0 then observe_latency(elapsed_ms, completed) end
     count('persisted', rows)
     count('completed_local', completed)
-    count('failed_' .. reason, #failed + immediate)
+    count('failed_' .. reason, #failed - held + immediate)
     count('replayed', immediate)
     done[1] = done[1] + 1
     done[2] = done[2] + completed

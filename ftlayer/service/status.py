@@ -17,7 +17,7 @@ how long completion takes, who rotates, and the newest dead letters with their p
     latency_ms: {count, mean, p50, p90, p99} (persist or claim -> completion; a batch
                 scope row: its batch's start -> the batch's settlement),
     stages: [{pipeline, stage, batches, rows_in, rows_out, failed, replayed,
-              dead_lettered, unconfirmed, p50_ms, p99_ms}] (the pipelines' batches of the
+              dead_lettered, unconfirmed, held, p50_ms, p99_ms}] (the pipelines' batches of the
               last HISTORY_S: ftlayer.history),
     charts: {now, t, completed_per_s, failed_per_s, pending, p99_ms} (parallel lists
              but ``now``, times in unix seconds: the leader sidecar's samples of the last
@@ -234,7 +234,8 @@ _TABLES: dict[str, tuple[str, tuple[tuple[str, str, bool], ...]]] = {
         ("batches", "batches", True), ("rows_in", "rows in", True),
         ("rows_out", "rows out", True), ("failed", "failed", True),
         ("replayed", "replayed", True), ("dead_lettered", "dead-lettered", True),
-        ("unconfirmed", "unconfirmed", True), ("p50_ms", "p50, ms", True),
+        ("unconfirmed", "unconfirmed", True), ("held", "held (breaker)", True),
+        ("p50_ms", "p50, ms", True),
         ("p99_ms", "p99, ms", True))),
     "sources": ("sources", (
         ("source", "source", True), ("pending", "pending", True),
@@ -312,7 +313,9 @@ def render_page(data: dict[str, Any]) -> str:
 <h2>Last hour</h2><div class=charts>{_charts(data)}</div>
 <h2>Stages, last hour</h2><p class=sub>per pipeline stage over its batches: each failed row is
 replayed (at once in its task, or queued) or dead-lettered; unconfirmed ones time out and
-replay; stage <code>source</code> counts rows failed before any stage ran; time is the
+replay; held: rows the stage did not get because its breaker was open (most of its rows
+had failed: what it calls is down), queued for its next probe with no attempt charged; stage
+<code>source</code> counts rows failed before any stage ran; time is the
 stage's function per batch, summed over its tasks (DataFrame stages run in Spark's plan:
 0)</p>
 {_table(data, "stages")}

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ftlayer.layer import FTLayer
+    from ftlayer.spark.breakers import Breakers
     from ftlayer.spark.intake import Intake, Replays
     from ftlayer.spark.results import BatchResult
     from ftlayer.spark.settle import Settlement
@@ -39,6 +40,8 @@ class BatchRun:
     columns: dict[Any, Any] = field(default_factory=dict)
     """Spark Columns the engine built once for every batch (a Column is an expression:
     building one is a round trip to the JVM, using it again is free)."""
+    breakers: Breakers | None = None
+    """Its source's stage breakers, read when it was planned (ftlayer.spark.breakers)."""
 
     @property
     def redis_calls(self) -> int:

@@ -25,7 +25,7 @@ from ftlayer.spark.policy import BatchContext, wants_context
 from ftlayer.spark.vector_plan import VectorPlan, stage_label
 from ftlayer.wire import BatchSummary
 
-__all__ = ["Chain", "TaskRun", "input_rows", "note_failures", "run_chain", "u64_ids"]
+__all__ = ["HELD", "Chain", "TaskRun", "input_rows", "note_failures", "run_chain", "u64_ids"]
 
 log = logging.getLogger("ftlayer.spark.vector_tasks")
 
@@ -99,6 +99,7 @@ class Chain:
 
 
 _NO_ROWS = np.zeros(0, np.int64)
+HELD = "held: its breaker is open (most of its rows failed), so it was not called"
 _NO_DEAD = np.zeros(0, bool)
 
 
@@ -147,6 +148,9 @@ class _ChainRun:
         plan, stage, batch = self.plan, self.stage, self.given
         for j, (_, op) in enumerate(plan.segments[stage].ops):
             label = stage_label(stage, j, op.fn)
+            if label in plan.open_stages:
+                self.hold(label, batch.num_rows)
+                return None
             t0 = time.perf_counter()
             res = run_stage(op.fn, batch, label, schema=plan.outputs[stage][j],
                             pandas=op.pandas, bisect=self.bisect,
@@ -200,6 +204,9 @@ class _ChainRun:
         seg = plan.segments[stage]
         assert seg.sink is not None
         label = stage_label(stage, len(seg.ops), seg.sink, sink=True)
+        if label in plan.open_stages:
+            self.hold(label, batch.num_rows)
+            return
         if seg.sink_lineage is not None:
             if lin is None:  # FT off: ids unique to this call, for sinks that need the column
                 lin = new_ids(self.given.num_rows).view(np.int64)
@@ -224,6 +231,13 @@ class _ChainRun:
             return BatchContext(np.zeros(batch.num_rows, np.uint64), None, self.task.partition,
                                 self.task.attempt, self.stage)  # fmt: skip
         return self.ctx if self.origin is None else self.ctx.take(self.origin)
+
+    def hold(self, label: str, n: int) -> None:
+        """The stage ``label`` is open (its breaker): it is not called, and its ``n`` rows
+        fail as held (ftlayer.spark.breakers), counted as such."""
+        self.task.count(label, n, 0, n, 0, 0, 0)
+        self.task.held_back([label] * n)
+        self.note(label, np.arange(n), [f"{label}: {HELD}"] * n, _NO_ROWS)
 
     def note(self, label: str, rows: np.ndarray, errors: list[str], fatal: np.ndarray) -> None:
         """Rows of the current batch that failed in stage ``label`` (``fatal``: those to

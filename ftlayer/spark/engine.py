@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
@@ -37,6 +38,7 @@ import redis
 from ftlayer.spark.batch_plan import lineage_seed, without_replay_columns
 from ftlayer.spark.batch_run import BatchRun
 from ftlayer.spark.batch_scope import VectorRun
+from ftlayer.spark.breakers import Breakers
 from ftlayer.spark.frame_run import FrameRun
 from ftlayer.spark.intake import Intake
 from ftlayer.spark.report import report
@@ -98,6 +100,9 @@ class BatchEngine:
         kind: StageKind = kind_of(run)
         with self._keepalive(run):
             res = kind.execute(df, pipeline, self.replay_limit, not self.draining)
+        if res is not None and run.settlement is not None and run.breakers is not None:
+            run.settlement.hold_until = run.breakers.after(
+                run.result.stages, run.plan.policies, run.plan.open_stages)
         if res is not None and run.settlement is not None:
             log.info("batch settling batch_id=%s source=%d", batch_id, pipeline.source)
             kind.settle(run.settlement, res)
@@ -115,8 +120,12 @@ class BatchEngine:
                               lineage_seed=lineage_seed(df, pipeline.source, batch_id),
                               run_again=self._run_again(pipeline.source, batch_id))  # fmt: skip
         result = BatchResult(batch_id)
+        breakers = None
+        if self.layer is not None and plan.policies:  # it has Python stages to hold
+            breakers = Breakers(self.layer, pipeline.source)
+            plan = replace(plan, open_stages=breakers.read())
         run = BatchRun(plan, self.layer, result, started, pipeline.reads, spark,
-                       columns=self.columns)  # fmt: skip
+                       columns=self.columns, breakers=breakers)  # fmt: skip
         if self.layer is not None:
             run.intake = Intake(self.layer, pipeline.source, plan.inputs[0],
                                 pipeline.reads is not None, result,

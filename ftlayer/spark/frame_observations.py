@@ -129,9 +129,10 @@ class Observations:
             rows = int(m["rows"])
             if label == self.sink_label:  # a Python sink answers its failed rows only
                 rows = r.written
-            if label:
+            if label:  # held: failed rows charged no attempt (the stage's breaker)
+                held = sum(1 for *_, err in failed if errors[int(err)].attempts == 0)
                 r.stages.setdefault(label, StageCounts()).add(
-                    StageCounts(rows, rows - len(failed), len(failed)))  # fmt: skip
+                    StageCounts(rows, rows - len(failed), len(failed), held=held))  # fmt: skip
             r.written = rows - len(failed)
         return self._residues(run, set(ran), fresh, replays, copies)
 
@@ -177,7 +178,8 @@ class Observations:
 def _attempts(error: dict[str, Any]) -> int:
     """The attempts a failed row used (one, for a DataFrame stage), with ``DEAD_NOW`` when
     it goes straight to the dead letters."""
-    n = int(error.get("attempts") or 1)
+    n = error.get("attempts")
+    n = 1 if n is None else int(n)  # 0: held (its stage's breaker), no attempt charged
     return n | DEAD_NOW if error["dead"] else n
 
 

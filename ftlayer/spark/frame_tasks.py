@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from ftlayer.config import FTConfig
 from ftlayer.ids import batch_source_ids
+from ftlayer.spark.chain import HELD
 from ftlayer.spark.identity import replay_rows
 from ftlayer.spark.outcome import run_stage
 from ftlayer.spark.plan import BatchStage
@@ -96,7 +97,10 @@ class PythonStep:
         ctx = BatchContext(ids, None, partition, attempt, 0, None, None, before,
                            None if run is None else run.batch_id,
                            0 if run is None else run.salt)  # fmt: skip
-        got = _Attempts(self, user, ctx, ~replay)
+        if run is not None and self.label in run.open_stages:  # its breaker is open
+            got = _Attempts.held(self, user.num_rows)
+        else:
+            got = _Attempts(self, user, ctx, ~replay)
         schema = self.answer_schema
         parts = []
         for out, parents in got.outputs:
@@ -124,10 +128,10 @@ class PythonStep:
 class _Attempts:
     """A step's calls over one input batch: the first, then its failed fresh rows replayed
     at once, in this task, up to the step's ``budget`` (not rows to dead-letter now, not
-    claimed replays -- their budget is in Redis --, not when the stage's breaker opened:
-    too many of the batch failed). ``outputs``: (output batch, input row of each output
-    row) per call; ``failed`` (input rows), ``errors``, ``dead``, ``attempts``: one entry
-    per failed or unconfirmed row, after its last attempt."""
+    claimed replays -- their budget is in Redis --, not when the stage's breaker tripped:
+    most of the batch failed). ``outputs``: (output batch,
+    input row of each output row) per call; ``failed`` (input rows), ``errors``, ``dead``,
+    ``attempts``: one entry per failed or unconfirmed row, after its last attempt."""
 
     def __init__(self, step: PythonStep, user: pa.RecordBatch, ctx: BatchContext,
                  retryable: np.ndarray) -> None:  # fmt: skip
@@ -143,7 +147,7 @@ class _Attempts:
             failed = rows[res.failed]
             dead = np.isin(res.failed, res.dead)
             again = ~dead & retryable[failed]
-            if tries > step.budget or (
+            if tries > step.budget or (  # tripped: most failed, none replayed now
                     tries == 1 and breaker_open(step.policy, len(failed), len(rows))):
                 again[:] = False
             for i, row in enumerate(failed.tolist()):
@@ -155,6 +159,14 @@ class _Attempts:
                 return
             rows = np.unique(failed[again])
             tries += 1
+
+    @classmethod
+    def held(cls, step: PythonStep, n: int) -> _Attempts:
+        """No call: the stage's breaker is open; its ``n`` rows are held (0 attempts)."""
+        got = cls.__new__(cls)
+        got.outputs, got.failed, got.dead = [], list(range(n)), [False] * n
+        got.errors, got.attempts = [f"{step.label}: {HELD}"] * n, [0] * n
+        return got
 
     def _call(self, step: PythonStep, user: pa.RecordBatch, ctx: BatchContext,
               rows: np.ndarray, tries: int) -> Any:  # fmt: skip

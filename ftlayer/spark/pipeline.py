@@ -65,9 +65,10 @@ class Pipeline:
     partitions: int | None = None
     on_error: OnError = "fail_record"
     immediate_replays: int | None = None
-    """Vectorized path: how many times a fresh row failing before the first shuffle is
-    replayed at once in its task (None: up to ``max_replays``; 0: every failure waits in
-    the replay queue for a later batch, which spreads attempts out in time)."""
+    """How many times a fresh row failing in a Python stage is replayed at once in the task
+    that holds it, at its stage, before or after a shuffle (None: up to ``max_replays``; 0:
+    every failure waits in the replay queue for a later batch, which spreads attempts out
+    in time)."""
     ack_scope: AckScope = "batch"
     """``"batch"``: a batch's records are settled together when it ends (Redis touched
     O(tasks) times on the success path). ``"task"`` (deprecated; row stages only): every

@@ -64,17 +64,27 @@ class ErrorPolicy:
     """Exception types no retry or replay can fix (bad input): a record raising one (or a
     subclass) goes straight to the dead letters with its text, not retried, not replayed."""
     breaker_share: float = 0.5
-    """The stage's circuit breaker: when more than this share of the rows a task gave the
-    stage in one input batch failed (and at least ``BREAKER_MIN_ROWS`` did), its failed
-    rows are not replayed at once in the task -- a downstream that is down is not
-    hammered -- but wait in the replay queue (counted as ``StageCounts.held``). 1.0:
-    never open."""
+    """The stage's circuit breaker (ftlayer.spark.breakers): when more than this share of
+    the rows a task gave the stage in one input batch failed (and at least
+    ``BREAKER_MIN_ROWS`` did), its failed rows are not replayed at once in the task -- a
+    downstream that is down is not hammered -- and when it happens over a whole batch,
+    the stage is not called for ``breaker_open_s``: the rows reaching it are *held*
+    (``StageCounts.held``), no attempt charged, until a batch probes it. 1.0: never open."""
+    breaker_open_s: float = 10.0
+    """How long an opened breaker keeps the stage from being called (the rows reaching it
+    are held) before a batch probes it again; twice as long each time a probe finds it
+    failing still (with ``max_replays=3``, a stage broken for good dead-letters a record
+    after some 70 s of probes: 10 + 20 + 40)."""
+    breaker_max_open_s: float = 300.0
+    """The longest the breaker stays open between two probes."""
 
     def __post_init__(self) -> None:
         if self.retries < 0 or self.backoff_s < 0 or self.max_backoff_s < 0:
             raise ConfigError("retries, backoff_s and max_backoff_s must be >= 0")
         if not 0.0 <= self.breaker_share <= 1.0:
             raise ConfigError(f"breaker_share must be in 0..1, not {self.breaker_share}")
+        if not 0.0 <= self.breaker_open_s <= self.breaker_max_open_s:
+            raise ConfigError("breaker_open_s must be in 0..breaker_max_open_s")
         bad = [t for t in self.dead_letter_on
                if not (isinstance(t, type) and issubclass(t, BaseException))]  # fmt: skip
         if bad:

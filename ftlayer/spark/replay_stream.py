@@ -26,7 +26,8 @@ Invariants:
   never read each other's claims.
 * With ``trigger(availableNow=True)`` the reader keeps offering offsets while records of
   its source are pending (it expires due timeouts itself while it waits, bounded by one
-  full timeout): the query ends when nothing of the source is pending.
+  full timeout, or by the due time of replays a stage's breaker held for its probe): the
+  query ends when nothing of the source is pending.
 """
 
 from __future__ import annotations
@@ -122,6 +123,10 @@ class ReplayReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 return {"run": start["run"], "seq": seq, "shards": sorted(got)}
             if not self.available_now or not self._pending(layer):
                 return start
+            _, due = layer.persistence.delayed(self.source)  # held for a stage's probe
+            if due is not None:  # wait for it too (time.time() is Redis' clock's kind)
+                deadline = max(deadline, time.monotonic() + due - time.time()
+                               + 2 * cfg.rotation_interval_s)  # fmt: skip
             if time.monotonic() > deadline:
                 log.warning("replay stream: records of source %d still pending after a "
                             "full timeout with none queued; ending", self.source)  # fmt: skip

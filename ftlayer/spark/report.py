@@ -43,6 +43,12 @@ def report(layer: FTLayer | None, pipeline: Pipeline | None, result: BatchResult
     log.info("batch done batch_id=%s fresh=%d replayed=%d failed=%d rejected=%d written=%d "
              "elapsed_s=%.3f", result.batch_id, result.fresh, result.replayed, result.failed,
              result.rejected, result.written, result.elapsed_s)  # fmt: skip
+    for label, c in result.stages.items():
+        if c.held:
+            log.warning("stage breaker open batch_id=%s stage=%r held=%d: not called (most "
+                        "of its rows failed before); they wait in the replay queue for its "
+                        "next probe, no attempt charged", result.batch_id, label,
+                        c.held)  # fmt: skip
     if result.rejected:
         log.error("rows rejected batch_id=%s rejected=%d first=%s", result.batch_id,
                   result.rejected, result.rejects[:3])  # fmt: skip
@@ -52,7 +58,7 @@ def report(layer: FTLayer | None, pipeline: Pipeline | None, result: BatchResult
 def _keep_summary(layer: FTLayer, pipeline: Pipeline, result: BatchResult) -> None:
     """The batch's summary for the status page (ftlayer.history)."""
     stages = {label: (c.rows_in, c.rows_out, c.failed, c.unconfirmed, c.seconds,
-                      c.replayed, c.dead_lettered)
+                      c.replayed, c.dead_lettered, c.held)
               for label, c in result.stages.items()}  # fmt: skip
     try:
         record_batch(layer.client, layer.keyspace,

@@ -36,8 +36,8 @@ class StageCounts:
     settled: ``failed == replayed + dead_lettered`` for a stage that keeps one output
     row per input row."""
     held: int = 0
-    """Failed rows the stage's circuit breaker kept from a replay at once in their task
-    (ErrorPolicy.breaker_share): too many of their batch failed; they wait in the queue."""
+    """Rows the stage did not get because its breaker was open (ftlayer.spark.breakers):
+    failed without an attempt charged, they wait in the replay queue for its probe."""
 
     @property
     def acked(self) -> int:

@@ -43,12 +43,14 @@ BATCH_PROPERTY = "ftlayer.batch"
 class RunFields:
     """What one run of a batch is: ``batch_key`` (the batch id, as text), its ``salt``
     (summaries, edges, settle token; a new one every run), the ``lineage_seed`` of its
-    copied rows, and ``run_again`` (the batch id began before)."""
+    copied rows, ``run_again`` (the batch id began before), and the labels of the stages
+    whose breaker is open (ftlayer.spark.breakers: their tasks hold their rows)."""
 
     batch_key: str
     salt: int
     lineage_seed: int
     run_again: bool
+    open_stages: tuple[str, ...] = ()
 
     @property
     def batch_id(self) -> int | None:
@@ -56,17 +58,20 @@ class RunFields:
         return int(self.batch_key) if self.batch_key.isdigit() else None
 
     def encode(self) -> str:
-        return json.dumps([self.batch_key, self.salt, self.lineage_seed, self.run_again])
+        return json.dumps([self.batch_key, self.salt, self.lineage_seed, self.run_again,
+                           list(self.open_stages)])
 
     @classmethod
     def decode(cls, text: str) -> RunFields:
-        key, salt, seed, again = json.loads(text)
-        return cls(str(key), int(salt), int(seed), bool(again))
+        key, salt, seed, again, *rest = json.loads(text)
+        return cls(str(key), int(salt), int(seed), bool(again), tuple(rest[0] if rest else ()))
 
     @classmethod
     def of(cls, plan: Any) -> RunFields:
-        """A plan's (``VectorPlan``: its batch_key, salt, lineage_seed, run_again)."""
-        return cls(plan.batch_key, plan.salt, plan.lineage_seed, plan.run_again)
+        """A plan's (``VectorPlan``: its batch_key, salt, lineage_seed, run_again,
+        open_stages)."""
+        return cls(plan.batch_key, plan.salt, plan.lineage_seed, plan.run_again,
+                   plan.open_stages)
 
 
 def current() -> RunFields | None:

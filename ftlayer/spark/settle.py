@@ -91,6 +91,9 @@ class Settlement:
         """Failed rows sent to Redis: segment member ('' for replays) -> the id the
         record is failed under (a fresh row's new one) -> the label of its stage."""
         self.settled = Tally()
+        self.hold_until = 0.0
+        """When the batch's held rows (0 attempts: a stage's breaker held them) may be
+        claimed again (epoch seconds; ftlayer.spark.breakers)."""
 
     def elapsed_ms(self) -> int:
         return max(1, int((time.monotonic() - self.started) * 1000))
@@ -160,6 +163,7 @@ class Settlement:
         store, plan = self.layer.segments, self.plan
         batch = store.batch_prefix(plan.source, plan.batch_key)
         replies = store.settle_shards(jobs, salt=plan.salt, batch=batch,
+                                      hold_until=self.hold_until,
                                       elapsed_ms=self.elapsed_ms())  # fmt: skip
         self.calls += len(replies)
         for shard, tally in sorted(replies.items()):
@@ -249,7 +253,8 @@ class Settlement:
             k = shard_of(src, shards)
             if src in res.failed:
                 why = res.failed[src]
-                reason = "dead_letter" if why.attempts & DEAD_NOW else "explicit"
+                reason = ("dead_letter" if why.attempts & DEAD_NOW else
+                          "held" if why.attempts == 0 else "explicit")  # fmt: skip
                 batches.setdefault(k, ShardBatch()).fails.append((src, reason, why.error))
                 self.sent.setdefault("", {})[src] = why.stage
             elif src not in res.unconfirmed:
@@ -259,7 +264,8 @@ class Settlement:
             b.xor_srcs = np.array([s for s, _ in pairs], np.uint64)
             b.xor_deltas = np.array([c for _, c in pairs], np.uint64)
         if batches:
-            tally = self.layer.acker.apply(batches, token=f"{self.plan.salt:x}:replays")
+            tally = self.layer.acker.apply(batches, token=f"{self.plan.salt:x}:replays",
+                                           hold_until=self.hold_until)  # fmt: skip
             if tally.duplicates:  # applied by an earlier call: its outcomes are not known
                 self.sent.pop("", None)
             self.settled.merge(tally)

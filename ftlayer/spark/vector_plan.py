@@ -75,6 +75,8 @@ class VectorPlan:
     written (BatchContext.written_before). True unless the driver knows otherwise."""
     entries: tuple[Entry, ...] = ()
     """Where rows join the run: one entry before every segment (ftlayer.spark.entries)."""
+    open_stages: tuple[str, ...] = ()
+    """Labels of the stages whose breaker is open: not called, their rows held."""
 
     def for_run(self, run: RunFields | None) -> VectorPlan:
         """This plan for the run ``run`` (None: as it is). A plan built once per query has
@@ -82,7 +84,8 @@ class VectorPlan:
         if run is None:
             return self
         return replace(self, batch_key=run.batch_key, salt=run.salt,
-                       lineage_seed=run.lineage_seed, run_again=run.run_again)  # fmt: skip
+                       lineage_seed=run.lineage_seed, run_again=run.run_again,
+                       open_stages=run.open_stages)  # fmt: skip
 
     def in_task(self) -> VectorPlan:
         """This plan as a task runs it: with its run's fields, from the job when built once
@@ -98,7 +101,8 @@ class VectorPlan:
 
     def query_part(self) -> VectorPlan:
         """This plan without its run's fields: what a function built once per query holds."""
-        return replace(self, batch_key="", salt=0, lineage_seed=0, run_again=True)
+        return replace(self, batch_key="", salt=0, lineage_seed=0, run_again=True,
+                       open_stages=())
 
     @property
     def lineage(self) -> str | None:
@@ -126,11 +130,12 @@ class VectorPlan:
 
     @cached_property
     def policies(self) -> dict[str, ErrorPolicy]:
-        """Each stage's error policy, by its label (stage_label)."""
+        """Each Python stage's error policy, by its label (stage_label)."""
         out: dict[str, ErrorPolicy] = {}
         for i, seg in enumerate(self.segments):
-            for j, (_, op) in enumerate(seg.ops):
-                out[stage_label(i, j, op.fn)] = op.errors or self.errors
+            for j, (kind, op) in enumerate(seg.ops):
+                if kind == "batches":  # (a DataFrame stage's errors= is its error text)
+                    out[stage_label(i, j, op.fn)] = op.errors or self.errors
             if seg.sink is not None:
                 label = stage_label(i, len(seg.ops), seg.sink, sink=True)
                 out[label] = seg.sink_errors or self.errors

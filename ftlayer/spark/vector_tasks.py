@@ -124,11 +124,12 @@ def _run_with_replays(
     that holds the row: past a shuffle too, so the source is not read again): a replay
     takes the same path as its first attempt, so it lands where Spark places its key.
     Rows still failing become residues with the number of attempts they used; rows to
-    dead-letter now are not replayed, nor rows of a stage whose breaker opened
-    (ErrorPolicy.breaker_share), nor rows ``retryable`` excludes (a claimed replay past a
-    shuffle: its budget is in Redis). ``before``: attempts each row failed already (a
-    claimed replay's), for stage contexts (None: fresh rows, 0). ``lin``: each row's
-    lineage id (None: not wanted)."""
+    dead-letter now are not replayed, nor rows ``retryable`` excludes (a claimed replay
+    past a shuffle: its budget is in Redis), nor rows of a stage whose breaker tripped
+    (ftlayer.spark.breakers); those of a stage open for this batch are held: residues
+    with 0 attempts, none charged (the stage was not called).
+    ``before``: attempts each row failed already (a claimed replay's), for stage contexts
+    (None: fresh rows, 0). ``lin``: each row's lineage id (None: not wanted)."""
     wants = plan.wants_context[stage]
     prior = np.zeros(len(src), np.int32) if before is None else before
     ctx = None
@@ -143,12 +144,20 @@ def _run_with_replays(
             now = chain.only(chain.dead)
             _residue(task, src[now.failed], now.texts, now.stages, attempts | DEAD_NOW)
             chain = chain.only(~chain.dead)
+        if attempts == 1 and len(chain.failed):  # the breakers': not replayed now
+            held, tripped = _breakers(plan, task, chain, batch.num_rows)
+            for mask, charged in ((held, 0), (tripped, 1)):
+                if mask.any():
+                    h = chain.only(mask)
+                    _residue(task, src[h.failed], h.texts, h.stages, charged)
+            if held.any() or tripped.any():
+                chain = chain.only(~(held | tripped))
         if not len(chain.failed) or attempts > budget:
             break
-        wait = _held(plan, task, chain, batch.num_rows if attempts == 1 else 0, retryable)
-        if wait.any():
-            held = chain.only(wait)
-            _residue(task, src[held.failed], held.texts, held.stages, attempts)
+        if retryable is not None and not retryable[chain.failed].all():
+            wait = ~retryable[chain.failed]
+            queued = chain.only(wait)
+            _residue(task, src[queued.failed], queued.texts, queued.stages, attempts)
             chain = chain.only(~wait)
             if not len(chain.failed):
                 break
@@ -165,24 +174,22 @@ def _run_with_replays(
     _residue(task, src[chain.failed], chain.texts, chain.stages, attempts)
 
 
-def _held(plan: VectorPlan, task: TaskRun, chain: Chain, rows: int,
-          retryable: np.ndarray | None) -> np.ndarray:  # fmt: skip
-    """Which failures wait in the replay queue instead of a replay at once: those
-    ``retryable`` excludes, and (``rows``: the batch's rows, on the first pass; 0 after)
-    those of a stage whose breaker opened (too many of the batch's rows failed in it),
-    counted as held back."""
-    wait = np.zeros(len(chain.failed), bool)
-    if retryable is not None:
-        wait |= ~retryable[chain.failed]
-    if rows:
-        labels, counts = np.unique(np.array(chain.stages, dtype=object), return_counts=True)
-        for label, n in zip(labels.tolist(), counts.tolist(), strict=True):
-            policy = plan.policies.get(label, plan.errors)
-            if breaker_open(policy, n, rows):
-                opened = np.array([s == label for s in chain.stages])
-                task.held_back([label] * int((opened & ~wait).sum()))
-                wait |= opened
-    return wait
+def _breakers(plan: VectorPlan, task: TaskRun, chain: Chain,
+              rows: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Of a first pass's failures over ``rows`` input rows: those *held* by a stage open
+    for this batch (not called, so no attempt is charged; counted as held already), and
+    those of a stage whose breaker *tripped* here (most of its rows failed: they were
+    called, so the attempt counts, but they are not replayed at once)."""
+    stages = np.array(chain.stages, dtype=object)
+    held = np.zeros(len(chain.failed), bool)
+    tripped = np.zeros(len(chain.failed), bool)
+    labels, counts = np.unique(stages, return_counts=True)
+    for label, n in zip(labels.tolist(), counts.tolist(), strict=True):
+        if label in plan.open_stages:
+            held |= stages == label
+        elif breaker_open(plan.policies.get(label, plan.errors), n, rows):
+            tripped |= stages == label
+    return held, tripped
 
 
 def _note_replays(plan: VectorPlan, task: TaskRun, batch: pa.RecordBatch, keep: np.ndarray) -> None:

@@ -21,7 +21,9 @@ import pytest
 
 from ftlayer.connection import connect
 
-pytestmark = pytest.mark.slow
+# the Connect server binds Spark's fixed port 15002: one test at a time, in one worker
+# (with ``--dist loadgroup``)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("spark-connect")]
 
 
 @pytest.mark.parametrize("backend", ["single", "cluster", "keyed"])

@@ -9,7 +9,9 @@ Each test counts calls per record in Redis from inside the stages (tests.spark.p
 
 from __future__ import annotations
 
+import json
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
+from ftlayer.history import read_batches, stage_table
 from ftlayer.spark import ErrorPolicy, FaultTolerance, Outcome
 from tests.spark.probe import Probe, first_seen
 from tests.toolkit import source_df
@@ -111,16 +114,11 @@ def test_a_failed_child_past_the_shuffle_replays_alone_at_its_stage(
     assert "stage 2 fails it" in letter.history[0].error
 
 
-@pytest.mark.parametrize("share", [0.5, 1.0])
-def test_a_stage_whose_rows_mostly_fail_lets_them_wait(
-    spark: SparkSession, make_ft: Any, probe: Probe, share: float
+def test_a_stage_that_mostly_fails_is_retried_at_once_when_its_breaker_never_opens(
+    spark: SparkSession, make_ft: Any, probe: Probe
 ) -> None:
-    """Stage 2 fails every row the first time it sees it (a downstream that is down).
-    With the default breaker (0.5) no row is retried at once: each is called once in the
-    batch, all wait in the queue (counted as held), and a drain lands them. With
-    ``breaker_share=1.0`` (never open) each is retried at once and nothing queues.
-    Catches: a down downstream hammered by immediate retries, held rows not counted, rows
-    lost or written twice through the wait."""
+    """``breaker_share=1.0``: a stage failing every row the first time is not held; each
+    row is replayed at once and lands. Catches: the breaker opening when told never to."""
     ft = make_ft(max_replays=3, timeout_s=5.0)
     n = 800
 
@@ -128,31 +126,79 @@ def test_a_stage_whose_rows_mostly_fail_lets_them_wait(
         ids = b.column("id").to_numpy()
         counted(probe, "s2", ids)
         return Outcome(b, failed=first_seen(probe, "f2", ids, np.ones(len(ids), bool)),
-                       errors="downstream is down")  # fmt: skip
+                       errors="fails the first time")  # fmt: skip
 
-    def sink(b: pa.RecordBatch) -> None:
-        probe.r.rpush(f"{probe.prefix}:sink", *b.column("id").to_pylist())
-
-    pipeline = (ft.pipeline().map_batches(lambda b: b, "id long, key long, amount long")
-                .partition_by(["key"], 4)
+    pipeline = (ft.pipeline().partition_by(["key"], 4)
                 .map_batches(stage2, "id long, key long, amount long",
-                             errors=ErrorPolicy(breaker_share=share))
-                .sink_batches(sink))  # fmt: skip
+                             errors=ErrorPolicy(breaker_share=1.0))
+                .sink_batches(lambda b: probe.r.rpush(f"{probe.prefix}:sink",
+                                                      *b.column("id").to_pylist())))  # fmt: skip
     res = ft.run_batch(pipeline, source_df(spark, n), 0)
-    st = ft.layer.stats()
-    if share < 1.0:
-        assert res.stages[S2].held == n and res.immediate_replays == 0, res.stages[S2]
-        assert res.failed == n and st.queued_replays == n, st
-        assert set(calls(probe, "s2").values()) == {1}, "retried at once while down"
-        report = ft.drain(timeout_s=60)
-        assert report.drained, report
-    else:
-        assert res.stages[S2].held == 0 and res.immediate_replays == n, res.stages[S2]
-        assert res.failed == 0 and st.queued_replays == 0, st
+    assert res.stages[S2].held == 0 and res.immediate_replays == n, res.stages[S2]
+    assert res.failed == 0 and ft.layer.stats().queued_replays == 0
     assert set(calls(probe, "s2").values()) == {2}
-    got = Counter(probe.ids())
-    assert set(got) == set(range(n)) and max(got.values()) == 1
-    assert ft.layer.stats().pending == 0
+    assert sorted(probe.ids()) == list(range(n))
+
+
+def test_an_outage_holds_rows_until_the_breaker_probes_and_charges_no_attempt(
+    spark: SparkSession, make_ft: Any, probe: Probe
+) -> None:
+    """A stage past the shuffle whose downstream is down (a flag in Redis) fails every
+    row. In batch 0 its rows fail (one attempt each), none is replayed at once, and its
+    breaker opens; batch 1, run while the breaker is open, does not call the stage: its
+    rows and batch 0's replays are held (no attempt charged). At the breaker's due time a
+    batch probes it (still down): each held row is called once, and the breaker reopens
+    for twice as long. The downstream comes back; the next probe lands everything, and the
+    breaker closes. Catches: a down downstream hammered (more than one call per row per
+    probe), rows that never reached the stage charged an attempt, held rows claimed before
+    the probe, the breaker not reopening longer or never closing, held rows not counted
+    and shown."""
+    ft = make_ft(max_replays=3, timeout_s=10.0)
+    n, down = 400, f"{probe.prefix}:down"
+    probe.r.set(down, 1)
+
+    def stage2(b: pa.RecordBatch) -> Outcome:
+        ids = b.column("id").to_numpy()
+        counted(probe, "s2", ids)
+        failed = np.ones(len(ids), bool) if probe.r.exists(down) else np.zeros(len(ids), bool)
+        return Outcome(b, failed=failed, errors="downstream is down")
+
+    label = "map_batches[1.0] stage2"
+    pipeline = (ft.pipeline().partition_by(["key"], 4)
+                .map_batches(stage2, "id long, key long, amount long",
+                             errors=ErrorPolicy(breaker_open_s=1.5))
+                .sink_batches(lambda b: probe.r.rpush(f"{probe.prefix}:sink",
+                                                      *b.column("id").to_pylist())))  # fmt: skip
+    first = ft.run_batch(pipeline, source_df(spark, n), 0)
+    assert first.stages[label].failed == n and first.immediate_replays == 0, first.stages
+    second = ft.run_batch(pipeline, source_df(spark, 2 * n).where(f"id >= {n}"), 1)
+    assert second.replayed == n and second.stages[label].held == 2 * n, second.stages
+    assert set(calls(probe, "s2")) == set(range(n)), "called while its breaker was open"
+    st = ft.layer.stats()
+    assert (st.held, st.failed_explicit, st.queued_replays) == (2 * n, n, 2 * n), st
+    assert ft.run_batch(pipeline, spark.range(0).selectExpr("id", "id as key",
+                        "id as amount"), 2).replayed == 0, "claimed before the probe"  # fmt: skip
+    shown = stage_table(read_batches(ft.layer.client, ft.layer.keyspace, 0.0))
+    assert {r["stage"]: r["held"] for r in shown}[label] == 2 * n, shown
+    key = ft.layer.keyspace.breakers(0)
+    assert json.loads(ft.layer.client.hget(key, label))[1] == 1.5
+
+    _, due = ft.layer.persistence.delayed(0)
+    time.sleep(max(0.0, due - time.time()) + 0.2)
+    probed = ft.run_batch(pipeline, spark.range(0).selectExpr("id", "id as key",
+                          "id as amount"), 3)  # fmt: skip
+    assert probed.replayed == 2 * n and probed.stages[label].failed == 2 * n, probed.stages
+    assert json.loads(ft.layer.client.hget(key, label))[1] == 3.0  # open twice as long
+
+    probe.r.delete(down)
+    report = ft.drain(timeout_s=60)  # held again until the probe, which lands them
+    assert report.drained and report.dead_lettered == 0, report
+    assert ft.layer.client.hget(key, label) is None, "the breaker did not close"
+    assert sorted(probe.ids()) == list(range(2 * n))
+    got = calls(probe, "s2")
+    assert max(got.values()) <= 3 and {got[i] for i in range(n)} == {3}, "hammered"
+    st = ft.layer.stats()
+    assert (st.pending, st.dead_letters, st.failed_explicit) == (0, 0, 3 * n), st
 
 
 def test_a_python_stage_among_dataframe_stages_replays_at_its_stage(
@@ -198,3 +244,46 @@ def test_a_python_stage_among_dataframe_stages_replays_at_its_stage(
     assert set(got) == set(range(n)) - {poison} and max(got.values()) == 1
     letter = dead_letters(ft)[poison]
     assert letter.attempts == 3, letter.history
+
+
+def test_an_outage_of_a_python_stage_among_dataframe_stages_holds_its_rows(
+    spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path
+) -> None:
+    """The outage test on DataFrame stages with a Python stage past the shuffle into
+    Parquet: the batch that finds it down opens its breaker, the next batch does not call
+    it (its rows and the replays are held), and after its breaker's time a drain lands
+    everything once. Catches: the breaker not opening over DataFrame stages' counts, the
+    Python step ignoring its open breaker, held rows charged (max_replays=1 would
+    dead-letter batch 0's rows) or lost."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    ft = make_ft(max_replays=1, timeout_s=10.0)
+    n, down, out = 300, f"{probe.prefix}:down", tmp_path / "out"
+    probe.r.set(down, 1)
+
+    def stage2(b: pa.RecordBatch) -> Outcome:
+        ids = b.column("id").to_numpy()
+        counted(probe, "s2", ids)
+        failed = np.ones(len(ids), bool) if probe.r.exists(down) else np.zeros(len(ids), bool)
+        return Outcome(b, failed=failed, errors="downstream is down")
+
+    schema = "id long, key long, amount long, twice long"
+    label = "map_batches[1.0] stage2"
+    pipeline = (ft.pipeline(name="frames")
+                .transform(lambda df: df.withColumn("twice", F.col("id") * 2))
+                .partition_by(["key"], 3)
+                .map_batches(stage2, schema, errors=ErrorPolicy(breaker_open_s=1.0))
+                .sink_dataframe(lambda df, _: df.write.mode("append").parquet(str(out))))
+    first = ft.run_batch(pipeline, source_df(spark, n), 0)
+    assert first.stages[label].failed == n, first.stages
+    second = ft.run_batch(pipeline, source_df(spark, 2 * n).where(f"id >= {n}"), 1)
+    assert second.replayed == n and second.stages[label].held == 2 * n, second.stages
+    assert set(calls(probe, "s2")) == set(range(n)), "called while its breaker was open"
+    st = ft.layer.stats()
+    assert (st.held, st.failed_explicit, st.queued_replays) == (2 * n, n, 2 * n), st
+    probe.r.delete(down)
+    report = ft.drain(timeout_s=60, pipeline=pipeline)  # held until the probe lands them
+    assert report.drained and report.dead_lettered == 0, report
+    got = Counter(r["id"] for r in spark.read.parquet(str(out)).select("id").collect())
+    assert set(got) == set(range(2 * n)) and max(got.values()) == 1
+    assert max(calls(probe, "s2").values()) <= 2

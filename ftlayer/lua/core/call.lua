@@ -17,5 +17,5 @@ local function begin(keys)
   copy = {dst = false, src = false, s = 0, e = 0}
   alloc = {b = nil, slot = BUCKET_SLOTS, n = 0, bytes = 0, cap = 0}
   dlq_set, queues, dead_ids = {}, {}, {}
-  first_failures, queue_names = {}, {}
+  first_failures, queue_names, later = {}, {}, {}
 end

@@ -50,30 +50,40 @@ local function packed_history(hist)
 end
 
 local queue_names -- source -> its replay queue's key
+local later -- source -> {due ms, queue entry, ...}: entries not to be claimed before due
 -- The one way a record joins its source's replay queue: as slot ``slot`` of bucket b, its
 -- stored record at ``off`` of b's frames (placed there already), with its packed history
 -- and its failed attempts since the last redrive. It already counts as pending; its entry
 -- holds only the frame: no ack value and no timeout until a source task claims it.
-local function enqueue(b, slot, off, hc, part, source, packed_hist, attempts)
+-- ``due`` (ms; nil or past: now): not claimed before then -- it waits in the source's
+-- delayed queue (``replay:<source>:later``, a sorted set by due time) meanwhile.
+local function enqueue(b, slot, off, hc, part, source, packed_hist, attempts, due)
   put(b, slot, 0, 0, 0, 0, off, source)
   set_history(b, slot, packed_hist)
+  if attempts > 65535 then attempts = 65535 end
+  local item = spack(QUEUE_ENTRY, b.hi, slot, b.lo, hc, part, attempts)
+  if due and due > NOW then
+    local wait = table_at(later, source)
+    wait[#wait + 1] = due
+    wait[#wait + 1] = item
+    return
+  end
   local items = queues[source]
   if not items then
     queue_names[source] = PREFIX .. ':replay:' .. source
     items = {}
     queues[source] = items
   end
-  if attempts > 65535 then attempts = 65535 end
-  items[#items + 1] = spack(QUEUE_ENTRY, b.hi, slot, b.lo, hc, part, attempts)
+  items[#items + 1] = item
 end
 
 -- Queue the stored record ``frame`` for replay under a new source id, in a fresh bucket of
 -- the shard whose low id bits are ``lo`` (invariant 5). It is copied as it is: it holds no
 -- ids (the entry's place names the record).
-local function requeue(frame, packed_hist, attempts, lo)
+local function requeue(frame, packed_hist, attempts, lo, due)
   local b, slot = new_source_id(lo, #frame)
   local hc, part, source = queue_fields_of(frame)
-  enqueue(b, slot, add_frame(b, frame), hc, part, source, packed_hist, attempts)
+  enqueue(b, slot, add_frame(b, frame), hc, part, source, packed_hist, attempts, due)
 end
 
 -- pending: it counted as pending until now (a vectorized batch's residue did not).
@@ -90,7 +100,10 @@ local function commit_failures()
   commit()
   bulk('HSET', DLQ, dlq_set)
   for source, items in pairs(queues) do bulk('RPUSH', queue_names[source], items) end
-  dlq_set, queues = {}, {}
+  for source, wait in pairs(later) do
+    bulk('ZADD', PREFIX .. ':replay:' .. source .. ':later', wait)
+  end
+  dlq_set, queues, later = {}, {}, {}
 end
 
 -- What fail_one did with a record: an index into a fail call's outcome tallies
@@ -172,13 +185,44 @@ local function fail_one(src, b, slot, off, reason, err, budget)
   return outcome
 end
 
--- fail_one for a list of {src, reason, err, budget} tables (parse_fails). Returns the
--- outcome tallies {replayed, dead_lettered, orphans}.
-local function fail_records(list)
+-- A record that was not attempted (a stage's breaker held it: what it calls is down) goes
+-- back to the queue under a new source id, not to be claimed before ``due``, its history
+-- noting the hold with its attempt number unchanged: no attempt of its budget is spent.
+-- Returns REPLAYED or ORPHAN.
+local function hold_one(b, slot, err, due)
+  local hi, _, _, _, off = get(b, slot)
+  if not hi or off == NOFRAME then
+    count('orphans')
+    return ORPHAN
+  end
+  remove(b, slot)
+  local frame = frame_at(b, off)
+  local packed = histories_of(b)[schar(slot)]
+  local hist = {}
+  if packed then
+    hist = cmsgpack.unpack(packed)
+    del_history(b, slot)
+  end
+  local attempt = attempts_since_redrive(hist)
+  hist[#hist + 1] = {'held', NOW, attempt, err}
+  requeue(frame, packed_history(hist), attempt, b.lo, due)
+  count('held')
+  return REPLAYED
+end
+
+-- fail_one (hold_one for reason 'held') for a list of {src, reason, err, budget} tables
+-- (parse_fails); ``hold_until``: the due time (ms) of the held ones. Returns the outcome
+-- tallies {replayed, dead_lettered, orphans}.
+local function fail_records(list, hold_until)
   local done = {0, 0, 0}
   for _, f in ipairs(list) do
     local hi, slot, lo = split_id(f[1])
-    local outcome = fail_one(f[1], bucket(hi, lo), slot, false, f[2], f[3], f[4])
+    local outcome
+    if f[2] == 'held' then
+      outcome = hold_one(bucket(hi, lo), slot, f[3], hold_until)
+    else
+      outcome = fail_one(f[1], bucket(hi, lo), slot, false, f[2], f[3], f[4])
+    end
     done[outcome] = done[outcome] + 1
   end
   return done
