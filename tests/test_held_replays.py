@@ -61,3 +61,30 @@ def test_due_replays_are_claimed_before_the_queue_head(make_layer) -> None:
     assert layer.stats().queued_replays == 2 and layer.persistence.delayed(0)[0] == 2
     _, next_due = layer.persistence.delayed(0)
     assert next_due is not None and next_due > time.time() + 50
+
+
+def test_a_breaker_opens_for_longer_while_its_probes_fail_and_closes(make_layer) -> None:
+    """Catches: a breaker that does not open on a batch that mostly failed, one opening on
+    a few failures, reopening no longer after a failed probe (or past its cap), not
+    closing when a probe passes, rows of a stage open for the batch counted as a probe."""
+    from ftlayer.spark.breakers import Breakers
+    from ftlayer.spark.policy import ErrorPolicy
+    from ftlayer.spark.results import StageCounts
+
+    layer: FTLayer = make_layer()
+    policy = {"s": ErrorPolicy(breaker_open_s=2.0, breaker_max_open_s=5.0)}
+    b = Breakers(layer, 3)
+    assert b.read() == ()
+    assert b.after({"s": StageCounts(100, 95, 5)}, policy, ()) == 0.0  # 5 %: stays closed
+    assert b.read() == ()
+    b.after({"s": StageCounts(100, 0, 100)}, policy, ())
+    assert b.read() == ("s",) and b.states["s"].open_s == 2.0
+    until = b.states["s"].until
+    # a batch while it is open: its rows held until its probe, nothing learnt
+    assert b.after({"s": StageCounts(40, 0, 40, held=40)}, policy, ("s",)) == until
+    for want in (4.0, 5.0, 5.0):  # failed probes: twice as long, at most breaker_max_open_s
+        b.after({"s": StageCounts(100, 0, 100)}, policy, ())
+        assert b.states["s"].open_s == want
+    b.after({"s": StageCounts(100, 100, 0)}, policy, ())  # a probe that passes
+    assert b.read() == () and layer.client.hgetall(layer.keyspace.breakers(3)) == {}
+    assert b.after({"other": StageCounts(100, 0, 100)}, policy, ()) == 0.0  # not a Python stage

@@ -140,27 +140,10 @@ def _run_with_replays(
     while True:
         if chain.out is not None:
             yield chain.out
-        if chain.dead.any():  # dead letters now: no replay fixes them
-            now = chain.only(chain.dead)
-            _residue(task, src[now.failed], now.texts, now.stages, attempts | DEAD_NOW)
-            chain = chain.only(~chain.dead)
-        if attempts == 1 and len(chain.failed):  # the breakers': not replayed now
-            held, tripped = _breakers(plan, task, chain, batch.num_rows)
-            for mask, charged in ((held, 0), (tripped, 1)):
-                if mask.any():
-                    h = chain.only(mask)
-                    _residue(task, src[h.failed], h.texts, h.stages, charged)
-            if held.any() or tripped.any():
-                chain = chain.only(~(held | tripped))
+        rows_in = batch.num_rows if attempts == 1 else 0
+        chain = _not_replayed(plan, task, src, chain, attempts, rows_in, retryable)
         if not len(chain.failed) or attempts > budget:
             break
-        if retryable is not None and not retryable[chain.failed].all():
-            wait = ~retryable[chain.failed]
-            queued = chain.only(wait)
-            _residue(task, src[queued.failed], queued.texts, queued.stages, attempts)
-            chain = chain.only(~wait)
-            if not len(chain.failed):
-                break
         rows, first = np.unique(chain.failed, return_index=True)
         task.replayed_now([chain.stages[i] for i in first.tolist()])
         sub = None
@@ -172,6 +155,27 @@ def _run_with_replays(
         chain = Chain(retry.out, rows[retry.failed], retry.texts, retry.dead, retry.stages)
         attempts += 1
     _residue(task, src[chain.failed], chain.texts, chain.stages, attempts)
+
+
+def _not_replayed(plan: VectorPlan, task: TaskRun, src: np.ndarray, chain: Chain,
+                  attempts: int, rows: int, retryable: np.ndarray | None) -> Chain:  # fmt: skip
+    """Make residues of the failures no replay at once is for -- rows to dead-letter now;
+    on a first pass (``rows``: its input rows; 0 after), rows the breakers hold or
+    tripped on; rows ``retryable`` excludes -- after ``attempts``; the rest, to replay."""
+    parts = [(chain.dead, attempts | DEAD_NOW)]
+    if rows and len(chain.failed):
+        held, tripped = _breakers(plan, task, chain, rows)
+        parts += [(held & ~chain.dead, 0), (tripped & ~chain.dead, 1)]
+    if retryable is not None:
+        parts.append((~retryable[chain.failed], attempts))
+    done = np.zeros(len(chain.failed), bool)
+    for mask, charged in parts:
+        mask = mask & ~done
+        if mask.any():
+            part = chain.only(mask)
+            _residue(task, src[part.failed], part.texts, part.stages, charged)
+            done |= mask
+    return chain.only(~done) if done.any() else chain
 
 
 def _breakers(plan: VectorPlan, task: TaskRun, chain: Chain,
