@@ -287,20 +287,7 @@ class FTLayer:
                 pipe.zrange(shard.tmoidx, 0, 0, withscores=True)
                 pipe.zcard(shard.segidx)
             replies = pipe.execute()
-        st = FTStats()
-        raw: dict[str, int] = {}
-        earliest = None
-        for i in range(0, len(replies), 4):
-            for k, v in replies[i].items():
-                name = k.decode()
-                raw[name] = raw.get(name, 0) + int(v)
-                if name.startswith("pending:"):
-                    st.pending += int(v)
-            st.dead_letters += int(replies[i + 1])
-            st.unsettled_segments += int(replies[i + 3])
-            if replies[i + 2]:
-                d = float(replies[i + 2][0][1])
-                earliest = d if earliest is None else min(earliest, d)
+        st, earliest = _summed(replies)
         if earliest is not None:
             now = self.client.time()  # not pipelined: Redis Cluster pipelines refuse TIME
             sec, usec = next(iter(now.values())) if isinstance(now, dict) else now
@@ -308,17 +295,6 @@ class FTLayer:
             st.oldest_pending_age_s = max(
                 0.0, (sec * 1000 + usec / 1000 - earliest + span_ms) / 1000
             )
-        for name, value in raw.items():
-            if name.startswith("pending:"):
-                st.pending_by_source[int(name.split(":", 1)[1])] = value
-            elif hasattr(st, name) and not name.startswith("latency_le_"):
-                setattr(st, name, value)
-        st.completed += st.completed_local
-        running = 0
-        for bound in LATENCY_BOUNDS_MS:
-            running += raw.get(f"latency_le_{bound}", 0)
-            st.latency_buckets[str(bound)] = running
-        st.latency_buckets["+Inf"] = st.latency_count
         st.queued_by_source = {s: self.persistence.queued(s) for s in st.pending_by_source}
         st.queued_replays = sum(st.queued_by_source.values())
         return st
@@ -366,3 +342,35 @@ class FTLayer:
             for key in self.client.scan_iter(match=pattern, count=1000):
                 n += int(self.client.delete(key))
         return n
+
+
+def _summed(replies: list[Any]) -> tuple[FTStats, float | None]:
+    """The counters of every shard summed into FTStats (``replies``: per shard, its stats
+    hash, dead-letter count, earliest timeout and unsettled segments, as FTLayer.stats
+    reads them), and the earliest deadline of a live timeout (ms; None: none)."""
+    st = FTStats()
+    raw: dict[str, int] = {}
+    earliest = None
+    for i in range(0, len(replies), 4):
+        for k, v in replies[i].items():
+            name = k.decode()
+            raw[name] = raw.get(name, 0) + int(v)
+            if name.startswith("pending:"):
+                st.pending += int(v)
+        st.dead_letters += int(replies[i + 1])
+        st.unsettled_segments += int(replies[i + 3])
+        if replies[i + 2]:
+            d = float(replies[i + 2][0][1])
+            earliest = d if earliest is None else min(earliest, d)
+    for name, value in raw.items():
+        if name.startswith("pending:"):
+            st.pending_by_source[int(name.split(":", 1)[1])] = value
+        elif hasattr(st, name) and not name.startswith("latency_le_"):
+            setattr(st, name, value)
+    st.completed += st.completed_local
+    running = 0
+    for bound in LATENCY_BOUNDS_MS:
+        running += raw.get(f"latency_le_{bound}", 0)
+        st.latency_buckets[str(bound)] = running
+    st.latency_buckets["+Inf"] = st.latency_count
+    return st, earliest

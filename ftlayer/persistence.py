@@ -207,7 +207,7 @@ class RedisPersistenceLayer(NamespacePart):
         while this one decodes the replies that came back, so Redis runs one call while the
         client decodes the records of the one before (each call has its own token and
         retries)."""
-        queued = self._claimable(source)
+        queued = self.claimable(source)
         asks: list[tuple[ShardKeys, list[Any]]] = []
         left = limit
         for shard, n in zip(self.keyspace.shards, queued, strict=True):
@@ -238,7 +238,7 @@ class RedisPersistenceLayer(NamespacePart):
         driver that crashed before Spark logged the offset claims the same records when it
         asks again). Returns how many each shard holds under ``token`` (shards with none
         left out)."""
-        queued = self._claimable(source)
+        queued = self.claimable(source)
         with self.client.pipeline(transaction=False) as pipe:
             for shard in self.keyspace.shards:
                 pipe.exists(shard.claim(token))
@@ -260,7 +260,7 @@ class RedisPersistenceLayer(NamespacePart):
                 left -= got
         return out
 
-    def _claimable(self, source: int) -> list[int]:
+    def claimable(self, source: int) -> list[int]:
         """Per shard, the replays of ``source`` a claim could take now: its queue, and its
         delayed replays that are due (by this host's clock; the claim goes by Redis', and
         takes what it finds)."""

@@ -45,7 +45,7 @@ def drain(layer: FTLayer | None, engine: BatchEngine,
         if st.pending + st.unsettled_segments == 0 or time.monotonic() >= deadline:
             break
         run = last() if st.queued_replays else None
-        if run is not None and not _ready(layer, run[0].source, st.queued_by_source):
+        if run is not None and not any(layer.persistence.claimable(run[0].source)):
             run = None  # only replays held for a later probe: no batch until one is due
         if run is not None:
             pipe, spark, schema = run
@@ -69,10 +69,3 @@ def drain(layer: FTLayer | None, engine: BatchEngine,
         "complete" if drained else "timed out", out.pending, out.dead_lettered, batches)
     return out
 
-
-def _ready(layer: FTLayer, source: int, queued: dict[int, int]) -> bool:
-    """Some replay of ``source`` can be claimed now: one in its queue, or a delayed one
-    (held by a stage's breaker) that is due."""
-    later, first_due = layer.persistence.delayed(source)
-    return queued.get(source, 0) > later or (first_due is not None and
-                                             first_due <= time.time())  # fmt: skip

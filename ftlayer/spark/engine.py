@@ -100,10 +100,10 @@ class BatchEngine:
         kind: StageKind = kind_of(run)
         with self._keepalive(run):
             res = kind.execute(df, pipeline, self.replay_limit, not self.draining)
-        if res is not None and run.settlement is not None and run.breakers is not None:
-            run.settlement.hold_until = run.breakers.after(
-                run.result.stages, run.plan.policies, run.plan.open_stages)
         if res is not None and run.settlement is not None:
+            if run.breakers is not None:  # when the rows it held may be claimed again
+                run.settlement.hold_until = run.breakers.after(
+                    run.result.stages, run.plan.policies, run.plan.open_stages)
             log.info("batch settling batch_id=%s source=%d", batch_id, pipeline.source)
             kind.settle(run.settlement, res)
             run.settlement.count_outcomes()

@@ -97,10 +97,8 @@ class PythonStep:
         ctx = BatchContext(ids, None, partition, attempt, 0, None, None, before,
                            None if run is None else run.batch_id,
                            0 if run is None else run.salt)  # fmt: skip
-        if run is not None and self.label in run.open_stages:  # its breaker is open
-            got = _Attempts.held(self, user.num_rows)
-        else:
-            got = _Attempts(self, user, ctx, ~replay)
+        held = run is not None and self.label in run.open_stages  # its breaker is open
+        got = _Attempts(self, user, ctx, ~replay, held)
         schema = self.answer_schema
         parts = []
         for out, parents in got.outputs:
@@ -129,17 +127,22 @@ class _Attempts:
     """A step's calls over one input batch: the first, then its failed fresh rows replayed
     at once, in this task, up to the step's ``budget`` (not rows to dead-letter now, not
     claimed replays -- their budget is in Redis --, not when the stage's breaker tripped:
-    most of the batch failed). ``outputs``: (output batch,
-    input row of each output row) per call; ``failed`` (input rows), ``errors``, ``dead``,
-    ``attempts``: one entry per failed or unconfirmed row, after its last attempt."""
+    most of the batch failed); none at all when its breaker is open (``held``: every row
+    fails, 0 attempts charged). ``outputs``: (output batch, input row of each output row)
+    per call; ``failed`` (input rows), ``errors``, ``dead``, ``attempts``: one entry per
+    failed or unconfirmed row, after its last attempt."""
 
     def __init__(self, step: PythonStep, user: pa.RecordBatch, ctx: BatchContext,
-                 retryable: np.ndarray) -> None:  # fmt: skip
+                 retryable: np.ndarray, held: bool = False) -> None:  # fmt: skip
         self.outputs: list[tuple[pa.RecordBatch, np.ndarray]] = []
         self.failed: list[int] = []
         self.errors: list[str] = []
         self.dead: list[bool] = []
         self.attempts: list[int] = []
+        if held:
+            for row in range(user.num_rows):
+                self._fail(row, f"{step.label}: {HELD}", False, 0)
+            return
         rows = np.arange(user.num_rows)
         tries = 1
         while True:
@@ -159,14 +162,6 @@ class _Attempts:
                 return
             rows = np.unique(failed[again])
             tries += 1
-
-    @classmethod
-    def held(cls, step: PythonStep, n: int) -> _Attempts:
-        """No call: the stage's breaker is open; its ``n`` rows are held (0 attempts)."""
-        got = cls.__new__(cls)
-        got.outputs, got.failed, got.dead = [], list(range(n)), [False] * n
-        got.errors, got.attempts = [f"{step.label}: {HELD}"] * n, [0] * n
-        return got
 
     def _call(self, step: PythonStep, user: pa.RecordBatch, ctx: BatchContext,
               rows: np.ndarray, tries: int) -> Any:  # fmt: skip

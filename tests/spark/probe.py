@@ -98,3 +98,21 @@ def first_seen(probe: Probe, tag: str, ids: Any, where: Any) -> Any:
         for i in ids[cand].tolist():
             p.sadd(f"{probe.prefix}:{tag}", i)
         return cand[np.array(p.execute(), dtype=bool)]
+
+
+def times_seen(probe: Probe, tag: str, ids: Any) -> Any:
+    """For each id, how many times ``tag`` has seen it, this call included (one round
+    trip; numpy arrays in and out)."""
+    import numpy as np
+
+    if len(ids) == 0:
+        return np.zeros(0, np.int64)
+    with probe.r.pipeline(transaction=False) as p:
+        for i in ids.tolist():
+            p.hincrby(f"{probe.prefix}:{tag}", str(i), 1)
+        return np.array(p.execute(), dtype=np.int64)
+
+
+def calls(probe: Probe, tag: str) -> dict[int, int]:
+    """How many times ``tag`` has seen each id (what :func:`times_seen` counted)."""
+    return {int(k): int(v) for k, v in probe.r.hgetall(f"{probe.prefix}:{tag}").items()}

@@ -24,7 +24,7 @@ from pyspark.sql import SparkSession
 
 from ftlayer.history import read_batches, stage_table
 from ftlayer.spark import ErrorPolicy, FaultTolerance, Outcome
-from tests.spark.probe import Probe, first_seen
+from tests.spark.probe import Probe, calls, first_seen, times_seen
 from tests.toolkit import source_df
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -33,18 +33,19 @@ pytestmark = pytest.mark.spark
 S2 = "map_batches[1.0] stage2"
 
 
-def counted(probe: Probe, tag: str, ids: np.ndarray) -> np.ndarray:
-    """Count one call of ``tag`` for each id; each id's count so far (this call included)."""
-    if len(ids) == 0:
-        return np.zeros(0, np.int64)
-    with probe.r.pipeline(transaction=False) as p:
-        for i in ids.tolist():
-            p.hincrby(f"{probe.prefix}:{tag}", str(i), 1)
-        return np.array(p.execute(), np.int64)
+class DownStream:
+    """A stage calling a downstream that is down while the key ``down`` exists: it fails
+    every row then; each call is counted per id under ``s2``."""
 
+    def __init__(self, probe: Probe, down: str) -> None:
+        self.probe, self.down = probe, down
+        self.__name__ = "stage2"
 
-def calls(probe: Probe, tag: str) -> dict[int, int]:
-    return {int(k): int(v) for k, v in probe.r.hgetall(f"{probe.prefix}:{tag}").items()}
+    def __call__(self, b: pa.RecordBatch) -> Outcome:
+        ids = b.column("id").to_numpy()
+        times_seen(self.probe, "s2", ids)
+        is_down = bool(self.probe.r.exists(self.down))
+        return Outcome(b, failed=np.full(len(ids), is_down), errors="downstream is down")
 
 
 def dead_letters(ft: FaultTolerance) -> dict[int, Any]:
@@ -69,7 +70,7 @@ def test_a_failed_child_past_the_shuffle_replays_alone_at_its_stage(
 
     def stage1(b: pa.RecordBatch) -> Outcome:
         ids = b.column("id").to_numpy()
-        counted(probe, "s1", ids)
+        times_seen(probe, "s1", ids)
         parents = np.sort(np.concatenate([np.arange(len(ids)), np.flatnonzero(ids % 5 == 0)]))
         copy = np.zeros(len(parents), np.int64)
         copy[1:] = parents[1:] == parents[:-1]
@@ -80,7 +81,7 @@ def test_a_failed_child_past_the_shuffle_replays_alone_at_its_stage(
 
     def stage2(b: pa.RecordBatch) -> Outcome:
         ids, copy = b.column("id").to_numpy(), b.column("copy").to_numpy()
-        counted(probe, "s2", ids[copy == 1])
+        times_seen(probe, "s2", ids[copy == 1])
         failed = first_seen(probe, "f2", ids, (ids % 13 == 1) & (copy == 1))
         failed = np.union1d(failed, np.flatnonzero(ids == poison))
         return Outcome(b, failed=failed, errors="stage 2 fails it")
@@ -124,7 +125,7 @@ def test_a_stage_that_mostly_fails_is_retried_at_once_when_its_breaker_never_ope
 
     def stage2(b: pa.RecordBatch) -> Outcome:
         ids = b.column("id").to_numpy()
-        counted(probe, "s2", ids)
+        times_seen(probe, "s2", ids)
         return Outcome(b, failed=first_seen(probe, "f2", ids, np.ones(len(ids), bool)),
                        errors="fails the first time")  # fmt: skip
 
@@ -157,29 +158,23 @@ def test_an_outage_holds_rows_until_the_breaker_probes_and_charges_no_attempt(
     n, down = 400, f"{probe.prefix}:down"
     probe.r.set(down, 1)
 
-    def stage2(b: pa.RecordBatch) -> Outcome:
-        ids = b.column("id").to_numpy()
-        counted(probe, "s2", ids)
-        failed = np.ones(len(ids), bool) if probe.r.exists(down) else np.zeros(len(ids), bool)
-        return Outcome(b, failed=failed, errors="downstream is down")
-
-    label = "map_batches[1.0] stage2"
+    stage2 = DownStream(probe, down)
     pipeline = (ft.pipeline().partition_by(["key"], 4)
                 .map_batches(stage2, "id long, key long, amount long",
                              errors=ErrorPolicy(breaker_open_s=6.0, breaker_max_open_s=6.0))
                 .sink_batches(lambda b: probe.r.rpush(f"{probe.prefix}:sink",
                                                       *b.column("id").to_pylist())))  # fmt: skip
     first = ft.run_batch(pipeline, source_df(spark, n), 0)
-    assert first.stages[label].failed == n and first.immediate_replays == 0, first.stages
+    assert first.stages[S2].failed == n and first.immediate_replays == 0, first.stages
     second = ft.run_batch(pipeline, source_df(spark, 2 * n).where(f"id >= {n}"), 1)
-    assert second.replayed == n and second.stages[label].held == 2 * n, second.stages
+    assert second.replayed == n and second.stages[S2].held == 2 * n, second.stages
     assert set(calls(probe, "s2")) == set(range(n)), "called while its breaker was open"
     st = ft.layer.stats()
     assert (st.held, st.failed_explicit, st.queued_replays) == (2 * n, n, 2 * n), st
     shown = stage_table(read_batches(ft.layer.client, ft.layer.keyspace, 0.0))
-    assert {r["stage"]: r["held"] for r in shown}[label] == 2 * n, shown
+    assert {r["stage"]: r["held"] for r in shown}[S2] == 2 * n, shown
     key = ft.layer.keyspace.breakers(0)
-    until_s, open_s = json.loads(ft.layer.client.hget(key, label))
+    until_s, open_s = json.loads(ft.layer.client.hget(key, S2))
     assert open_s == 6.0
     # held for the breaker's probe: due when it ends (not claimable before: test_held_replays)
     delayed, due = ft.layer.persistence.delayed(0)
@@ -187,13 +182,13 @@ def test_an_outage_holds_rows_until_the_breaker_probes_and_charges_no_attempt(
     time.sleep(max(0.0, due - time.time()) + 0.2)
     probed = ft.run_batch(pipeline, spark.range(0).selectExpr("id", "id as key",
                           "id as amount"), 3)  # fmt: skip
-    assert probed.replayed == 2 * n and probed.stages[label].failed == 2 * n, probed.stages
-    assert json.loads(ft.layer.client.hget(key, label))[0] > until_s  # open again
+    assert probed.replayed == 2 * n and probed.stages[S2].failed == 2 * n, probed.stages
+    assert json.loads(ft.layer.client.hget(key, S2))[0] > until_s  # open again
 
     probe.r.delete(down)
     report = ft.drain(timeout_s=60)  # held again until the probe, which lands them
     assert report.drained and report.dead_lettered == 0, report
-    assert ft.layer.client.hget(key, label) is None, "the breaker did not close"
+    assert ft.layer.client.hget(key, S2) is None, "the breaker did not close"
     assert sorted(probe.ids()) == list(range(2 * n))
     got = calls(probe, "s2")
     assert max(got.values()) <= 3 and {got[i] for i in range(n)} == {3}, "hammered"
@@ -215,12 +210,12 @@ def test_a_python_stage_among_dataframe_stages_replays_at_its_stage(
     n, poison, out = 700, 77, tmp_path / "out"
 
     def stage1(b: pa.RecordBatch) -> pa.RecordBatch:
-        counted(probe, "s1", b.column("id").to_numpy())
+        times_seen(probe, "s1", b.column("id").to_numpy())
         return b
 
     def stage2(b: pa.RecordBatch) -> Outcome:
         ids = b.column("id").to_numpy()
-        counted(probe, "s2", ids)
+        times_seen(probe, "s2", ids)
         failed = np.union1d(first_seen(probe, "f2", ids, ids % 7 == 3),
                             np.flatnonzero(ids == poison))  # fmt: skip
         return Outcome(b, failed=failed, errors="stage 2 fails it")
@@ -261,23 +256,17 @@ def test_an_outage_of_a_python_stage_among_dataframe_stages_holds_its_rows(
     n, down, out = 300, f"{probe.prefix}:down", tmp_path / "out"
     probe.r.set(down, 1)
 
-    def stage2(b: pa.RecordBatch) -> Outcome:
-        ids = b.column("id").to_numpy()
-        counted(probe, "s2", ids)
-        failed = np.ones(len(ids), bool) if probe.r.exists(down) else np.zeros(len(ids), bool)
-        return Outcome(b, failed=failed, errors="downstream is down")
-
+    stage2 = DownStream(probe, down)
     schema = "id long, key long, amount long, twice long"
-    label = "map_batches[1.0] stage2"
     pipeline = (ft.pipeline(name="frames")
                 .transform(lambda df: df.withColumn("twice", F.col("id") * 2))
                 .partition_by(["key"], 3)
                 .map_batches(stage2, schema, errors=ErrorPolicy(breaker_open_s=1.0))
                 .sink_dataframe(lambda df, _: df.write.mode("append").parquet(str(out))))
     first = ft.run_batch(pipeline, source_df(spark, n), 0)
-    assert first.stages[label].failed == n, first.stages
+    assert first.stages[S2].failed == n, first.stages
     second = ft.run_batch(pipeline, source_df(spark, 2 * n).where(f"id >= {n}"), 1)
-    assert second.replayed == n and second.stages[label].held == 2 * n, second.stages
+    assert second.replayed == n and second.stages[S2].held == 2 * n, second.stages
     assert set(calls(probe, "s2")) == set(range(n)), "called while its breaker was open"
     st = ft.layer.stats()
     assert (st.held, st.failed_explicit, st.queued_replays) == (2 * n, n, 2 * n), st

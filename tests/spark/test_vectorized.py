@@ -31,7 +31,7 @@ from pyspark.sql import functions as F  # noqa: N812
 from ftlayer.errors import ConfigError
 from ftlayer.segments import SUMMARY_TTL_MS
 from ftlayer.spark import FaultTolerance, Outcome
-from tests.spark.probe import Probe
+from tests.spark.probe import Probe, times_seen
 from tests.toolkit import source_df, until
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -56,16 +56,6 @@ def first_seen(probe: Probe, tag: str, ids: np.ndarray, where: np.ndarray) -> np
     """Indices of the rows where ``where`` holds whose id ``tag`` sees for the first time."""
     cand = np.flatnonzero(where)
     return cand[first_times(probe, tag, ids[cand])]
-
-
-def times_seen(probe: Probe, tag: str, ids: np.ndarray) -> np.ndarray:
-    """For each id, how many times ``tag`` has seen it, this time included."""
-    if len(ids) == 0:
-        return np.zeros(0, np.int64)
-    with probe.r.pipeline(transaction=False) as p:
-        for i in ids.tolist():
-            p.hincrby(f"{probe.prefix}:{tag}", str(i), 1)
-        return np.array(p.execute(), dtype=np.int64)
 
 
 def push(probe: Probe, what: str, values: list[Any]) -> None:
