@@ -98,6 +98,13 @@ class FTConfig:
     Arrow width in Redis memory); ``"lz4"`` keeps less memory per in-flight record for a
     little more CPU per row, ``"zstd"`` less memory again for more CPU
     (docs/architecture.md). Readers decode any of them."""
+    max_kept_rows: int = 100_000
+    """Failed rows a stage of DataFrame stages keeps, per batch, as the input of the
+    segment they failed in, so that their replays enter there: the source is not read
+    again and the stages before that segment do not run again. Their values reach the
+    driver in Spark's observations (driver memory): a stage whose last batch failed more
+    keeps about this many (a share chosen by a hash of their identity), the rest replay
+    from their source. 0: none kept."""
     script_mode: ScriptMode = "auto"
     """How the Lua scripts run: ``"auto"`` as a Redis 7 function library where the server
     takes ``FUNCTION LOAD`` (a call then skips rebuilding the scripts' shared prelude:
@@ -116,6 +123,8 @@ class FTConfig:
             raise ConfigError(f"shards must be in 1..{MAX_SHARDS}, not {self.shards}")
         if not self.timeout_s > 0:
             raise ConfigError(f"timeout_s must be > 0, not {self.timeout_s}")
+        if self.max_kept_rows < 0:
+            raise ConfigError(f"max_kept_rows must be >= 0, not {self.max_kept_rows}")
         if self.buckets < 2:
             raise ConfigError(f"buckets must be >= 2 (a rotation needs two), not {self.buckets}")
         if self.rotation_interval_s < 0.01:

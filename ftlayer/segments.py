@@ -18,7 +18,7 @@ driver, settles it once). Residues are written in the same call that deletes the
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -51,13 +51,18 @@ def frames_of_rows(
     partition: int,
     max_replays: int,
     max_payload: int,
+    kept: Sequence[bytes | None] = (),
 ) -> list[bytes]:
     """Stored records for ``rows`` of a segment (an Arrow table of source ``partition``),
     each as a unit (its new source id then its stored form, serialization.stored): the
-    row as a msgpack map, the id in ``shard`` (low 16 bits; the rows share buckets), the
-    lineage id its batch gave it (the segment's LINEAGE_META says how)."""
+    row as a msgpack map -- or, where ``kept`` has one for it, that payload (a stage row:
+    ftlayer.spark.stage_rows) --, the id in ``shard`` (low 16 bits; the rows share
+    buckets), the lineage id its batch gave it (the segment's LINEAGE_META says how)."""
     codecs = arrow_codecs(table.schema)
     payloads = [encode_record(rec, codecs) for rec in table.take(rows).to_pylist()]
+    for i, payload in enumerate(kept):
+        if payload is not None:
+            payloads[i] = payload
     lineages = segment_lineage(table, rows, source, partition)
     heads = encode_stored_many(payloads, 0, source, partitions=partition,
                                max_replays=max_replays, max_payload=max_payload,

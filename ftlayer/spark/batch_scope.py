@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -65,6 +65,8 @@ class VectorRun(OfRun):
     """The execute phase of one run of a batch of Python stages."""
 
     run: BatchRun
+    enters: ClassVar[bool] = False
+    """Stage rows are not taken in here yet: they replay from their source."""
     injected: dict[int, int] = field(default_factory=dict)
     """The replays the counted source tasks ran: source id -> current id."""
     replay_keys: dict[int, list[int]] = field(default_factory=dict)  # record key -> srcs

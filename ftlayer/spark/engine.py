@@ -66,6 +66,9 @@ class StageKind(Protocol):
 
     calls: int
     """The Redis round trips it made itself."""
+    enters: bool
+    """Its batches take stage rows in where they were kept (ftlayer.spark.stage_rows);
+    where not, a stage row replays from its source."""
 
     @staticmethod
     def make_plan(pipeline: Pipeline, schema: Any, spark: Any, *, config: FTConfig,
@@ -128,8 +131,8 @@ class BatchEngine:
                        columns=self.columns, breakers=breakers)  # fmt: skip
         if self.layer is not None:
             run.intake = Intake(self.layer, pipeline.source, plan.inputs[0],
-                                pipeline.reads is not None, result,
-                                f"batch_id={batch_id} ")  # fmt: skip
+                                pipeline.reads is not None, result, f"batch_id={batch_id} ",
+                                plan.entries if kind.enters else ())  # fmt: skip
             run.settlement = Settlement(plan, self.layer, result, started, pipeline.reads,
                                         spark)  # fmt: skip
         return run

@@ -12,11 +12,13 @@ ending in a keyed shuffle or the sink. Rows enter the chain at an :class:`Entry`
 Every stage kind builds its part of the plan through :func:`walk`, so an entry exists at
 the same place whatever the stage kinds are.
 
-An entry's ``fingerprint`` names the pipeline as far as that entry -- every stage before
-it (its kind, its function's qualified name, its declared output) and each shuffle --
-together with the entry's input schema. A row kept for an entry carries the fingerprint
-it was kept under: a row whose fingerprint no longer matches was kept by another version
-of the pipeline and must not enter there.
+An entry's ``fingerprint`` names the pipeline as far as that entry -- the source's
+schema, every stage before it (its kind, its function's qualified name, its declared
+output) and each shuffle -- together with the entry's input schema where the plan knows
+it (DataFrame stages: the source's only; a stage row also carries a hash of the schema
+Spark's analysis gave, checked where it enters: ftlayer.spark.stage_rows). A row kept
+for an entry carries the fingerprint it was kept under: a row whose fingerprint no longer
+matches was kept by another version of the pipeline and must not enter there.
 
 Invariant: the fingerprint is a function of the pipeline's definition and the input
 schema only -- the same in every batch run, every driver, every Python process
@@ -80,7 +82,8 @@ def plan_entries(segments: tuple[Segment, ...], inputs: tuple[pa.Schema, ...], f
     """One entry per segment. ``inputs``: the user columns entering each segment, as far as
     the plan knows them (DataFrame stages: the source's only); ``frames``: the batch runs
     as DataFrame stages (frame_run), else as Python stages (batch_scope)."""
-    out, path = [], []
+    out: list[Entry] = []
+    path = [f"source:{inputs[0].to_string(show_schema_metadata=False)}"] if inputs else []
     for i, seg in enumerate(segments):
         if i:
             prev = segments[i - 1]

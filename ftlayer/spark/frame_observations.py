@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from ftlayer.errors import ConfigError, FTLayerError
 from ftlayer.limits import DEAD_NOW
+from ftlayer.spark.frame_entries import FULL_SHARE, Kept, kept_column, kept_rows, share_after
 from ftlayer.spark.frame_tasks import FAILED_COL
 from ftlayer.spark.identity import U64, is_replay
 from ftlayer.spark.plan import MAX_MESSAGES, SOURCE_STAGE
 from ftlayer.spark.results import StageCounts
 from ftlayer.spark.settle import Failure, Residues
-from ftlayer.spark.vector_plan import LOC_COL, POS_COL
+from ftlayer.spark.vector_plan import LOC_COL, POS_COL, SRC_COL
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -44,8 +45,15 @@ class Observations:
     observed: list[tuple[str, Any]] = field(default_factory=list)
     """(stage label, Observation) of every stage with ``failed=``, in order, each
     counting the rows it sees (no stage has one: ("", a count at the sink's input))."""
-    replays_observed: Any = None
-    """The ids of the replays the job read (those read back: one not read was not found)."""
+    replays_seen: list[tuple[int, Any]] = field(default_factory=list)
+    """(entry, Observation) of the ids of the replays the job read, by the entry they
+    came in at (a reference read back and not found is not among them)."""
+    segment_of: dict[str, int] = field(default_factory=dict)
+    """The segment of each observed stage (by label; the count at the sink's input: none,
+    after every segment)."""
+    keeps: dict[str, tuple[Kept, Any]] = field(default_factory=dict)
+    """Stages keeping their failed rows as stage rows (frame_entries): label -> (what
+    they keep, the key their keeping share is kept under in ``columns``)."""
     plain_source: DataFrame | None = None
     """The batch's source rows without observations: read again only if the sink raised."""
     sink_label: str = ""
@@ -70,21 +78,33 @@ class Observations:
         return df.observe(obs, self.columns["count"])
 
     def stage(self, out: DataFrame, label: str, error: Column, dead: Column,
-              attempts: Column, key: Any = None) -> DataFrame:  # fmt: skip
+              attempts: Column, key: Any = None, segment: int = 0,
+              kept: Kept | None = None) -> DataFrame:  # fmt: skip
         """Observe the rows ``__ft_failed`` marks (their identity, error, whether they go
         straight to the dead letters, the attempts they used) and the stage's count;
         leave the others. The flag
         is a column, observed, then filtered: the observation also keeps Spark from
         pushing the filter below the stage's projection (which would compute it twice).
         ``key``: the stage's columns are built once under it (its error and dead-letter
-        Columns are then the same in every batch). The caller drops ``__ft_failed``."""
+        Columns are then the same in every batch). ``segment``: the stage's; ``kept``:
+        the stage also keeps its failed rows' segment input (frame_entries). The caller
+        drops ``__ft_failed``."""
         from pyspark.sql import Observation
+        from pyspark.sql import functions as F  # noqa: N812
 
         obs = Observation(f"ft-{self.salt:x}-{len(self.observed)}")
         self.observed.append((label, obs))
+        self.segment_of[label] = segment
+        share = FULL_SHARE
+        if kept is not None:
+            self.keeps[label] = (kept, ("share", key))
+            share = self.columns.get(("share", key), FULL_SHARE)
+            key = (key, kept, share)
         built = self.columns.get(key) if key is not None else None
         if built is None:
             built = _observed_columns(error, dead, attempts)
+            if kept is not None:
+                built = ([*built[0], kept_column(kept, F.col(FAILED_COL), share)], built[1])
             if key is not None:
                 self.columns[key] = built
         aggregates, keep = built
@@ -102,14 +122,19 @@ class Observations:
                 "toArrow, count); df.foreach/foreachPartition and df.rdd do not report "
                 "to Spark's observations")  # fmt: skip
         ran: list[int] = []
-        if self.replays_observed is not None:
-            got = _metrics(self.replays_observed)
-            ran = [] if got is None else [int(x) & U64 for x in got["ids"].split(",") if x]
+        before_first = 0  # replays the first observation counted (they entered before it)
+        first_segment = self.segment_of.get(self.observed[0][0], len(run.plan.segments))
+        for entry, seen in self.replays_seen:
+            got = _metrics(seen)
+            ids = [] if got is None else [int(x) & U64 for x in got["ids"].split(",") if x]
+            ran += ids
+            before_first += len(ids) if entry <= first_segment else 0
         r = run.result
         r.replayed = len(ran)
         fresh: dict[tuple[int | None, int], Failure] = {}
         replays: dict[int, Failure] = {}
-        r.fresh = max(int(first["rows"]) - len(ran), 0)
+        r.fresh = max(int(first["rows"]) - before_first, 0)
+        config = run.plan.config
         for label, obs in self.observed:
             m = _metrics(obs)
             if m is None:  # the sink's action skipped this stage: nothing can be assumed
@@ -119,13 +144,18 @@ class Observations:
             stage = label or SOURCE_STAGE
             errors = {int(e["id"]): Failure(e["error"], _attempts(e), stage)
                       for e in json.loads(m.get("errors") or "[]")}  # fmt: skip
+            rows_kept: dict[tuple[int | None, int], bytes] = {}
+            if label in self.keeps:
+                kept, share_key = self.keeps[label]
+                rows_kept = kept_rows(m.get("kept") or [], kept, config.max_record_bytes)
+                self.columns[share_key] = share_after(len(failed), config.max_kept_rows)
             for loc_text, pos_text, err in failed:
                 why, pos = errors[int(err)], int(pos_text)
                 loc = int(loc_text) if loc_text else None
                 if is_replay(loc, pos):
                     replays.setdefault(pos & U64, why)
                 else:
-                    fresh.setdefault((loc, pos), why)
+                    fresh.setdefault((loc, pos), why._replace(kept=rows_kept.get((loc, pos))))
             rows = int(m["rows"])
             if label == self.sink_label:  # a Python sink answers its failed rows only
                 rows = r.written
@@ -146,6 +176,9 @@ class Observations:
         loc = ids.column(LOC_COL).to_pylist()
         pos = ids.column(POS_COL).to_pylist()
         ran = {p & U64 for lo, p in zip(loc, pos, strict=True) if is_replay(lo, p)}
+        if run.replays is not None:  # and the stage rows that entered later
+            for table in run.replays.entered.values():
+                ran |= {s & U64 for s in table.column(SRC_COL).to_pylist()}
         why = Failure(text, 1, self.sink_label or SOURCE_STAGE)
         fresh = {(lo, p): why for lo, p in zip(loc, pos, strict=True) if not is_replay(lo, p)}
         r.replayed, r.fresh = len(ran), len(fresh)

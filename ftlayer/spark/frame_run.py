@@ -30,14 +30,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
 from ftlayer.errors import ConfigError
 from ftlayer.spark.batch_plan import arrow_schema, plan_frames, spark_schema
 from ftlayer.spark.batch_run import BatchRun, OfRun
-from ftlayer.spark.entries import walk
+from ftlayer.spark.entries import Entry, walk
+from ftlayer.spark.frame_entries import Kept, carry, entering, still_carried
 from ftlayer.spark.frame_observations import Observations, metrics_kept
 from ftlayer.spark.frame_tasks import (
     ATTEMPTS_COL,
@@ -49,6 +50,7 @@ from ftlayer.spark.frame_tasks import (
     answer_type,
 )
 from ftlayer.spark.identity import IDENTITY, check_identity, identity_columns, with_lineage
+from ftlayer.spark.intake import reject
 from ftlayer.spark.plan import (
     BatchStage,
     FrameStage,
@@ -82,6 +84,7 @@ class FrameRun(OfRun):
     """The execute phase of one run of a batch of DataFrame stages."""
 
     run: BatchRun
+    enters: ClassVar[bool] = True
     copies: bool = False
     """Its fresh rows are copies, stored by the source pass (frame_tasks.CopySource)."""
     calls: int = 0
@@ -148,9 +151,12 @@ class FrameRun(OfRun):
         replays = self._replays(spark, streamed, replay_limit)
         if replays is not None:
             parts.append(replays)
+        if not parts and self.run.replays is not None and self.run.replays.rows:
+            parts = [self._nothing(spark)]  # stage rows only: they enter later
         if not parts:
             return None
         out = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+        out = self._enter(plan.entries[0], out)
         self.seen.plain_source = out
         if key and partitions:
             out = out.repartition(partitions, *key)
@@ -159,17 +165,75 @@ class FrameRun(OfRun):
         def segment(i: int, out: DataFrame) -> DataFrame:
             nonlocal known
             seg = plan.segments[i]
+            kept, keep_to = None, self._keeps_until(seg)
+            if keep_to is not None:  # its failed rows are kept as its input: carried
+                self.run.columns.setdefault(("segment", id(seg)), seg)  # its id its own
+                out, kept = carry(out, plan.entries[i], self.run.columns,
+                                  ("entry", id(seg), plan.inputs[0]))  # fmt: skip
             for j, (kind, stage) in enumerate(seg.ops):
                 if kind == "frame":
                     last = i == len(plan.segments) - 1 and j == len(seg.ops) - 1
-                    out, known = self._stage(out, frame_label(i, j, stage.fn), stage, last), None
+                    out, known = self._stage(out, frame_label(i, j, stage.fn), stage, last,
+                                             i, kept), None  # fmt: skip
                 else:
                     output = arrow_schema(stage.schema, spark)
-                    out = self._python(out, stage_label(i, j, stage.fn), stage, output, known)
+                    out = self._python(out, stage_label(i, j, stage.fn), stage, output, known,
+                                       i)  # fmt: skip
                     known = output
+                if kept is not None and j == keep_to:
+                    out, kept = out.drop(*kept.copies), None
             return out
 
-        return walk(plan.entries, plan.segments, out, segment)
+        return walk(plan.entries, plan.segments, out, segment, self._enter)
+
+    def _keeps_until(self, seg: Any) -> int | None:
+        """The last stage of ``seg`` that keeps its failed rows as the segment's input
+        (None: none does -- FT off, ``max_kept_rows=0``, no DataFrame stage with
+        ``failed=``, or a Python stage before it, which takes only its own columns)."""
+        if self.layer is None or not self.plan.config.max_kept_rows:
+            return None
+        last = None
+        for j, (kind, stage) in enumerate(seg.ops):
+            if kind != "frame":
+                break
+            if stage.failed is not None:
+                last = j
+        return last
+
+    def _nothing(self, spark: Any) -> DataFrame:
+        """No source rows: an empty DataFrame of the source's columns and identity."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        names = list(self.plan.inputs[0].names)
+        empty = spark.createDataFrame(self.plan.inputs[0].empty_table())
+        return empty.select(*names, F.lit(None).cast("long").alias(LOC_COL, metadata=IDENTITY),
+                            F.lit(None).cast("long").alias(POS_COL, metadata=IDENTITY))
+
+    def _enter(self, entry: Entry, out: DataFrame) -> DataFrame:
+        """``out`` with the batch's stage rows that enter before segment ``entry``
+        (ftlayer.spark.frame_entries), their ids observed; those kept under another
+        schema dead-lettered, named."""
+        replays = self.run.replays
+        table = replays.entered.get(entry.segment) if replays is not None else None
+        if table is None or not table.num_rows:
+            return out
+        rows, bad = entering(out, table)
+        self.calls += reject(self.layer, bad, self.result, f"batch_id={self.result.batch_id} ")
+        if rows is None:
+            return out
+        return out.unionByName(self._observe_ids(rows, entry.segment))
+
+    def _observe_ids(self, replays: DataFrame, entry: int) -> DataFrame:
+        """``replays`` with an observation of their ids (those the job reads ran)."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F  # noqa: N812
+
+        obs = Observation(f"ft-{self.plan.salt:x}-replays-{entry}")
+        self.seen.replays_seen.append((entry, obs))
+        if "replay_ids" not in self.run.columns:
+            ids = F.array_join(F.collect_list(F.col(POS_COL).cast("string")), ",")
+            self.run.columns["replay_ids"] = ids.alias("ids")
+        return replays.observe(obs, self.run.columns["replay_ids"])
 
     def _fresh(self, df: DataFrame, streamed: bool) -> DataFrame:
         """The batch's fresh rows with their identity: a reference, a copy's batch-local
@@ -199,7 +263,6 @@ class FrameRun(OfRun):
     def _replays(self, spark: Any, streamed: bool, limit: int) -> DataFrame | None:
         """The batch's replays (the intake phase), their identity their record id, the
         ids of those the job reads observed (None: none, or FT off)."""
-        from pyspark.sql import Observation
         from pyspark.sql import functions as F  # noqa: N812
 
         plan, run = self.plan, self.run
@@ -212,17 +275,17 @@ class FrameRun(OfRun):
         replays = run.intake.dataframe(spark, run.replays, run.reads)
         if replays is None:
             return None
-        self.seen.replays_observed = Observation(f"ft-{plan.salt:x}-replays")
         replays = replays.select(
             *plan.inputs[0].names, F.lit(None).cast("long").alias(LOC_COL, metadata=IDENTITY),
             F.col(SRC_COL).alias(POS_COL, metadata=IDENTITY))  # fmt: skip
-        ids = F.array_join(F.collect_list(F.col(POS_COL).cast("string")), ",")
-        return replays.observe(self.seen.replays_observed, ids.alias("ids"))
+        return self._observe_ids(replays, 0)
 
-    def _stage(self, df: DataFrame, label: str, stage: FrameStage, last: bool) -> DataFrame:
-        """A DataFrame stage, its failed rows observed and filtered out. Its identity
-        columns are checked before they are used (its ``failed=``, the next Python stage,
-        the sink: ``last``)."""
+    def _stage(self, df: DataFrame, label: str, stage: FrameStage, last: bool,
+               segment: int = 0, kept: Kept | None = None) -> DataFrame:  # fmt: skip
+        """A DataFrame stage (of ``segment``), its failed rows observed (with the
+        segment's input ``kept`` for them, where its output still carries it) and
+        filtered out. Its identity columns are checked before they are used (its
+        ``failed=``, the next Python stage, the sink: ``last``)."""
         from pyspark.sql import functions as F  # noqa: N812
 
         out = stage.fn(df)
@@ -234,6 +297,8 @@ class FrameRun(OfRun):
         failed = _column(stage.failed, out)
         if failed is None:
             return out
+        if kept is not None and not still_carried(out, kept):
+            kept = None  # the stage dropped or recomputed a copy: its rows go to the source
         errors = stage.errors
         text = F.lit(label) if errors is None else F.concat_ws(
             ": ", F.lit(label), F.lit(errors) if isinstance(errors, str) else errors)  # fmt: skip
@@ -241,11 +306,11 @@ class FrameRun(OfRun):
         key = ("frame", label, id(stage))
         self.run.columns.setdefault(("stage", id(stage)), stage)  # its id stays its own
         out = self.seen.stage(out, label, F.coalesce(text, F.lit(label)), F.lit(False),
-                              F.lit(1), key)  # fmt: skip
+                              F.lit(1), key, segment, kept)  # fmt: skip
         return out.drop(FAILED_COL)
 
     def _python(self, df: DataFrame, label: str, stage: BatchStage, output: pa.Schema | None,
-                inputs: pa.Schema | None) -> DataFrame:  # fmt: skip
+                inputs: pa.Schema | None, segment: int | None = None) -> DataFrame:  # fmt: skip
         """A Python stage (a sink: ``output`` None) as a ``mapInArrow`` answering its
         outputs and its failed rows (ftlayer.spark.frame_tasks), observed and filtered.
         ``inputs``: its user columns, when known without asking Spark (after the source or
@@ -265,8 +330,9 @@ class FrameRun(OfRun):
         out = map_in_arrow(df, key, lambda run: (replace(step, run=run),
                                                  answer_type(step, IDENTITY)),
                            RunFields.of(self.plan), self.run.columns)  # fmt: skip
+        where = len(self.plan.segments) - 1 if segment is None else segment
         out = self.seen.stage(out, label, F.col(ERROR_COL), F.col(DEAD_COL),
-                              F.col(ATTEMPTS_COL), "python")  # fmt: skip
+                              F.col(ATTEMPTS_COL), "python", where)  # fmt: skip
         return out.drop(FAILED_COL, ERROR_COL, DEAD_COL, ATTEMPTS_COL)
 
     # -- running and settling ----------------------------------------------------------

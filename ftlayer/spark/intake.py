@@ -32,15 +32,23 @@ from ftlayer.ids import RecordId, shard_of
 from ftlayer.persistence import ClaimedRecord
 from ftlayer.spark.references import references, resolve
 from ftlayer.spark.replay_rows import replay_table, stored_schema
+from ftlayer.spark.stage_rows import StageRow, decode_stage_row, source_payload
 from ftlayer.spark.vector_plan import ATT_COL, CUR_COL, LIN_COL, LOC_COL, POS_COL, SRC_COL
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from ftlayer.layer import FTLayer
+    from ftlayer.spark.entries import Entry
     from ftlayer.spark.results import BatchResult
 
-__all__ = ["Intake", "Replays", "dead_letter_table", "reject"]
+__all__ = ["BODY_COL", "HASH_COL", "Intake", "Replays", "dead_letter_table", "reject",
+           "split_stage_rows"]
+
+BODY_COL = "__ft_body"
+"""A stage row's body (ftlayer.spark.stage_rows) in :attr:`Replays.entered`."""
+HASH_COL = "__ft_schema"
+"""... and the hash of the schema it was written under."""
 
 log = logging.getLogger(__name__)
 
@@ -49,22 +57,36 @@ log = logging.getLogger(__name__)
 class Replays:
     """The replays one batch run takes in, decoded (``replay_table``'s shape: the source's
     columns, then the replay columns), with those kept by reference
-    (``references``: source id -> (current id, location id))."""
+    (``references``: source id -> (current id, location id)), and the stage rows that
+    enter before a later segment (``entered``: segment -> a table of their bodies, the
+    hashes of the schemas they were written under and the replay columns)."""
 
     table: pa.Table
     references: dict[int, tuple[int, int]] = field(default_factory=dict)
+    entered: dict[int, pa.Table] = field(default_factory=dict)
+
+    def _all(self, columns: list[str]) -> list[pa.Table]:
+        return [t.select(columns) for t in (self.table, *self.entered.values())]
+
+    @property
+    def rows(self) -> int:
+        """Replays taken in, wherever they enter."""
+        return sum(t.num_rows for t in (self.table, *self.entered.values()))
 
     @property
     def injected(self) -> dict[int, int]:
         """Source id -> the current id the replay runs under."""
-        src = self.table.column(SRC_COL).to_numpy().view(np.uint64).tolist()
-        cur = self.table.column(CUR_COL).to_numpy().view(np.uint64).tolist()
-        return dict(zip(src, cur, strict=True))
+        out: dict[int, int] = {}
+        for t in self._all([SRC_COL, CUR_COL]):
+            src = t.column(SRC_COL).to_numpy().view(np.uint64).tolist()
+            cur = t.column(CUR_COL).to_numpy().view(np.uint64).tolist()
+            out.update(zip(src, cur, strict=True))
+        return out
 
     @property
     def lineage(self) -> pa.Table:
         """(source id, lineage id) of each replay."""
-        return self.table.select([SRC_COL, LIN_COL])
+        return pa.concat_tables(self._all([SRC_COL, LIN_COL]))
 
 
 def reject(layer: FTLayer, bad: Sequence[tuple[RecordId, str]], counts: BatchResult | None,
@@ -87,10 +109,13 @@ class Intake:
     reference). ``calls`` counts the Redis round trips it made."""
 
     def __init__(self, layer: FTLayer, source: int, schema: pa.Schema, by_reference: bool,
-                 counts: BatchResult | None = None, where: str = "") -> None:  # fmt: skip
+                 counts: BatchResult | None = None, where: str = "",
+                 entries: tuple[Entry, ...] = ()) -> None:  # fmt: skip
         self.layer, self.source, self.counts, self.where = layer, source, counts, where
         self.stored = stored_schema(schema, by_reference)
         self.names = list(schema.names)
+        self.entries = entries
+        """Where stage rows may enter (none: every stage row goes back to its source)."""
         self.calls = 0
 
     def claim(self, limit: int) -> Replays:
@@ -117,6 +142,9 @@ class Intake:
         """What one partition of the replay stream holds (its claim ``token`` on
         ``shard``), a full timeout from now: the replay stream's task."""
         claimed = self.layer.persistence.read_stream(self.source, token, shard)
+        # stage rows only come from DataFrame stages, whose batches read their claims
+        # themselves (this table is not used there): left to them
+        claimed = [c for c in claimed if decode_stage_row(c.frame.payload) is None]
         replays = self.take(claimed)
         if replays.table.num_rows:
             src = replays.table.column(SRC_COL).to_numpy().view(np.uint64)
@@ -124,11 +152,16 @@ class Intake:
         return replays.table
 
     def take(self, claimed: Sequence[ClaimedRecord]) -> Replays:
-        """Decode ``claimed``; reject what does not decode."""
-        table, bad = replay_table(claimed, self.stored)
-        self.calls += reject(self.layer, bad, self.counts, self.where)
+        """Decode ``claimed``; reject what does not decode; stage rows to the entries
+        they enter (ftlayer.spark.stage_rows), or back to their source."""
+        sources, entered, bad = split_stage_rows(claimed, self.entries)
+        table, undecodable = replay_table(sources, self.stored)
+        self.calls += reject(self.layer, [*bad, *undecodable], self.counts, self.where)
         refs = references(table) if LOC_COL in table.schema.names and table.num_rows else {}
-        return Replays(table, refs)
+        if self.counts is not None:
+            self.counts.entered += sum(len(rows) for rows in entered.values())
+            self.counts.read_back += len(refs)
+        return Replays(table, refs, {k: _entered_table(rows) for k, rows in entered.items()})
 
     def dataframe(self, spark: Any, replays: Replays, reads: Any) -> DataFrame | None:
         """``replays`` as a DataFrame of the source's columns and the replay columns:
@@ -143,6 +176,44 @@ class Intake:
         return resolve(spark, reads, replays.table, self.names)
 
 
+def split_stage_rows(claimed: Sequence[ClaimedRecord], entries: tuple[Entry, ...],
+                     names: Sequence[str] = ()) -> tuple[
+        list[ClaimedRecord], dict[int, list[tuple[ClaimedRecord, StageRow]]],
+        list[tuple[RecordId, str]]]:  # fmt: skip
+    """``claimed`` as (source rows, stage rows by the entry they enter, rejects). A stage
+    row enters where it was kept when ``entries`` has that entry under the same
+    fingerprint (the pipeline up to it unchanged); else it goes back to its source
+    reference, or -- a copy, with no source -- is rejected, named (``names``: the
+    source's columns, to read a copy kept before segment 0 as its source row)."""
+    sources: list[ClaimedRecord] = []
+    entered: dict[int, list[tuple[ClaimedRecord, StageRow]]] = {}
+    bad: list[tuple[RecordId, str]] = []
+    for c in claimed:
+        row = decode_stage_row(c.frame.payload)
+        if row is None:
+            sources.append(c)
+        elif row.entry < len(entries) and entries[row.entry].fingerprint() == row.fingerprint:
+            entered.setdefault(row.entry, []).append((c, row))
+        elif (payload := source_payload(row, names)) is not None:
+            sources.append(c._replace(frame=c.frame._replace(payload=payload)))
+        else:
+            bad.append((c.record_id, f"{c.frame.describe()}: kept as the input of segment "
+                        f"{row.entry} by another version of the pipeline (a stage before it "
+                        "changed), and a copy has no source to go back to"))  # fmt: skip
+    return sources, entered, bad
+
+
+def _entered_table(rows: list[tuple[ClaimedRecord, StageRow]]) -> pa.Table:
+    u64 = [(c.record_id[0], c.record_id[1]) for c, _ in rows]
+    return pa.table({
+        BODY_COL: pa.array([r.body for _, r in rows], pa.string()),
+        HASH_COL: pa.array([r.schema_hash for _, r in rows], pa.int64()),
+        SRC_COL: pa.array(np.array([s for s, _ in u64], np.uint64).view(np.int64)),
+        ATT_COL: pa.array([c.attempts for c, _ in rows], pa.int32()),
+        CUR_COL: pa.array(np.array([x for _, x in u64], np.uint64).view(np.int64)),
+        LIN_COL: pa.array([c.frame.lineage for c, _ in rows], pa.int64())})  # fmt: skip
+
+
 def dead_letter_table(layer: FTLayer, source: int, schema: pa.Schema, reads: Any,
                       spark: Any) -> pa.Table:  # fmt: skip
     """The dead letters of ``source`` as a table of its columns (kept by reference: read
@@ -152,6 +223,7 @@ def dead_letter_table(layer: FTLayer, source: int, schema: pa.Schema, reads: Any
                if d.frame is not None and d.frame.source == source]  # fmt: skip
     claimed = [ClaimedRecord(RecordId(d.source_id, 0), d.frame, -1, d.attempts)
                for d in letters if d.frame is not None]  # fmt: skip
+    claimed, _, _ = split_stage_rows(claimed, (), schema.names)  # stage rows: their source
     table, _ = replay_table(claimed, stored_schema(schema, reads is not None))
     if reads is not None and table.num_rows:
         back = resolve(spark, reads, table, schema.names)

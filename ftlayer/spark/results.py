@@ -96,6 +96,11 @@ class BatchResult(RecordCounts):
     immediate_replays: int = 0
     """Failed attempts of fresh rows replayed at once in the task that read them."""
     undecodable: int = 0
+    entered: int = 0
+    """Replays taken in as stage rows: they entered before the segment they failed in
+    (ftlayer.spark.stage_rows), the source not read again."""
+    read_back: int = 0
+    """Replays kept by reference, read back from their source."""
     tasks: int = 0
     elapsed_s: float = 0.0
     redis_calls: int = 0

@@ -57,12 +57,15 @@ log = logging.getLogger(__name__)
 
 
 class Failure(NamedTuple):
-    """A failed residue: its first error, the attempts it used in its batch and the label
-    of the stage it failed in (its outcome is counted there)."""
+    """A failed residue: its first error, the attempts it used in its batch, the label
+    of the stage it failed in (its outcome is counted there) and what was kept of it."""
 
     error: str
     attempts: int
     stage: str = SOURCE_STAGE
+    kept: bytes | None = None
+    """The row kept as the input of the segment it failed in, as its stored payload
+    (ftlayer.spark.stage_rows; None: it is stored as its source row)."""
 
 
 @dataclass
@@ -148,8 +151,8 @@ class Settlement:
                 pend_frames = [(f, os.urandom(8)) for f in make(np.arange(s.segment_rows))]
             else:
                 if fails:
-                    frames = make(np.array([r for r, _ in fails]))
                     why = [res.failed[src] for _, src in fails]
+                    frames = make(np.array([r for r, _ in fails]), kept=[w.kept for w in why])
                     fail_frames = [(f, w.error, w.attempts)
                                    for f, w in zip(frames, why, strict=True)]  # fmt: skip
                     self.sent[member] = {unit_source_id(f): w.stage
@@ -225,7 +228,8 @@ class Settlement:
             frames = frames_of_rows(table, np.arange(len(mine)), shard=shard,
                                     source=plan.source, partition=shard,
                                     max_replays=cfg.max_replays,
-                                    max_payload=cfg.max_record_bytes)  # fmt: skip
+                                    max_payload=cfg.max_record_bytes,
+                                    kept=[why.kept for _, why in mine])  # fmt: skip
             fails = [(f, why.error, why.attempts)
                      for f, (_, why) in zip(frames, mine, strict=True)]  # fmt: skip
             # shard 0's segment also counts the rows that completed (persisted, completed)

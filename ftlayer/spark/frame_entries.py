@@ -1,0 +1,175 @@
+"""Stage rows of DataFrame stages: a row that fails in a DataFrame stage is kept as the
+input of its segment, in the same job, and its replay enters there
+(ftlayer.spark.stage_rows, ftlayer.spark.entries).
+
+* **Carry.** A segment with a stage that marks failures (``failed=``) starts by copying
+  its input's user columns under hidden names (``__ft_in_<i>``, tagged with
+  :data:`CARRIED`): a stage may drop or recompute its input's columns, and the copies
+  ride along as the identity columns do. Spark prunes them where nothing reads them.
+* **Keep.** The stage's observation (ftlayer.spark.frame_observations) also collects,
+  for its failed rows only, ``location,position,`` and Spark's ``to_json`` of the copies
+  (fields named by position). A stage whose output lost a copy keeps nothing: its failed
+  rows go back to their source, as before.
+* **Bound.** A batch keeps about ``FTConfig.max_kept_rows`` rows a stage: when the
+  stage's last batch failed more, a deterministic share of rows (by a hash of their
+  identity) is kept and the rest go back to their source. A kept row larger than
+  ``max_record_bytes`` goes back to its source too.
+* **Enter.** A batch's stage rows for entry ``k`` are read with ``from_json`` and the
+  entry's schema, named by identity like any replay (null location, the record id as
+  position) and put before the shuffle that feeds segment ``k``. A row written under
+  another schema of that entry (the stage before it changed its output) is
+  dead-lettered, named: it cannot enter there, and the batch has read its source already.
+
+Invariant: keeping changes where a replay enters, never whether a failed row is kept: a
+failed fresh row is stored either way (as a stage row, or as its source row).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ftlayer.spark.identity import IDENTITY
+from ftlayer.spark.intake import BODY_COL, HASH_COL
+from ftlayer.spark.stage_rows import JSON_OPTIONS, StageRow, encode_stage_row, schema_hash
+from ftlayer.spark.vector_plan import LOC_COL, POS_COL, SRC_COL
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import StructType
+
+    from ftlayer.ids import RecordId
+    from ftlayer.spark.entries import Entry
+
+__all__ = ["CARRIED", "FULL_SHARE", "Kept", "carry", "entering", "kept_column", "kept_rows",
+           "share_after", "still_carried", "user_schema"]
+
+CARRIED = {"ftlayer": "entry"}
+"""The tag of a segment input's hidden copies (lost when a stage recomputes one)."""
+_PREFIX = "__ft_in_"
+FULL_SHARE = 1024
+"""Hash buckets of the keeping share (all kept: every bucket)."""
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What a segment keeps of its input for its failed rows: ``entry`` (its index and
+    fingerprint), the input's user columns as Spark's analysis gave them (``schema``)
+    and the hidden copies' names."""
+
+    entry: int
+    fingerprint: int
+    schema: StructType
+    hash: int
+    copies: tuple[str, ...]
+
+    def row(self, location: int | None, position: int, body: str) -> bytes:
+        """A kept row's stored payload (ftlayer.spark.stage_rows)."""
+        return encode_stage_row(StageRow(self.entry, self.fingerprint, self.hash, location,
+                                         position, "json", body))  # fmt: skip
+
+
+def user_schema(df: DataFrame) -> StructType:
+    """``df``'s user columns: not the identity columns, not a hidden copy."""
+    from pyspark.sql.types import StructType
+
+    return StructType([f for f in df.schema.fields
+                       if f.name not in (LOC_COL, POS_COL) and not f.name.startswith(_PREFIX)])
+
+
+def carry(df: DataFrame, entry: Entry, cache: dict[Any, Any], key: Any) -> tuple[DataFrame, Kept]:
+    """``df`` (a segment's input) with hidden copies of its user columns, and what its
+    failing stages keep. The schema is read once per ``key`` (the pipeline's segment and
+    the source's schema: the same in every batch of a query)."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    if key not in cache:
+        schema = user_schema(df)
+        copies = tuple(f"{_PREFIX}{i}" for i in range(len(schema.fields)))
+        kept = Kept(entry.segment, entry.fingerprint(), schema, schema_hash(schema), copies)
+        cols = [F.col(f"`{f.name}`").alias(c, metadata=CARRIED)
+                for f, c in zip(schema.fields, copies, strict=True)]  # fmt: skip
+        cache[key] = (kept, cols)
+    kept, cols = cache[key]
+    return df.select("*", *cols), kept
+
+
+def still_carried(out: DataFrame, kept: Kept) -> bool:
+    """Whether a stage's output still has every hidden copy, unchanged (tagged)."""
+    fields = {f.name: f for f in out.schema.fields}
+    return all(c in fields and fields[c].metadata.get("ftlayer") == "entry"
+               for c in kept.copies)  # fmt: skip
+
+
+def kept_column(kept: Kept, failed: Column, share: int) -> Column:
+    """The observation's aggregate of a stage's kept rows: ``location,position,body``
+    of each failed row (of the ``share`` of 1024 hash buckets kept)."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    body = F.to_json(F.struct(*[F.col(c).alias(str(i)) for i, c in enumerate(kept.copies)]),
+                     JSON_OPTIONS)  # fmt: skip
+    row = F.concat_ws(",", F.coalesce(F.col(LOC_COL).cast("string"), F.lit("")),
+                      F.col(POS_COL).cast("string"), body)  # fmt: skip
+    if share < FULL_SHARE:
+        failed = failed & (F.pmod(F.xxhash64(F.col(LOC_COL), F.col(POS_COL)),
+                                  F.lit(FULL_SHARE)) < share)  # fmt: skip
+    return F.collect_list(F.when(failed, row)).alias("kept")
+
+
+def share_after(failed: int, most: int) -> int:
+    """The hash buckets (of 1024) to keep in a stage's next batch when this one failed
+    ``failed`` rows and a batch keeps about ``most``."""
+    if failed <= most:
+        return FULL_SHARE
+    return max(1, FULL_SHARE * most // failed)
+
+
+def kept_rows(values: list[str], kept: Kept,
+              max_bytes: int) -> dict[tuple[int | None, int], bytes]:  # fmt: skip
+    """The kept rows an observation collected, by identity (location or None, position),
+    as stored payloads; a row over ``max_bytes`` is left out (it goes back to its
+    source)."""
+    out: dict[tuple[int | None, int], bytes] = {}
+    for value in values:
+        loc_text, pos_text, body = value.split(",", 2)
+        loc = int(loc_text) if loc_text else None
+        payload = kept.row(loc, int(pos_text), body)
+        if len(payload) <= max_bytes:
+            out[(loc, int(pos_text))] = payload
+    return out
+
+
+def entering(out: DataFrame, table: pa.Table) -> tuple[DataFrame | None,
+                                                       list[tuple[RecordId, str]]]:  # fmt: skip
+    """The stage rows ``table`` (Replays.entered's shape) that enter before the segment
+    ``out`` feeds, as a DataFrame of ``out``'s user columns with their identity (None:
+    none enter), and those written under another schema, each with an error naming it."""
+    from pyspark.sql import functions as F  # noqa: N812
+    from pyspark.sql.types import StructField, StructType
+
+    from ftlayer.ids import RecordId
+
+    schema = user_schema(out)
+    fits = pc.equal(table.column(HASH_COL), pa.scalar(schema_hash(schema), pa.int64()))
+    bad = []
+    for src in table.filter(pc.invert(fits)).column(SRC_COL).to_pylist():
+        bad.append((RecordId(src & ((1 << 64) - 1), 0),
+                    f"src={src & ((1 << 64) - 1):016x}: kept as a stage's input under "
+                    f"another schema than its input has now ({json.dumps(schema.simpleString())}"
+                    "): the stage before it changed its output"))  # fmt: skip
+    rows = table.filter(fits)
+    if not rows.num_rows:
+        return None, bad
+    spark = out.sparkSession
+    shape = StructType([StructField(str(i), f.dataType, True)
+                        for i, f in enumerate(schema.fields)])  # fmt: skip
+    raw = spark.createDataFrame(rows.select([BODY_COL, SRC_COL]))
+    parsed = raw.select(F.from_json(BODY_COL, shape, JSON_OPTIONS).alias("v"), SRC_COL)
+    return parsed.select(
+        *[F.col("v").getField(str(i)).alias(f.name) for i, f in enumerate(schema.fields)],
+        F.lit(None).cast("long").alias(LOC_COL, metadata=IDENTITY),
+        F.col(SRC_COL).alias(POS_COL, metadata=IDENTITY)), bad  # fmt: skip
