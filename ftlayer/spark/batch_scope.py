@@ -20,7 +20,7 @@ Residues (after every task of the batch finished, before the batch function retu
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -86,11 +86,12 @@ class VectorRun(OfRun):
             segments = compile_rows(segments, schema, pipeline.on_error,
                                     lambda ddl: arrow_schema(ddl, spark),
                                     pipeline.errors)  # fmt: skip
-        return plan_batch(segments, schema, spark, config=config, source=pipeline.source,
+        plan = plan_batch(segments, schema, spark, config=config, source=pipeline.source,
                           batch_key=batch_key, on_error=pipeline.on_error,
                           immediate_replays=pipeline.immediate_replays, errors=pipeline.errors,
                           record_key=pipeline.record_key, lineage_seed=lineage_seed,
                           run_again=run_again)  # fmt: skip
+        return replace(plan, replay_from=pipeline.replay_from)
 
     def execute(self, df: DataFrame, pipeline: Pipeline, replay_limit: int,
                 fresh: bool) -> Residues | None:  # fmt: skip

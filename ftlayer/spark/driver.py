@@ -44,7 +44,7 @@ from ftlayer.persistence import DeadLetter
 from ftlayer.sources import claim_source, source_identity
 from ftlayer.spark.batch_plan import arrow_schema, with_replay_columns, without_replay_columns
 from ftlayer.spark.engine import BatchEngine
-from ftlayer.spark.pipeline import AckScope, OnError, Pipeline, new_pipeline
+from ftlayer.spark.pipeline import AckScope, OnError, Pipeline, ReplayFrom, new_pipeline
 from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy
 from ftlayer.spark.preflight import preflight
 from ftlayer.spark.progress import BatchProgress, ProgressListener
@@ -159,6 +159,7 @@ class FaultTolerance:
         record_key: str | None = None,
         name: str | None = None,
         reads: Any = None,
+        replay_from: ReplayFrom = "stage",
     ) -> Pipeline:
         """A new pipeline reading source ``source``; see :class:`Pipeline` (``errors``:
         ftlayer.spark.policy.ErrorPolicy for its stages; ``on_dead_letter``: called on
@@ -173,14 +174,16 @@ class FaultTolerance:
         go where their hash code says); ``partitions``: that repartition's partition count
         (needs ``key``); ``on_error``: ``"fail_record"`` fails only the records whose stage
         raised (replayed, then dead-lettered), ``"fail_batch"`` lets the exception fail the
-        task (Spark retries it, then the batch fails), the records neither acked nor failed."""
+        task (Spark retries it, then the batch fails), the records neither acked nor failed;
+        ``replay_from``: ``"stage"`` (a failed row's replay starts where it failed) or
+        ``"source"`` (Storm's rule: from its source record, every stage again)."""
         if ack_scope == "task":
             from ftlayer.spark.task_scope import DEPRECATION
 
             warnings.warn(DEPRECATION, FutureWarning, stacklevel=2)
         return new_pipeline(self, source, key, partitions, on_error, immediate_replays,
                             ack_scope, errors or DEFAULT_POLICY, on_dead_letter, record_key,
-                            reads, name)  # fmt: skip
+                            reads, name, replay_from)  # fmt: skip
 
     # -- replays as a stream (ftlayer.spark.replay_stream) ----------------------------------
     def with_replays(

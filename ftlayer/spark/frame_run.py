@@ -111,11 +111,12 @@ class FrameRun(OfRun):
         if pipeline.record_key is not None:
             raise ConfigError("record_key takes pipelines of batch stages only (map_batches, "
                               "map_pandas), not DataFrame stages (transform, sink_dataframe)")
-        return plan_frames(pipeline.segments, schema, spark, config=config,
+        plan = plan_frames(pipeline.segments, schema, spark, config=config,
                            source=pipeline.source, batch_key=batch_key,
                            on_error=pipeline.on_error, errors=pipeline.errors,
                            lineage_seed=lineage_seed, run_again=run_again,
                            immediate_replays=pipeline.immediate_replays)  # fmt: skip
+        return replace(plan, replay_from=pipeline.replay_from)
 
     def execute(self, df: DataFrame, pipeline: Pipeline, replay_limit: int,
                 fresh: bool) -> Residues | None:  # fmt: skip
@@ -188,9 +189,11 @@ class FrameRun(OfRun):
 
     def _keeps_until(self, seg: Any) -> int | None:
         """The last stage of ``seg`` that keeps its failed rows as the segment's input
-        (None: none does -- FT off, ``max_kept_rows=0``, no DataFrame stage with
-        ``failed=``, or a Python stage before it, which takes only its own columns)."""
-        if self.layer is None or not self.plan.config.max_kept_rows:
+        (None: none does -- FT off, ``max_kept_rows=0``, ``replay_from="source"``, no
+        DataFrame stage with ``failed=``, or a Python stage before it, which takes only
+        its own columns)."""
+        plan = self.plan
+        if self.layer is None or not plan.config.max_kept_rows or plan.replay_from == "source":
             return None
         last = None
         for j, (kind, stage) in enumerate(seg.ops):
@@ -323,14 +326,16 @@ class FrameRun(OfRun):
         if inputs is None:
             user = StructType([f for f in df.schema.fields if f.name not in (LOC_COL, POS_COL)])
             inputs = to_arrow_schema(user, timezone="UTC")
-        step = PythonStep(stage, label, inputs, output, stage.errors or self.plan.errors,
-                          self.plan.immediate_replays)
+        where = len(self.plan.segments) - 1 if segment is None else segment
+        budget = self.plan.immediate_replays  # past a shuffle, Storm's rule retries none
+        if where and self.plan.replay_from == "source":
+            budget = 0
+        step = PythonStep(stage, label, inputs, output, stage.errors or self.plan.errors, budget)
         self.python += 1
         key = ("step", id(stage), label, inputs, output, step.policy, step.budget)
         out = map_in_arrow(df, key, lambda run: (replace(step, run=run),
                                                  answer_type(step, IDENTITY)),
                            RunFields.of(self.plan), self.run.columns)  # fmt: skip
-        where = len(self.plan.segments) - 1 if segment is None else segment
         out = self.seen.stage(out, label, F.col(ERROR_COL), F.col(DEAD_COL),
                               F.col(ATTEMPTS_COL), "python", where)  # fmt: skip
         return out.drop(FAILED_COL, ERROR_COL, DEAD_COL, ATTEMPTS_COL)

@@ -19,10 +19,11 @@ from partitioners import HashPartitioner
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["AckScope", "BatchRunner", "OnError", "Pipeline", "new_pipeline"]
+__all__ = ["AckScope", "BatchRunner", "OnError", "Pipeline", "ReplayFrom", "new_pipeline"]
 
 OnError = Literal["fail_record", "fail_batch"]
 AckScope = Literal["batch", "task"]
+ReplayFrom = Literal["stage", "source"]
 
 
 class BatchRunner(Protocol):
@@ -93,6 +94,14 @@ class Pipeline:
     """A source Spark can read again (ftlayer.spark.references.ReplayableSource, e.g. a
     FileSource): its rows are kept by reference, not copied into Redis, and replays are
     read back from it. Start its stream with :meth:`stream`."""
+    replay_from: ReplayFrom = "stage"
+    """Where a failed row's replay starts. ``"stage"``: where it failed -- retried at once
+    in the task that holds it, then, kept as the input of the segment it failed in, it
+    enters there (the source not read again, the stages before that segment not run
+    again; Python stages past a shuffle: not yet, they replay from the source).
+    ``"source"``: Storm's rule, from its source record through every stage (for stages
+    before the failing one that must run again); past a shuffle nothing is retried at
+    once."""
     name: str | None = None
     """The pipeline's name, stored with its source the first time it runs: another
     pipeline (another name, or another source schema) on the same namespace and source is
@@ -299,7 +308,8 @@ def _is_column(x: Any) -> bool:
 def new_pipeline(ft: BatchRunner, source: int, key: Sequence[str] | str, partitions: int | None,
                  on_error: OnError, immediate_replays: int | None, ack_scope: AckScope,
                  errors: ErrorPolicy, on_dead_letter: Callable[[Any], None] | None,
-                 record_key: str | None, reads: Any, name: str | None) -> Pipeline:  # fmt: skip
+                 record_key: str | None, reads: Any, name: str | None,
+                 replay_from: ReplayFrom = "stage") -> Pipeline:  # fmt: skip
     """A new, empty pipeline of ``ft``, its arguments checked (see
     ``FaultTolerance.pipeline``): a wrong one is refused here, named, before any batch."""
     if on_error not in ("fail_record", "fail_batch"):
@@ -308,6 +318,8 @@ def new_pipeline(ft: BatchRunner, source: int, key: Sequence[str] | str, partiti
         raise ConfigError(f"ack_scope must be 'batch' or 'task', not {ack_scope!r}")
     if immediate_replays is not None and not 0 <= immediate_replays <= MAX_REPLAYS:
         raise ConfigError(f"immediate_replays must be in 0..{MAX_REPLAYS}, not {immediate_replays}")
+    if replay_from not in ("stage", "source"):
+        raise ConfigError(f"replay_from must be 'stage' or 'source', not {replay_from!r}")
     key = (key,) if isinstance(key, str) else tuple(key)
     if partitions is not None and (not key or partitions < 1):
         raise ConfigError("partitions= needs key columns and must be >= 1")
@@ -326,7 +338,7 @@ def new_pipeline(ft: BatchRunner, source: int, key: Sequence[str] | str, partiti
         if ack_scope != "batch":
             raise ConfigError("reads= needs the default ack_scope='batch'")
     return Pipeline(ft, source, key, partitions, on_error, immediate_replays, ack_scope, errors,
-                    on_dead_letter, record_key, reads, name)  # fmt: skip
+                    on_dead_letter, record_key, reads, replay_from, name)  # fmt: skip
 
 
 def _check_mix(pipeline: Pipeline, kind: str) -> None:

@@ -77,6 +77,8 @@ class VectorPlan:
     """Where rows join the run: one entry before every segment (ftlayer.spark.entries)."""
     open_stages: tuple[str, ...] = ()
     """Labels of the stages whose breaker is open: not called, their rows held."""
+    replay_from: str = "stage"
+    """Pipeline.replay_from: ``"source"``, nothing is retried at once past a shuffle."""
 
     def for_run(self, run: RunFields | None) -> VectorPlan:
         """This plan for the run ``run`` (None: as it is). A plan built once per query has

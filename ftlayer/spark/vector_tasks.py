@@ -366,6 +366,8 @@ def _shuffled_batch(plan: VectorPlan, stage: int, task: TaskRun, batch: pa.Recor
     # (or any row, when the ids past the shuffle are record keys) waits in the queue
     retryable = None if plan.record_key else is_local(src)
     budget = plan.immediate_replays if retryable is not None and retryable.any() else 0
+    if plan.replay_from == "source":  # Storm's rule: back to the source, every stage again
+        budget = 0
     yield from _run_with_replays(plan, task, user, src, budget, None, lin, stage, retryable)
 
 

@@ -141,6 +141,39 @@ def test_a_stage_that_mostly_fails_is_retried_at_once_when_its_breaker_never_ope
     assert sorted(probe.ids()) == list(range(n))
 
 
+def test_replay_from_source_retries_nothing_past_the_shuffle(
+    spark: SparkSession, make_ft: Any, probe: Probe
+) -> None:
+    """``replay_from="source"`` (Storm's rule): a row failing once after the shuffle is
+    not retried there; it replays from its source record in a later batch, through
+    stage 1 again, and lands once. Catches: the option ignored (retried at the stage),
+    a replay that skips the stages before the failing one."""
+    ft = make_ft(max_replays=3, timeout_s=5.0)
+    n = 600
+
+    def stage1(b: pa.RecordBatch) -> pa.RecordBatch:
+        times_seen(probe, "s1", b.column("id").to_numpy())
+        return b
+
+    def stage2(b: pa.RecordBatch) -> Outcome:
+        ids = b.column("id").to_numpy()
+        return Outcome(b, failed=first_seen(probe, "f2", ids, ids % 7 == 3),
+                       errors="fails the first time")  # fmt: skip
+
+    schema = "id long, key long, amount long"
+    pipeline = (ft.pipeline(replay_from="source").map_batches(stage1, schema)
+                .partition_by(["key"], 4).map_batches(stage2, schema)
+                .sink_batches(lambda b: probe.r.rpush(f"{probe.prefix}:sink",
+                                                      *b.column("id").to_pylist())))  # fmt: skip
+    res = ft.run_batch(pipeline, source_df(spark, n), 0)
+    flaky = {i for i in range(n) if i % 7 == 3}
+    assert res.immediate_replays == 0 and res.failed == len(flaky), res
+    assert ft.drain(timeout_s=60, pipeline=pipeline).drained
+    assert Counter(probe.ids("sink")) == Counter(range(n)), "lost or duplicated"
+    seen = calls(probe, "s1")
+    assert {i for i, c in seen.items() if c == 2} == flaky, "stage 1 did not run again"
+
+
 def test_an_outage_holds_rows_until_the_breaker_probes_and_charges_no_attempt(
     spark: SparkSession, make_ft: Any, probe: Probe
 ) -> None:

@@ -62,13 +62,13 @@ def lookup(regions: Path) -> Any:
 
 
 def pipeline_of(ft: FaultTolerance, probe: Probe, regions: Path, out: Path, files: Any,
-                first: Any = None) -> Any:  # fmt: skip
+                first: Any = None, replay_from: str = "stage") -> Any:  # fmt: skip
     def stage1(b: pa.RecordBatch) -> pa.RecordBatch:
         times_seen(probe, "s1", b.column("id").to_numpy())
         return b
 
     return (
-        ft.pipeline(reads=files, name="resume")
+        ft.pipeline(reads=files, name="resume", replay_from=replay_from)
         .map_batches(first or stage1, SCHEMA)
         .partition_by(["key"], 4)
         .transform(lookup(regions), failed="region IS NULL", errors="no region for its key")
@@ -156,6 +156,32 @@ def test_a_pipeline_changed_before_the_failing_segment_replays_from_the_source(
     assert sum(r.entered for r in ft.results) == 0
     assert sum(r.read_back for r in ft.results) == sum(r.replayed for r in ft.results) > 0
     assert set(calls(probe, "s1b")) == failing, "the new stage did not run the replays"
+
+
+def test_replay_from_source_runs_every_stage_again(
+    spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path
+) -> None:
+    """``replay_from="source"`` (Storm's rule): the same failures replay from their
+    source records -- read back, through the stage before the shuffle again -- and land
+    once. Catches: the option ignored (rows kept as a stage's input), or replays that do
+    not run the stages before the failing one."""
+    ft = make_ft(timeout_s=5.0, max_replays=3)
+    n = 600
+    write_events(tmp_path / "in" / "a.json", range(n))
+    regions, out = tmp_path / "regions", tmp_path / "out"
+    write_regions(regions, skip=MISSING)
+    files = FileSource("json", str(tmp_path / "in"), SCHEMA)
+    pipeline = pipeline_of(ft, probe, regions, out, files, replay_from="source")
+    run_stream(spark, pipeline, files, tmp_path / "ck")
+    failing = {i for i in range(n) if i % KEYS in MISSING}
+    write_regions(regions, skip=set())
+    assert ft.drain(timeout_s=60, pipeline=pipeline).drained
+    got = Counter(r["id"] for r in written(spark, out))
+    assert set(got) == set(range(n)) and max(got.values()) == 1, "lost or duplicated"
+    assert sum(r.entered for r in ft.results) == 0
+    assert sum(r.read_back for r in ft.results) == len(failing)
+    seen = calls(probe, "s1")
+    assert {i for i, c in seen.items() if c == 2} == failing, "not every stage ran again"
 
 
 def test_copies_kept_as_a_stage_input_resume_there_and_dead_letters_show_the_source(
