@@ -185,7 +185,9 @@ class BatchSummary:
     it now) and the label of the stage it failed in. ``counts``: stage label -> rows in,
     rows out, failed, unconfirmed, extra calls, microseconds, failed rows replayed at once
     (ftlayer.spark.results.StageCounts). ``upstream``: the tokens of the summaries of the
-    tasks before a shuffle whose rows this task consumed.
+    tasks before a shuffle whose rows this task consumed. ``rep_src``/``rep_cur``: the
+    replays a source task ran (their current ids); past a shuffle, the stored ids it
+    received (current ids 0: the driver knows those of the replays that entered there).
     """
 
     stage: int
@@ -210,6 +212,10 @@ class BatchSummary:
     upstream: list[int] = field(default_factory=list)
     counts: dict[str, list[int]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    kept_src: np.ndarray = field(default_factory=_ids)
+    kept_body: list[bytes] = field(default_factory=list)
+    """Failed rows kept as this task's segment input (aligned: their source ids, their
+    rows as msgpack maps): their replays enter there (ftlayer.spark.stage_rows)."""
 
     @property
     def key(self) -> tuple[int, int]:
@@ -234,6 +240,7 @@ class BatchSummary:
             "unc_src": _pack_ids(self.unc_src), "rep_src": _pack_ids(self.rep_src),
             "rep_cur": _pack_ids(self.rep_cur), "rep_key": _pack_ids(self.rep_key),
             "upstream": self.upstream, "counts": self.counts, "errors": self.errors,
+            "kept_src": _pack_ids(self.kept_src), "kept_body": self.kept_body,
         }, use_bin_type=True)  # fmt: skip
 
     @classmethod
@@ -252,6 +259,7 @@ class BatchSummary:
             unc_src=_unpack_ids(d["unc_src"]), rep_src=_unpack_ids(d["rep_src"]),
             rep_cur=_unpack_ids(d["rep_cur"]), rep_key=_unpack_ids(d["rep_key"]),
             upstream=d["upstream"], counts=d["counts"], errors=d["errors"],
+            kept_src=_unpack_ids(d.get("kept_src", b"")), kept_body=d.get("kept_body", []),
         )  # fmt: skip
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,12 +32,14 @@ from ftlayer.errors import ConfigError
 from ftlayer.ids import batch_source_ids
 from ftlayer.spark.batch_plan import arrow_schema, plan_batch, spark_schema, with_replay_columns
 from ftlayer.spark.batch_run import BatchRun, OfRun
-from ftlayer.spark.entries import walk
+from ftlayer.spark.entries import Entry, walk
+from ftlayer.spark.intake import reject
 from ftlayer.spark.plan import MAX_MESSAGES
 from ftlayer.spark.results import StageCounts
 from ftlayer.spark.row_stages import compile_rows
 from ftlayer.spark.run_fields import RunFields, fields_set, map_in_arrow
 from ftlayer.spark.settle import Failure, Residues, Settlement
+from ftlayer.spark.vector_entries import Entering, kept_rows
 from ftlayer.spark.vector_plan import (
     LOC_COL,
     REF_COLS,
@@ -65,16 +67,22 @@ class VectorRun(OfRun):
     """The execute phase of one run of a batch of Python stages."""
 
     run: BatchRun
-    enters: ClassVar[bool] = False
-    """Stage rows are not taken in here yet: they replay from their source."""
     injected: dict[int, int] = field(default_factory=dict)
     """The replays the counted source tasks ran: source id -> current id."""
     replay_keys: dict[int, list[int]] = field(default_factory=dict)  # record key -> srcs
     calls: int = 0
     summaries: list[BatchSummary] = field(default_factory=list)
+    entering: Entering = field(default_factory=Entering)
+    """The stage rows this run put into its plan (ftlayer.spark.vector_entries)."""
     """The task summaries that counted (once the job ended)."""
 
     # -- the stage kind (ftlayer.spark.engine.StageKind) ----------------------------------
+    @staticmethod
+    def enters(plan: VectorPlan) -> bool:
+        """Stage rows enter where they were kept when this pipeline keeps them
+        (VectorPlan.keeps); otherwise they replay from their source."""
+        return plan.keeps
+
     @staticmethod
     def make_plan(pipeline: Pipeline, schema: Any, spark: Any, *, config: FTConfig,
                   batch_key: str, lineage_seed: int, run_again: bool) -> VectorPlan:  # fmt: skip
@@ -91,7 +99,9 @@ class VectorRun(OfRun):
                           immediate_replays=pipeline.immediate_replays, errors=pipeline.errors,
                           record_key=pipeline.record_key, lineage_seed=lineage_seed,
                           run_again=run_again)  # fmt: skip
-        return replace(plan, replay_from=pipeline.replay_from)
+        keeps = (pipeline.reads is not None and pipeline.replay_from == "stage"
+                 and pipeline.record_key is None and config.max_kept_rows > 0)  # fmt: skip
+        return replace(plan, replay_from=pipeline.replay_from, keeps=keeps)
 
     def execute(self, df: DataFrame, pipeline: Pipeline, replay_limit: int,
                 fresh: bool) -> Residues | None:  # fmt: skip
@@ -152,7 +162,18 @@ class VectorRun(OfRun):
                 partial(run_vector_task, query.for_run(run), i), self._out_schema(i)),
                 RunFields.of(plan), self.run.columns)  # fmt: skip
 
-        return walk(plan.entries, plan.segments, source_df, segment)
+        return walk(plan.entries, plan.segments, source_df, segment, self._enter)
+
+    def _enter(self, entry: Entry, out: DataFrame) -> DataFrame:
+        """``out`` with the batch's stage rows that enter before segment ``entry``
+        (ftlayer.spark.vector_entries); those that do not decode dead-lettered, named."""
+        replays = self.run.replays
+        table = replays.entered.get(entry.segment) if replays is not None else None
+        if table is None or not table.num_rows:
+            return out
+        out, bad = self.entering.enter(self.plan, entry, table, out)
+        self.calls += reject(self.layer, bad, self.result, f"batch_id={self.result.batch_id} ")
+        return out
 
     def _out_schema(self, i: int) -> Any:
         plan = self.plan
@@ -172,7 +193,7 @@ class VectorRun(OfRun):
         self._count(summaries)
         if self.layer is None:
             return None
-        fold = sum(s.fold for s in summaries) % (1 << 64)
+        fold = (sum(s.fold for s in summaries) + self.entering.fold) % (1 << 64)
         if fold != 0 or not ok:
             self.result.fold_ok = False
             log.error(
@@ -181,6 +202,9 @@ class VectorRun(OfRun):
             )  # fmt: skip
         keyed = bool(self.plan.record_key)
         failed, unconfirmed = self._residues([s for s in summaries if not keyed or s.stage == 0])
+        for src, row in kept_rows(summaries, self.plan).items():
+            if src in failed:  # stored as its segment's input (settle adds its reference)
+                failed[src] = failed[src]._replace(kept=row)
         if keyed:  # past a shuffle, residues are record keys
             by_key = self._residues([s for s in summaries if s.stage > 0])
             if not self._keys_to_ids(summaries, *by_key, failed, unconfirmed):
@@ -219,6 +243,9 @@ class VectorRun(OfRun):
         """The replays this batch ran, as the source tasks that counted report them
         (claimed by this run, or read from the replay stream): settled below."""
         self.injected, self.replay_keys = {}, {}
+        entered = self.entering.ran(summaries)  # stage rows that entered past a shuffle
+        self.injected.update(entered)
+        self.result.replayed += len(entered)
         for s in summaries:
             if s.stage or not len(s.rep_src):
                 continue

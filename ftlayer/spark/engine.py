@@ -66,9 +66,11 @@ class StageKind(Protocol):
 
     calls: int
     """The Redis round trips it made itself."""
-    enters: bool
-    """Its batches take stage rows in where they were kept (ftlayer.spark.stage_rows);
-    where not, a stage row replays from its source."""
+
+    @staticmethod
+    def enters(plan: VectorPlan) -> bool:
+        """Whether its batches take stage rows in where they were kept
+        (ftlayer.spark.stage_rows); where not, a stage row replays from its source."""
 
     @staticmethod
     def make_plan(pipeline: Pipeline, schema: Any, spark: Any, *, config: FTConfig,
@@ -132,7 +134,7 @@ class BatchEngine:
         if self.layer is not None:
             run.intake = Intake(self.layer, pipeline.source, plan.inputs[0],
                                 pipeline.reads is not None, result, f"batch_id={batch_id} ",
-                                plan.entries if kind.enters else ())  # fmt: skip
+                                plan.entries if kind.enters(plan) else ())  # fmt: skip
             run.settlement = Settlement(plan, self.layer, result, started, pipeline.reads,
                                         spark)  # fmt: skip
         return run

@@ -13,7 +13,7 @@ input of its segment, in the same job, and its replay enters there
 * **Bound.** A batch keeps about ``FTConfig.max_kept_rows`` rows a stage: when the
   stage's last batch failed more, a deterministic share of rows (by a hash of their
   identity) is kept and the rest go back to their source. A kept row larger than
-  ``max_record_bytes`` goes back to its source too.
+  ``max_record_bytes`` goes back to its source too (ftlayer.spark.settle).
 * **Enter.** A batch's stage rows for entry ``k`` are read with ``from_json`` and the
   entry's schema, named by identity like any replay (null location, the record id as
   position) and put before the shuffle that feeds segment ``k``. A row written under
@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from ftlayer.spark.identity import IDENTITY
 from ftlayer.spark.intake import BODY_COL, HASH_COL
-from ftlayer.spark.stage_rows import JSON_OPTIONS, StageRow, encode_stage_row, schema_hash
+from ftlayer.spark.stage_rows import JSON_OPTIONS, StageRow, schema_hash
 from ftlayer.spark.vector_plan import LOC_COL, POS_COL, SRC_COL
 
 if TYPE_CHECKING:
@@ -67,10 +67,10 @@ class Kept:
     hash: int
     copies: tuple[str, ...]
 
-    def row(self, location: int | None, position: int, body: str) -> bytes:
-        """A kept row's stored payload (ftlayer.spark.stage_rows)."""
-        return encode_stage_row(StageRow(self.entry, self.fingerprint, self.hash, location,
-                                         position, "json", body))  # fmt: skip
+    def row(self, location: int | None, position: int, body: str) -> StageRow:
+        """A kept row (ftlayer.spark.stage_rows)."""
+        return StageRow(self.entry, self.fingerprint, self.hash, location, position, "json",
+                        body)  # fmt: skip
 
 
 def user_schema(df: DataFrame) -> StructType:
@@ -128,18 +128,14 @@ def share_after(failed: int, most: int) -> int:
     return max(1, FULL_SHARE * most // failed)
 
 
-def kept_rows(values: list[str], kept: Kept,
-              max_bytes: int) -> dict[tuple[int | None, int], bytes]:  # fmt: skip
-    """The kept rows an observation collected, by identity (location or None, position),
-    as stored payloads; a row over ``max_bytes`` is left out (it goes back to its
-    source)."""
-    out: dict[tuple[int | None, int], bytes] = {}
+def kept_rows(values: list[str], kept: Kept) -> dict[tuple[int | None, int], StageRow]:
+    """The kept rows an observation collected, by identity (location or None,
+    position)."""
+    out: dict[tuple[int | None, int], StageRow] = {}
     for value in values:
         loc_text, pos_text, body = value.split(",", 2)
         loc = int(loc_text) if loc_text else None
-        payload = kept.row(loc, int(pos_text), body)
-        if len(payload) <= max_bytes:
-            out[(loc, int(pos_text))] = payload
+        out[(loc, int(pos_text))] = kept.row(loc, int(pos_text), body)
     return out
 
 
@@ -168,7 +164,8 @@ def entering(out: DataFrame, table: pa.Table) -> tuple[DataFrame | None,
     shape = StructType([StructField(str(i), f.dataType, True)
                         for i, f in enumerate(schema.fields)])  # fmt: skip
     raw = spark.createDataFrame(rows.select([BODY_COL, SRC_COL]))
-    parsed = raw.select(F.from_json(BODY_COL, shape, JSON_OPTIONS).alias("v"), SRC_COL)
+    body = F.col(BODY_COL).cast("string")
+    parsed = raw.select(F.from_json(body, shape, JSON_OPTIONS).alias("v"), SRC_COL)
     return parsed.select(
         *[F.col("v").getField(str(i)).alias(f.name) for i, f in enumerate(schema.fields)],
         F.lit(None).cast("long").alias(LOC_COL, metadata=IDENTITY),

@@ -27,6 +27,7 @@ from ftlayer.spark.identity import U64, is_replay
 from ftlayer.spark.plan import MAX_MESSAGES, SOURCE_STAGE
 from ftlayer.spark.results import StageCounts
 from ftlayer.spark.settle import Failure, Residues
+from ftlayer.spark.stage_rows import StageRow
 from ftlayer.spark.vector_plan import LOC_COL, POS_COL, SRC_COL
 
 if TYPE_CHECKING:
@@ -144,10 +145,10 @@ class Observations:
             stage = label or SOURCE_STAGE
             errors = {int(e["id"]): Failure(e["error"], _attempts(e), stage)
                       for e in json.loads(m.get("errors") or "[]")}  # fmt: skip
-            rows_kept: dict[tuple[int | None, int], bytes] = {}
+            rows_kept: dict[tuple[int | None, int], StageRow] = {}
             if label in self.keeps:
                 kept, share_key = self.keeps[label]
-                rows_kept = kept_rows(m.get("kept") or [], kept, config.max_record_bytes)
+                rows_kept = kept_rows(m.get("kept") or [], kept)
                 self.columns[share_key] = share_after(len(failed), config.max_kept_rows)
             for loc_text, pos_text, err in failed:
                 why, pos = errors[int(err)], int(pos_text)

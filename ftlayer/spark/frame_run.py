@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -84,7 +84,6 @@ class FrameRun(OfRun):
     """The execute phase of one run of a batch of DataFrame stages."""
 
     run: BatchRun
-    enters: ClassVar[bool] = True
     copies: bool = False
     """Its fresh rows are copies, stored by the source pass (frame_tasks.CopySource)."""
     calls: int = 0
@@ -104,6 +103,12 @@ class FrameRun(OfRun):
         return self.seen.ran
 
     # -- the stage kind (ftlayer.spark.engine.StageKind) ----------------------------------
+    @staticmethod
+    def enters(plan: VectorPlan) -> bool:
+        """Stage rows enter where they were kept, unless the pipeline replays from its
+        source (``replay_from="source"``)."""
+        return plan.replay_from == "stage"
+
     @staticmethod
     def make_plan(pipeline: Pipeline, schema: Any, spark: Any, *, config: FTConfig,
                   batch_key: str, lineage_seed: int, run_again: bool) -> VectorPlan:  # fmt: skip

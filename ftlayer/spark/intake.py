@@ -46,7 +46,8 @@ __all__ = ["BODY_COL", "HASH_COL", "Intake", "Replays", "dead_letter_table", "re
            "split_stage_rows"]
 
 BODY_COL = "__ft_body"
-"""A stage row's body (ftlayer.spark.stage_rows) in :attr:`Replays.entered`."""
+"""A stage row's body (ftlayer.spark.stage_rows) in :attr:`Replays.entered`, as bytes
+(JSON text in UTF-8, or a msgpack map)."""
 HASH_COL = "__ft_schema"
 """... and the hash of the schema it was written under."""
 
@@ -206,7 +207,8 @@ def split_stage_rows(claimed: Sequence[ClaimedRecord], entries: tuple[Entry, ...
 def _entered_table(rows: list[tuple[ClaimedRecord, StageRow]]) -> pa.Table:
     u64 = [(c.record_id[0], c.record_id[1]) for c, _ in rows]
     return pa.table({
-        BODY_COL: pa.array([r.body for _, r in rows], pa.string()),
+        BODY_COL: pa.array([r.body.encode() if isinstance(r.body, str) else r.body
+                            for _, r in rows], pa.binary()),
         HASH_COL: pa.array([r.schema_hash for _, r in rows], pa.int64()),
         SRC_COL: pa.array(np.array([s for s, _ in u64], np.uint64).view(np.int64)),
         ATT_COL: pa.array([c.attempts for c, _ in rows], pa.int32()),

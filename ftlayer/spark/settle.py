@@ -43,6 +43,7 @@ from ftlayer.lineage import LINEAGE_META
 from ftlayer.segments import frames_of_rows, unit_source_id
 from ftlayer.spark.plan import SOURCE_STAGE
 from ftlayer.spark.results import BatchResult, StageCounts
+from ftlayer.spark.stage_rows import StageRow, encode_stage_row
 from ftlayer.spark.vector_plan import LOC_COL, POS_COL, VectorPlan
 from ftlayer.spark.vector_tasks import segment_bytes
 from ftlayer.tally import Tally
@@ -63,9 +64,10 @@ class Failure(NamedTuple):
     error: str
     attempts: int
     stage: str = SOURCE_STAGE
-    kept: bytes | None = None
-    """The row kept as the input of the segment it failed in, as its stored payload
-    (ftlayer.spark.stage_rows; None: it is stored as its source row)."""
+    kept: StageRow | None = None
+    """The row kept as the input of the segment it failed in (ftlayer.spark.stage_rows;
+    its reference filled in from its segment when it has none yet; None: it is stored as
+    its source row)."""
 
 
 @dataclass
@@ -152,7 +154,8 @@ class Settlement:
             else:
                 if fails:
                     why = [res.failed[src] for _, src in fails]
-                    frames = make(np.array([r for r, _ in fails]), kept=[w.kept for w in why])
+                    rows = np.array([r for r, _ in fails])
+                    frames = make(rows, kept=self._kept(why, table, rows))
                     fail_frames = [(f, w.error, w.attempts)
                                    for f, w in zip(frames, why, strict=True)]  # fmt: skip
                     self.sent[member] = {unit_source_id(f): w.stage
@@ -161,6 +164,28 @@ class Settlement:
                     frames = make(np.array([r for r, _ in pends]))
                     pend_frames = [(f, os.urandom(8)) for f in frames]
         return (member, s.segment_rows, fail_frames, pend_frames, s.immediate_replays)
+
+    def _kept(self, why: list[Failure], table: pa.Table | None = None,
+              rows: np.ndarray | None = None) -> list[bytes | None]:  # fmt: skip
+        """The stored payloads of the failed rows kept as a segment's input, aligned with
+        ``why`` (None: stored as its source row -- none kept, or over ``max_record_bytes``).
+        A kept row without its reference gets it from its segment (``table``'s ``rows``,
+        when the segment holds references)."""
+        if all(w.kept is None for w in why):
+            return []
+        refs = None
+        if table is not None and rows is not None and LOC_COL in table.schema.names:
+            refs = (table.column(LOC_COL).take(pa.array(rows)).to_pylist(),
+                    table.column(POS_COL).take(pa.array(rows)).to_pylist())
+        out: list[bytes | None] = []
+        for i, w in enumerate(why):
+            row = w.kept
+            if row is not None and row.location is None and refs is not None:
+                row = row._replace(location=refs[0][i], position=refs[1][i])
+            payload = None if row is None else encode_stage_row(row)
+            too_big = payload is not None and len(payload) > self.layer.config.max_record_bytes
+            out.append(None if too_big else payload)
+        return out
 
     def _settle_jobs(self, jobs: dict[int, tuple[list[Any], list[int]]]) -> None:
         store, plan = self.layer.segments, self.plan
@@ -229,7 +254,7 @@ class Settlement:
                                     source=plan.source, partition=shard,
                                     max_replays=cfg.max_replays,
                                     max_payload=cfg.max_record_bytes,
-                                    kept=[why.kept for _, why in mine])  # fmt: skip
+                                    kept=self._kept([why for _, why in mine]))  # fmt: skip
             fails = [(f, why.error, why.attempts)
                      for f, (_, why) in zip(frames, mine, strict=True)]  # fmt: skip
             # shard 0's segment also counts the rows that completed (persisted, completed)

@@ -15,7 +15,9 @@ whose code changed its output under the same name); ``location``/``position``: t
 source record's reference (nil location: a copy); ``format``/``body``: the entry's
 columns, ``json`` -- Spark's ``to_json`` of a struct whose fields are named by position
 (``"0"``, ``"1"``, ...), read back with ``from_json`` and the entry's schema, so every
-Spark type comes back as Spark wrote it.
+Spark type comes back as Spark wrote it; ``msgpack`` -- a msgpack map of the entry's
+columns, as a copied source row is stored (ftlayer.payloads), read back with the entry's
+Arrow schema.
 
 Invariant: a stage row names its source record (location, position) whenever the record
 has a source to go back to; a row that cannot enter where it was kept is never dropped:
@@ -49,7 +51,9 @@ class StageRow(NamedTuple):
     location: int | None
     position: int
     format: str
-    body: str
+    body: str | bytes
+    """``json``: Spark's ``to_json`` text (DataFrame stages); ``msgpack``: a msgpack map
+    of the columns, as a source row's (Python stages)."""
 
 
 def encode_stage_row(row: StageRow) -> bytes:
@@ -79,7 +83,7 @@ def source_payload(row: StageRow, names: Sequence[str] = ()) -> bytes | None:
     if row.entry or not names or row.format != "json":
         return None
     try:
-        values = json.loads(row.body)
+        values = json.loads(row.body)  # (str or UTF-8 bytes)
         return msgpack.packb({n: values.get(str(i)) for i, n in enumerate(names)})
     except (ValueError, AttributeError):
         return None

@@ -46,6 +46,7 @@ from ftlayer.ids import (
 )
 from ftlayer.limits import DEAD_NOW
 from ftlayer.lineage import LINEAGE_META, copy_lineage, reference_lineage
+from ftlayer.payloads import arrow_codecs, encode_record
 from ftlayer.spark.chain import Chain, TaskRun, note_failures, run_chain, u64_ids
 from ftlayer.spark.plan import SOURCE_STAGE
 from ftlayer.spark.policy import BatchContext, breaker_open
@@ -136,12 +137,12 @@ def _run_with_replays(
     if wants:  # past a shuffle a row's attempts are not known (claimed replays mix in)
         ctx = _context(plan, task, stage, src, None if stage else prior + 1, lin)
     chain = run_chain(plan, stage, task, batch, src, ctx, lin)
-    attempts = 1
+    attempts, keep = 1, _Keep(plan, stage, batch)
     while True:
         if chain.out is not None:
             yield chain.out
         rows_in = batch.num_rows if attempts == 1 else 0
-        chain = _not_replayed(plan, task, src, chain, attempts, rows_in, retryable)
+        chain = _not_replayed(plan, task, src, chain, attempts, rows_in, retryable, keep)
         if not len(chain.failed) or attempts > budget:
             break
         rows, first = np.unique(chain.failed, return_index=True)
@@ -154,14 +155,17 @@ def _run_with_replays(
                           sub_lin)  # fmt: skip
         chain = Chain(retry.out, rows[retry.failed], retry.texts, retry.dead, retry.stages)
         attempts += 1
-    _residue(task, src[chain.failed], chain.texts, chain.stages, attempts)
+    _residue(task, src[chain.failed], chain.texts, chain.stages, attempts,
+             keep(task, chain.failed, src))  # fmt: skip
 
 
 def _not_replayed(plan: VectorPlan, task: TaskRun, src: np.ndarray, chain: Chain,
-                  attempts: int, rows: int, retryable: np.ndarray | None) -> Chain:  # fmt: skip
+                  attempts: int, rows: int, retryable: np.ndarray | None,
+                  keep: _Keep) -> Chain:  # fmt: skip
     """Make residues of the failures no replay at once is for -- rows to dead-letter now;
     on a first pass (``rows``: its input rows; 0 after), rows the breakers hold or
-    tripped on; rows ``retryable`` excludes -- after ``attempts``; the rest, to replay."""
+    tripped on; rows ``retryable`` excludes -- after ``attempts`` (kept as their
+    segment's input where ``keep`` says); the rest, to replay."""
     parts = [(chain.dead, attempts | DEAD_NOW)]
     if rows and len(chain.failed):
         held, tripped = _breakers(plan, task, chain, rows)
@@ -173,7 +177,8 @@ def _not_replayed(plan: VectorPlan, task: TaskRun, src: np.ndarray, chain: Chain
         mask = mask & ~done
         if mask.any():
             part = chain.only(mask)
-            _residue(task, src[part.failed], part.texts, part.stages, charged)
+            _residue(task, src[part.failed], part.texts, part.stages, charged,
+                     keep(task, part.failed, src))  # fmt: skip
             done |= mask
     return chain.only(~done) if done.any() else chain
 
@@ -264,14 +269,45 @@ def _context(
 
 
 def _residue(task: TaskRun, src: np.ndarray, texts: list[str], stages: list[str],
-             attempts: int) -> None:  # fmt: skip
+             attempts: int, kept: tuple[np.ndarray, list[bytes]] | None = None,
+             ) -> None:  # fmt: skip
     """Failed rows (by source id) with their errors and the labels of the stages they
     failed in, after ``attempts`` failed attempts each (with the ``DEAD_NOW`` bit:
-    dead-lettered at settlement whatever their budget)."""
+    dead-lettered at settlement whatever their budget); ``kept``: the source ids and
+    bodies of those kept as their segment's input (_Keep)."""
     if len(src):
         task.add(failed_src=src, failed_att=np.full(len(src), attempts, np.uint16))
         task.failed_err.extend(texts)
         task.failed_stage.extend(stages)
+    if kept is not None and len(kept[0]):
+        task.add(kept_src=kept[0])
+        task.kept_body.extend(kept[1])
+
+
+class _Keep:
+    """Which failed rows of a task past a shuffle are kept as its segment's input
+    (VectorPlan.keeps; ftlayer.spark.stage_rows): fresh ones (a replay keeps the row it
+    was stored as), each once, as msgpack maps of its input columns, up to
+    ``max_kept_rows`` a task and ``max_record_bytes`` a row (the rest replay from their
+    source)."""
+
+    def __init__(self, plan: VectorPlan, stage: int, batch: pa.RecordBatch) -> None:
+        self.on = plan.keeps and stage > 0
+        self.batch, self.most = batch, plan.config.max_kept_rows
+        self.max_bytes = plan.config.max_record_bytes - 64
+
+    def __call__(self, task: TaskRun, rows: np.ndarray,
+                 src: np.ndarray) -> tuple[np.ndarray, list[bytes]] | None:  # fmt: skip
+        if not self.on or not len(rows):
+            return None
+        rows = np.unique(rows)
+        rows = rows[is_local(src[rows])][: max(self.most - len(task.kept_body), 0)]
+        if not len(rows):
+            return None
+        codecs = arrow_codecs(self.batch.schema)
+        bodies = [encode_record(r, codecs) for r in self.batch.take(pa.array(rows)).to_pylist()]
+        fits = np.array([len(b) <= self.max_bytes for b in bodies], bool)
+        return src[rows][fits], [b for b, ok in zip(bodies, fits, strict=True) if ok]
 
 
 def run_vector_task(
@@ -362,6 +398,8 @@ def _shuffled_batch(plan: VectorPlan, stage: int, task: TaskRun, batch: pa.Recor
         if user.num_rows == 0:
             return
     task.fold -= fold_sum(edge_hashes(src, plan.edge_salts[stage - 1]))  # received
+    if plan.keeps and (stored := ~is_local(src)).any():  # replays: entered here, or not
+        task.add(rep_src=src[stored], rep_cur=np.zeros(int(stored.sum()), np.uint64))
     # a fresh row is replayed at once here, at the stage that holds it; a claimed replay
     # (or any row, when the ids past the shuffle are record keys) waits in the queue
     retryable = None if plan.record_key else is_local(src)
