@@ -102,3 +102,6 @@ def test_a_twenty_second_outage_loses_nothing_and_is_not_hammered(
     assert down_calls, "the outage was not seen"
     assert max(down_calls.values()) <= 3, Counter(down_calls.values())
     assert st.held > 0, st  # the breaker held what reached the stage while it was open
+    # held and tripped rows were kept as the stage's input: no file was read back
+    assert sum(r.read_back for r in ft.results) == 0, [r.read_back for r in ft.results]
+    assert sum(r.entered for r in ft.results) > 0
