@@ -14,14 +14,16 @@ fail a second time, by timeout, and replay again). The sink pushes ids to
 
 Mode ``crash``: in batch 2 the sink writes its rows, sets ``<ns>:holding`` and sleeps:
 the test kills the session then. Mode ``finish``: run until every file is processed, then
-drain and print ``RESULT <json>`` (drain result and stats).
+drain and print ``RESULT <json>`` (drain result and stats, and the replays that entered
+at their stage).
 
 Replays ``claim``: each batch claims queued replays itself and ``drain()`` runs the last
 ones after the query stopped. ``stream``: replays ride the replay stream
 (``pipeline.with_replays``), batch 2 re-run after the kill reads the replays its offset
 claimed, and mode ``finish`` waits with the query running until nothing is pending (no
-drain). ``reference``: the same, with the files kept by reference (``FileSource``): the
-replays are read back from the files. ``frames``: the same as DataFrame stages ending in a
+drain). ``reference``: the same, with the files kept by reference (``FileSource``) and nothing
+retried at once: a row failing in stage 2 is kept as its input and its replay enters there
+(a timed-out one is read back from its file). ``frames``: the same as DataFrame stages ending in a
 ``sink_dataframe`` whose write (``foreachPartition``) is the one killed.
 
 Sink ``delta:<path>`` / ``postgres:<url>``: the sink also writes its rows, with their
@@ -138,7 +140,9 @@ def main(url: str, ns: str, input_dir: str, checkpoint: str, mode: str, replays:
     )
     files = FileSource("json", input_dir, "id long, key long", maxFilesPerTrigger=1)
     pipeline = (
-        ft.pipeline(source=0, reads=files if replays == "reference" else None)
+        # by reference nothing is retried at once: failures wait as stage rows
+        ft.pipeline(source=0, reads=files if replays == "reference" else None,
+                    immediate_replays=0 if replays == "reference" else None)
         .map_batches(lambda b: b, "id long, key long")
         .partition_by(["key"], 4)
         .map_batches(Stage2(url, ns), "id long, key long")
@@ -184,6 +188,7 @@ def main(url: str, ns: str, input_dir: str, checkpoint: str, mode: str, replays:
         "drain_batches": drained.batches,
         "dead_lettered": st.dead_letters if st else -1,
         "unsettled_segments": st.unsettled_segments if st else -1,
+        "entered": sum(r.entered for r in ft.results),
         # dead letters' ids read back (by reference: the files hold them)
         "dead_ids": pipeline.dead_letters(spark).column("id").to_pylist(),
     }), flush=True)  # fmt: skip

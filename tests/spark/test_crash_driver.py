@@ -211,6 +211,14 @@ def test_rewritten_records_are_in_the_idempotent_sink_once(run: dict[str, Any]) 
     assert not dups, f"duplicates in the table: {len(dups)}, e.g. {sorted(dups)[:10]}"
 
 
+def test_replays_in_flight_across_the_crash_resumed_at_their_stage(run: dict[str, Any]) -> None:
+    """By reference (``reference``, ``frames``) the rows failing in stage 2 are kept as
+    its input and the restarted driver's replays enter there. Catches: stage rows lost or
+    left unreadable by a crash (the sink test above), or never entered after a restart."""
+    if run["replays"] in ("reference", "frames"):
+        assert run["entered"] > 0, run
+
+
 def test_nothing_is_pending_after_the_drain(run: dict[str, Any]) -> None:
     assert run["drained"] and run["pending"] == 0 and run["unsettled_segments"] == 0
     st = run["stats"]

@@ -20,6 +20,7 @@ from pyspark.sql import SparkSession
 
 from ftlayer.spark import FaultTolerance, FileSource, Outcome, RateMicroBatchSource
 from ftlayer.spark.references import location_id, with_references
+from ftlayer.spark.stage_rows import StageRow
 from tests.spark.probe import Probe, first_seen
 from tests.toolkit import until
 
@@ -96,7 +97,8 @@ def test_replays_are_read_back_from_the_files_with_their_columns(
     """Two files, a keyed shuffle, failures past the shuffle and unconfirmed sink rows:
     every record reaches the sink with the payload its file holds (a replay read back,
     not rebuilt), nothing pending at the end, no drain. While the failed records wait,
-    Redis holds their references, not their rows. Catches: replays that lose or mix up
+    Redis holds their references, and a row failed past the shuffle as that stage's input
+    (a stage row). Catches: replays that lose or mix up
     their columns, a reference pointing at another row, records copied into Redis, a
     by-reference replay never resolved (pending forever); (``record_key``) failures past
     the shuffle, reported by key, mapped to no reference."""
@@ -134,7 +136,12 @@ def test_replays_are_read_back_from_the_files_with_their_columns(
     assert st.pending == 0 and st.dead_letters == 0 and st.failed_explicit == n // 10
     assert held, "no queued replay was seen"
     files = {location_id(p) for p in spark.read.format(fmt).load(str(tmp_path / "in")).inputFiles()}
-    for h in held:  # a reference: the file's id and a position (and the key), no payload
+    for h in held:  # a reference: the file's id and a position (and the key), no payload;
+        # or a stage row: the reference and the row as the stage past the shuffle took it
+        if isinstance(h, list):
+            row = StageRow(*h)
+            assert record_key is None and row.entry == 1 and row.format == "msgpack", h
+            h = {"__ft_loc": row.location, "__ft_pos": row.position}
         assert set(h) == {"__ft_loc", "__ft_pos", *([record_key] if record_key else [])}, h
         assert h["__ft_loc"] in files and isinstance(h["__ft_pos"], int)
 
