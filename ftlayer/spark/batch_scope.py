@@ -24,21 +24,18 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 
 from ftlayer.connection import is_cluster
 from ftlayer.errors import ConfigError
-from ftlayer.ids import batch_source_ids
 from ftlayer.spark.batch_plan import arrow_schema, plan_batch, spark_schema, with_replay_columns
 from ftlayer.spark.batch_run import BatchRun, OfRun
 from ftlayer.spark.entries import Entry, walk
 from ftlayer.spark.intake import reject
-from ftlayer.spark.plan import MAX_MESSAGES
-from ftlayer.spark.results import StageCounts
 from ftlayer.spark.row_stages import compile_rows
 from ftlayer.spark.run_fields import RunFields, fields_set, map_in_arrow
-from ftlayer.spark.settle import Failure, Residues, Settlement
+from ftlayer.spark.settle import Residues, Settlement
+from ftlayer.spark.task_summaries import count, failures, keys_to_ids
 from ftlayer.spark.vector_entries import Entering, kept_rows
 from ftlayer.spark.vector_plan import (
     LOC_COL,
@@ -190,7 +187,7 @@ class VectorRun(OfRun):
         summaries = [BatchSummary.decode(f) for f in finals]
         ok = self._gather(summaries)
         self._ran_replays(summaries)
-        self._count(summaries)
+        count(self.result, summaries)
         if self.layer is None:
             return None
         fold = (sum(s.fold for s in summaries) + self.entering.fold) % (1 << 64)
@@ -201,13 +198,17 @@ class VectorRun(OfRun):
                 "record of the batch pending (they replay)", self.result.batch_id, fold, ok,
             )  # fmt: skip
         keyed = bool(self.plan.record_key)
-        failed, unconfirmed = self._residues([s for s in summaries if not keyed or s.stage == 0])
+        failed, unconfirmed = failures([s for s in summaries if not keyed or s.stage == 0])
         for src, row in kept_rows(summaries, self.plan).items():
             if src in failed:  # stored as its segment's input (settle adds its reference)
                 failed[src] = failed[src]._replace(kept=row)
         if keyed:  # past a shuffle, residues are record keys
-            by_key = self._residues([s for s in summaries if s.stage > 0])
-            if not self._keys_to_ids(summaries, *by_key, failed, unconfirmed):
+            assert self.plan.record_key and self.run.settlement is not None
+            by_key = failures([s for s in summaries if s.stage > 0])
+            if not keys_to_ids(summaries, self.plan.record_key, self.replay_keys,
+                               self.run.settlement.segment, *by_key, failed, unconfirmed):
+                log.error("record keys name no row batch_id=%s: keeping the batch's records "
+                          "pending", self.result.batch_id)  # fmt: skip
                 self.result.fold_ok = False  # a key naming no row: keep every record pending
         if self.result.fold_ok:  # source records this batch completed
             done = self.result.fresh + self.result.replayed - len(failed) - len(unconfirmed)
@@ -255,78 +256,3 @@ class VectorRun(OfRun):
                 for k, src in zip(s.rep_key.tolist(), srcs, strict=True):
                     if k < 1 << 63:  # a null or negative key was dead-lettered at the source
                         self.replay_keys.setdefault(k, []).append(src)
-
-    def _count(self, summaries: list[BatchSummary]) -> None:
-        r = self.result
-        for s in summaries:
-            r.tasks += 1
-            r.fresh += s.fresh
-            r.replayed += s.replayed
-            r.written += s.written
-            r.failed += len(s.failed_src)
-            r.immediate_replays += s.immediate_replays
-            r.unconfirmed += len(s.unc_src)
-            for label, (rin, rout, failed, unc, extra, micros, now, *held) in s.counts.items():
-                r.stages.setdefault(label, StageCounts()).add(
-                    StageCounts(rin, rout, failed, unc, extra, micros / 1e6, replayed=now,
-                                held=sum(held))
-                )
-            for text in s.errors:
-                if len(r.errors) < MAX_MESSAGES:
-                    r.errors.append(text)
-
-    def _keys_to_ids(
-        self,
-        summaries: list[BatchSummary],
-        keys_failed: dict[int, Failure],
-        keys_unc: set[int],
-        failed: dict[int, Failure],
-        unconfirmed: set[int],
-    ) -> bool:
-        """Add to ``failed`` / ``unconfirmed`` the source ids of the rows carrying each
-        failed / unconfirmed record key: claimed replays, and fresh rows of this run's
-        segments (read once, kept for the settlement). False when a key names no row (the
-        stage contract was broken: nothing may be assumed complete)."""
-        if not keys_failed and not keys_unc:
-            return True
-        wanted = np.fromiter(keys_failed.keys() | keys_unc, np.uint64)
-        found: dict[int, list[int]] = {k: list(self.replay_keys[k]) for k in wanted.tolist()
-                                       if k in self.replay_keys}  # fmt: skip
-        assert self.plan.record_key and self.run.settlement is not None
-        for s in summaries:
-            member = s.segment
-            table = self.run.settlement.segment(s.partition, member) if member else None
-            if table is None:  # none, or timed out by the sidecar: its rows replay anyway
-                continue
-            col = table.column(self.plan.record_key)
-            keys = np.asarray(col.fill_null(-1).to_numpy()).view(np.uint64)
-            rows = np.flatnonzero(np.isin(keys, wanted))
-            ids = batch_source_ids(s.partition, 0, s.segment_rows)[rows]
-            for k, src in zip(keys[rows].tolist(), ids.tolist(), strict=True):
-                found.setdefault(k, []).append(src)
-        missing = [k for k in wanted.tolist() if k not in found]
-        if missing:
-            log.error("record keys name no row batch_id=%s keys=%s: keeping the batch's "
-                      "records pending", self.result.batch_id, missing[:5])  # fmt: skip
-            return False
-        for k, srcs in found.items():
-            for src in srcs:
-                if k in keys_failed:
-                    failed.setdefault(src, keys_failed[k])
-                else:
-                    unconfirmed.add(src)
-        unconfirmed -= failed.keys()
-        return True
-
-    @staticmethod
-    def _residues(summaries: list[BatchSummary]) -> tuple[dict[int, Failure], set[int]]:
-        """Failed source ids with their first error and attempts used; unconfirmed ones
-        (failed wins)."""
-        failed: dict[int, Failure] = {}
-        unconfirmed: set[int] = set()
-        for s in summaries:
-            for src, err, att, stage in zip(s.failed_src.tolist(), s.failed_err,
-                                            s.failed_att.tolist(), s.failed_stage, strict=True):
-                failed.setdefault(src, Failure(err, att, stage))
-            unconfirmed.update(s.unc_src.tolist())
-        return failed, unconfirmed - failed.keys()

@@ -44,9 +44,11 @@ if TYPE_CHECKING:
 
     from ftlayer.ids import RecordId
     from ftlayer.spark.entries import Entry
+    from ftlayer.spark.plan import Segment
+    from ftlayer.spark.vector_plan import VectorPlan
 
-__all__ = ["CARRIED", "FULL_SHARE", "Kept", "carry", "entering", "kept_column", "kept_rows",
-           "share_after", "still_carried", "user_schema"]
+__all__ = ["CARRIED", "FULL_SHARE", "Kept", "carry", "entering", "keeps_until", "kept_column",
+           "kept_rows", "no_rows", "share_after", "still_carried", "user_schema"]
 
 CARRIED = {"ftlayer": "entry"}
 """The tag of a segment input's hidden copies (lost when a stage recomputes one)."""
@@ -71,6 +73,32 @@ class Kept:
         """A kept row (ftlayer.spark.stage_rows)."""
         return StageRow(self.entry, self.fingerprint, self.hash, location, position, "json",
                         body)  # fmt: skip
+
+
+def keeps_until(plan: VectorPlan, seg: Segment, ft: bool) -> int | None:
+    """The last stage of ``seg`` that keeps its failed rows as the segment's input
+    (None: none does -- FT off, ``max_kept_rows=0``, ``replay_from="source"``, no
+    DataFrame stage with ``failed=``, or a Python stage before it, which takes only its
+    own columns)."""
+    if not ft or not plan.config.max_kept_rows or plan.replay_from == "source":
+        return None
+    last = None
+    for j, (kind, stage) in enumerate(seg.ops):
+        if kind != "frame":
+            break
+        if stage.failed is not None:
+            last = j
+    return last
+
+
+def no_rows(schema: pa.Schema, spark: Any) -> DataFrame:
+    """An empty DataFrame of the source's columns ``schema`` and the identity columns:
+    a batch with stage rows only (they enter later)."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    empty = spark.createDataFrame(schema.empty_table())
+    return empty.select(*schema.names, F.lit(None).cast("long").alias(LOC_COL, metadata=IDENTITY),
+                        F.lit(None).cast("long").alias(POS_COL, metadata=IDENTITY))
 
 
 def user_schema(df: DataFrame) -> StructType:

@@ -78,6 +78,19 @@ class Observations:
             self.columns["count"] = F.count(F.lit(1)).alias("rows")
         return df.observe(obs, self.columns["count"])
 
+    def replay_ids(self, replays: DataFrame, entry: int) -> DataFrame:
+        """``replays`` (entering before segment ``entry``) with an observation of their
+        ids: those the job reads ran."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F  # noqa: N812
+
+        obs = Observation(f"ft-{self.salt:x}-replays-{entry}")
+        self.replays_seen.append((entry, obs))
+        if "replay_ids" not in self.columns:
+            ids = F.array_join(F.collect_list(F.col(POS_COL).cast("string")), ",")
+            self.columns["replay_ids"] = ids.alias("ids")
+        return replays.observe(obs, self.columns["replay_ids"])
+
     def stage(self, out: DataFrame, label: str, error: Column, dead: Column,
               attempts: Column, key: Any = None, segment: int = 0,
               kept: Kept | None = None) -> DataFrame:  # fmt: skip

@@ -38,7 +38,7 @@ from ftlayer.errors import ConfigError
 from ftlayer.spark.batch_plan import arrow_schema, plan_frames, spark_schema
 from ftlayer.spark.batch_run import BatchRun, OfRun
 from ftlayer.spark.entries import Entry, walk
-from ftlayer.spark.frame_entries import Kept, carry, entering, still_carried
+from ftlayer.spark.frame_entries import Kept, carry, entering, keeps_until, no_rows, still_carried
 from ftlayer.spark.frame_observations import Observations, metrics_kept
 from ftlayer.spark.frame_tasks import (
     ATTEMPTS_COL,
@@ -153,12 +153,15 @@ class FrameRun(OfRun):
         plan = self.plan
         spark = df.sparkSession
         streamed = SRC_COL in df.columns
-        parts = [self._fresh(df, streamed)] if fresh else []
+        parts = []
+        if fresh:
+            rows, self.copies = fresh_rows(self.run, df, streamed)
+            parts.append(rows)
         replays = self._replays(spark, streamed, replay_limit)
         if replays is not None:
             parts.append(replays)
         if not parts and self.run.replays is not None and self.run.replays.rows:
-            parts = [self._nothing(spark)]  # stage rows only: they enter later
+            parts = [no_rows(plan.inputs[0], spark)]  # stage rows only: they enter later
         if not parts:
             return None
         out = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
@@ -171,7 +174,7 @@ class FrameRun(OfRun):
         def segment(i: int, out: DataFrame) -> DataFrame:
             nonlocal known
             seg = plan.segments[i]
-            kept, keep_to = None, self._keeps_until(seg)
+            kept, keep_to = None, keeps_until(plan, seg, self.layer is not None)
             if keep_to is not None:  # its failed rows are kept as its input: carried
                 self.run.columns.setdefault(("segment", id(seg)), seg)  # its id its own
                 out, kept = carry(out, plan.entries[i], self.run.columns,
@@ -192,31 +195,6 @@ class FrameRun(OfRun):
 
         return walk(plan.entries, plan.segments, out, segment, self._enter)
 
-    def _keeps_until(self, seg: Any) -> int | None:
-        """The last stage of ``seg`` that keeps its failed rows as the segment's input
-        (None: none does -- FT off, ``max_kept_rows=0``, ``replay_from="source"``, no
-        DataFrame stage with ``failed=``, or a Python stage before it, which takes only
-        its own columns)."""
-        plan = self.plan
-        if self.layer is None or not plan.config.max_kept_rows or plan.replay_from == "source":
-            return None
-        last = None
-        for j, (kind, stage) in enumerate(seg.ops):
-            if kind != "frame":
-                break
-            if stage.failed is not None:
-                last = j
-        return last
-
-    def _nothing(self, spark: Any) -> DataFrame:
-        """No source rows: an empty DataFrame of the source's columns and identity."""
-        from pyspark.sql import functions as F  # noqa: N812
-
-        names = list(self.plan.inputs[0].names)
-        empty = spark.createDataFrame(self.plan.inputs[0].empty_table())
-        return empty.select(*names, F.lit(None).cast("long").alias(LOC_COL, metadata=IDENTITY),
-                            F.lit(None).cast("long").alias(POS_COL, metadata=IDENTITY))
-
     def _enter(self, entry: Entry, out: DataFrame) -> DataFrame:
         """``out`` with the batch's stage rows that enter before segment ``entry``
         (ftlayer.spark.frame_entries), their ids observed; those kept under another
@@ -229,44 +207,7 @@ class FrameRun(OfRun):
         self.calls += reject(self.layer, bad, self.result, f"batch_id={self.result.batch_id} ")
         if rows is None:
             return out
-        return out.unionByName(self._observe_ids(rows, entry.segment))
-
-    def _observe_ids(self, replays: DataFrame, entry: int) -> DataFrame:
-        """``replays`` with an observation of their ids (those the job reads ran)."""
-        from pyspark.sql import Observation
-        from pyspark.sql import functions as F  # noqa: N812
-
-        obs = Observation(f"ft-{self.plan.salt:x}-replays-{entry}")
-        self.seen.replays_seen.append((entry, obs))
-        if "replay_ids" not in self.run.columns:
-            ids = F.array_join(F.collect_list(F.col(POS_COL).cast("string")), ",")
-            self.run.columns["replay_ids"] = ids.alias("ids")
-        return replays.observe(obs, self.run.columns["replay_ids"])
-
-    def _fresh(self, df: DataFrame, streamed: bool) -> DataFrame:
-        """The batch's fresh rows with their identity: a reference, a copy's batch-local
-        id (the copy pass stores them first), or nothing to name (FT off)."""
-        from pyspark.sql import functions as F  # noqa: N812
-
-        plan, run = self.plan, self.run
-        names = list(plan.inputs[0].names)
-        # kept by reference, the replay stream carries no rows (the batch reads its claims
-        # itself): nothing to filter out
-        rows = df.filter(F.col(SRC_COL).isNull()) if streamed and run.reads is None else df
-        if run.reads is not None:
-            if LOC_COL not in rows.columns:
-                rows = with_references(run.reads, rows)
-        elif self.layer is not None:  # copies: the one Python pass, storing them
-            self.copies = True
-            copy = CopySource(plan.config, plan.source, plan.batch_key, plan.salt,
-                              plan.lineage_seed)  # fmt: skip
-            fields = [*plan.inputs[0], pa.field(LOC_COL, pa.int64()),
-                      pa.field(POS_COL, pa.int64())]  # fmt: skip
-            rows = rows.select(*names).mapInArrow(copy, spark_schema(pa.schema(fields)))
-        else:  # FT off: nothing to name
-            rows = rows.select(*names, F.lit(None).cast("long").alias(LOC_COL),
-                               F.lit(0).cast("long").alias(POS_COL))  # fmt: skip
-        return rows.select(*names, *identity_columns(self.run.columns))
+        return out.unionByName(self.seen.replay_ids(rows, entry.segment))
 
     def _replays(self, spark: Any, streamed: bool, limit: int) -> DataFrame | None:
         """The batch's replays (the intake phase), their identity their record id, the
@@ -286,7 +227,7 @@ class FrameRun(OfRun):
         replays = replays.select(
             *plan.inputs[0].names, F.lit(None).cast("long").alias(LOC_COL, metadata=IDENTITY),
             F.col(SRC_COL).alias(POS_COL, metadata=IDENTITY))  # fmt: skip
-        return self._observe_ids(replays, 0)
+        return self.seen.replay_ids(replays, 0)
 
     def _stage(self, df: DataFrame, label: str, stage: FrameStage, last: bool,
                segment: int = 0, kept: Kept | None = None) -> DataFrame:  # fmt: skip
@@ -394,3 +335,31 @@ def _column(spec: Any, df: DataFrame) -> Column | None:
     if callable(spec) and not type(spec).__name__ == "Column":
         return spec(df)
     return spec
+
+
+def fresh_rows(run: BatchRun, df: DataFrame, streamed: bool) -> tuple[DataFrame, bool]:
+    """The batch's fresh rows with their identity -- a reference, a copy's batch-local id
+    (the copy pass stores them first: then True), or nothing to name (FT off) -- and
+    whether they are copies."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    plan = run.plan
+    names = list(plan.inputs[0].names)
+    copies = False
+    # kept by reference, the replay stream carries no rows (the batch reads its claims
+    # itself): nothing to filter out
+    rows = df.filter(F.col(SRC_COL).isNull()) if streamed and run.reads is None else df
+    if run.reads is not None:
+        if LOC_COL not in rows.columns:
+            rows = with_references(run.reads, rows)
+    elif run.layer is not None:  # copies: the one Python pass, storing them
+        copies = True
+        copy = CopySource(plan.config, plan.source, plan.batch_key, plan.salt,
+                          plan.lineage_seed)  # fmt: skip
+        fields = [*plan.inputs[0], pa.field(LOC_COL, pa.int64()),
+                  pa.field(POS_COL, pa.int64())]  # fmt: skip
+        rows = rows.select(*names).mapInArrow(copy, spark_schema(pa.schema(fields)))
+    else:  # FT off: nothing to name
+        rows = rows.select(*names, F.lit(None).cast("long").alias(LOC_COL),
+                           F.lit(0).cast("long").alias(POS_COL))  # fmt: skip
+    return rows.select(*names, *identity_columns(run.columns)), copies
