@@ -12,8 +12,10 @@ order, after ``--warmup`` uncounted rounds):
   ``partition_by``, ``sink_dataframe``), the source kept by reference; beside
   ``dataframe``, the plain query;
 * ``df_ft_on_failing``: ``df_ft_on`` with 5 % of the attempts of stage 1 failing
-  (``failed=rand() < 0.05``): their replays run, read back from the files, inside the
-  measured time (the run ends when nothing is pending); beside ``dataframe``;
+  (``failed=rand() < 0.05``): their replays run -- kept as stage 1's input, so they
+  enter there, or read back from the files -- inside the measured time (the run ends when
+  nothing is pending); beside ``dataframe``. ``failing_replays``: per run, the drain's
+  batches (replay rounds, a Spark job each) and the replays read back or entered;
 * ``df_parquet``: ``df_ft_on`` ending in ``df.write.parquet`` (a fresh directory each
   run); beside ``parquet``, the plain query writing the same Parquet.
 
@@ -93,6 +95,9 @@ class Runs:
                                           redis_url=url, timeout_s=30.0),
                                  replay_limit=1_000_000)  # fmt: skip
         self.sent: list[float] = []
+        self.replays: list[dict[str, int]] = []
+        """Per failing run: the drain's batches (replay rounds, each a Spark job), and the
+        replays read back from their files or entered at their stage."""
 
     def source(self) -> Any:
         return read_events(self.spark, Path(self.files.path))
@@ -118,12 +123,17 @@ class Runs:
 
         def job() -> Callable[[], None]:
             before = net_input_bytes(self.client) if measure else 0
+            first = len(self.ft.results)
             result = self.ft.run_batch(pipeline, df, uuid.uuid4().hex[:8])
             if measure:
                 self.sent.append((net_input_bytes(self.client) - before) / n)
             if failing:
                 drained = self.ft.drain(timeout_s=300, pipeline=pipeline)
                 assert drained.drained, drained
+                ran = self.ft.results[first:]
+                self.replays.append({"rounds": drained.batches,
+                                     "read_back": sum(r.read_back for r in ran),
+                                     "entered": sum(r.entered for r in ran)})  # fmt: skip
 
             def check() -> None:
                 assert result.fresh == n, result
@@ -181,6 +191,8 @@ def run(records: int, width: int, repeat: int, warmup: int, url: str | None) -> 
         "dataframe_overhead", records, width, "JSON files, read each run", repeat, RATIOS,
         GOALS, source_bytes=source_bytes,
         redis_bytes_per_record=round(median(runs.sent), 3) if runs.sent else None,
+        failing_replays={k: median([float(x[k]) for x in runs.replays]) for k in
+                         ("rounds", "read_back", "entered")} if runs.replays else None,
     )  # fmt: skip
 
 
@@ -223,6 +235,11 @@ def text(r: dict[str, Any]) -> str:
         lines.append(f"  {k} / {b}: {r[RATIOS[k]]} (quartiles {q[0]}-{q[1]}; "
                      f"goal {GOALS[k]})")  # fmt: skip
     lines.append(f"  Redis bytes per record: {r['redis_bytes_per_record']}")
+    if r.get("failing_replays"):
+        f = r["failing_replays"]
+        lines.append(f"  failing, per run (median): {f['rounds']:g} replay rounds, "
+                     f"{f['read_back']:g} replays read back from their files, "
+                     f"{f['entered']:g} entered at their stage")  # fmt: skip
     return "\n".join(lines + [f"  goal not met: {line}" for line in verdict(r)])
 
 
