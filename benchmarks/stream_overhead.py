@@ -39,7 +39,8 @@ from the queries' own progress, not fitted: ``<variant>_micro_batches`` (replay 
 ``<variant>_outside_batches_s`` (a run's wall time less its micro-batches'). Beside it,
 ``python_source_s_per_query``: what Spark charges any query for a Python streaming source
 (the API the replay stream is written in), measured in the same session on a source that
-never has data.
+never has data. ``replays_read_back_entered``: per ftlayer variant, a run's replays read back
+from their files and those that entered at the stage they failed in (medians).
 
     python -m benchmarks.stream_overhead [--cadences 5000x20,50000x8] [--pipelines df,arrow]
         [--repeat 5] [--warmup 1] [--payload-bytes 1024] [--json] [--record | --results DIR]
@@ -235,6 +236,9 @@ class Runs:
         self.progress: dict[str, list[tuple[int, float]]] = {}
         """Per variant, each run's (micro-batches run, seconds Spark spent in them: the
         sum of their ``triggerExecution``), in run order."""
+        self.replays: dict[str, list[tuple[int, int]]] = {}
+        """Per ftlayer variant, each run's replays (read back from their files, entered
+        at their stage), in run order."""
 
     def _progress(self, name: str, q: Any) -> None:
         self.progress.setdefault(name, []).append((len(q.recentProgress), trigger_seconds(q)))
@@ -314,6 +318,8 @@ class Runs:
             def check() -> None:
                 layer = ft.layer
                 assert layer is not None
+                self.replays.setdefault(name, []).append(
+                    (sum(r.read_back for r in ft.results), sum(r.entered for r in ft.results)))
                 try:
                     st = layer.stats()
                     assert st.pending == 0, st
@@ -390,6 +396,10 @@ def run(cadences: list[Cadence], pipelines: list[str], width: int, repeat: int, 
     counted = {k: v[-repeat * (1 + k.endswith(":plain")):] for k, v in runs.progress.items()}
     r = result(rounds, counted, cadences, pipelines, width, repeat, warmup, redis_version)
     r["python_source_s_per_query"] = floor
+    med = statistics.median
+    r["replays_read_back_entered"] = {k: [med(a for a, _ in v[-repeat:]),
+                                          med(b for _, b in v[-repeat:])]
+                                      for k, v in runs.replays.items()}  # fmt: skip
     return r
 
 
@@ -476,6 +486,10 @@ def text(r: dict[str, Any]) -> str:
     if "python_source_s_per_query" in r:
         lines.append(f"  any Python streaming source: {r['python_source_s_per_query']} s per "
                      "query (Spark's, measured in this run)")
+    for name, (back, entered) in sorted(r.get("replays_read_back_entered", {}).items()):
+        if back or entered:
+            lines.append(f"  {name}: {back:g} replays read back from their files, "
+                         f"{entered:g} entered at their stage (per run)")
     return "\n".join(lines)
 
 

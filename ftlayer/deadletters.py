@@ -13,19 +13,21 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, cast
 
 from ftlayer.persistence import DeadLetter
+from ftlayer.stage_rows import decode_for_people
 
 if TYPE_CHECKING:
     from ftlayer.layer import FTLayer
 
-__all__ = ["dead_letter_dict", "iso_time", "newest_dead_letters", "preview"]
+__all__ = ["dead_letter_dict", "decoded", "iso_time", "newest_dead_letters", "preview"]
 
 
-def _payload(d: DeadLetter) -> tuple[Any, str | None]:
-    """(the decoded record, None) or (None, why it does not decode)."""
+def decoded(d: DeadLetter) -> tuple[Any, str | None]:
+    """(the decoded record -- a stage row as ftlayer.stage_rows.decode_for_people reads
+    it --, None) or (None, why it does not decode)."""
     if d.frame is None:
         return None, d.frame_error or "no frame"
     try:
-        return d.frame.decode(), None
+        return decode_for_people(d.frame), None
     except Exception as e:  # noqa: BLE001 -- shown to the operator, never raised
         return None, f"payload does not decode: {e}"
 
@@ -43,7 +45,7 @@ def _jsonable(value: Any) -> Any:
 def preview(d: DeadLetter, width: int = 60) -> str:
     """The decoded payload as one line of JSON, cut to ``width`` (or why it does not
     decode, in angle brackets)."""
-    record, error = _payload(d)
+    record, error = decoded(d)
     text = f"<{error}>" if error else json.dumps(_jsonable(record), default=repr)
     return text if len(text) <= width else text[: width - 1] + "…"
 
@@ -76,7 +78,7 @@ def dead_letter_dict(d: DeadLetter, payload: bool = True) -> dict[str, Any]:
         ],
     }  # fmt: skip
     if payload:
-        record, error = _payload(d)
+        record, error = decoded(d)
         out["payload"] = _jsonable(record)
         out["payload_error"] = error
         if error:

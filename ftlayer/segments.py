@@ -56,7 +56,7 @@ def frames_of_rows(
     """Stored records for ``rows`` of a segment (an Arrow table of source ``partition``),
     each as a unit (its new source id then its stored form, serialization.stored): the
     row as a msgpack map -- or, where ``kept`` has one for it, that payload (a stage row:
-    ftlayer.spark.stage_rows) --, the id in ``shard`` (low 16 bits; the rows share
+    ftlayer.stage_rows) --, the id in ``shard`` (low 16 bits; the rows share
     buckets), the lineage id its batch gave it (the segment's LINEAGE_META says how)."""
     codecs = arrow_codecs(table.schema)
     payloads = [encode_record(rec, codecs) for rec in table.take(rows).to_pylist()]

@@ -215,7 +215,7 @@ class BatchSummary:
     kept_src: np.ndarray = field(default_factory=_ids)
     kept_body: list[bytes] = field(default_factory=list)
     """Failed rows kept as this task's segment input (aligned: their source ids, their
-    rows as msgpack maps): their replays enter there (ftlayer.spark.stage_rows)."""
+    rows as msgpack maps): their replays enter there (ftlayer.stage_rows)."""
 
     @property
     def key(self) -> tuple[int, int]:

@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ftlayer.deadletters import decoded
 from ftlayer.persistence import DeadLetter
 
 __all__ = ["dead_letter_table", "write_parquet"]
@@ -33,16 +34,6 @@ _TIME = pa.timestamp("ms", tz="UTC")
 _FAILURE = pa.struct([("reason", pa.string()), ("time", _TIME), ("attempt", pa.int32()),
                       ("error", pa.string())])  # fmt: skip
 _ARROW_ERRORS = (pa.ArrowException, TypeError, ValueError, OverflowError)
-
-
-def _decoded(d: DeadLetter) -> tuple[Any, str | None]:
-    """(the decoded record, None) or (None, why it does not decode)."""
-    if d.frame is None:
-        return None, d.frame_error or "no frame"
-    try:
-        return d.frame.decode(), None
-    except Exception as e:  # noqa: BLE001 -- exported as payload_error, never raised
-        return None, f"payload does not decode: {e}"
 
 
 def _json_default(value: Any) -> Any:
@@ -96,7 +87,7 @@ def dead_letter_table(letters: Sequence[DeadLetter]) -> pa.Table:
     first (ties by id); the payload struct's fields in the order they first appear in that
     order: the same letters always give the same table."""
     letters = sorted(letters, key=lambda d: (d.time_ms, d.source_id))
-    decoded = [_decoded(d) for d in letters]
+    decoded = [decoded(d) for d in letters]
     frames = [d.frame for d in letters]
     last = [d.history[-1] if d.history else None for d in letters]
     columns: dict[str, pa.Array] = {

@@ -70,7 +70,7 @@ class StageKind(Protocol):
     @staticmethod
     def enters(plan: VectorPlan) -> bool:
         """Whether its batches take stage rows in where they were kept
-        (ftlayer.spark.stage_rows); where not, a stage row replays from its source."""
+        (ftlayer.stage_rows); where not, a stage row replays from its source."""
 
     @staticmethod
     def make_plan(pipeline: Pipeline, schema: Any, spark: Any, *, config: FTConfig,

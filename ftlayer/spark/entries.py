@@ -16,7 +16,7 @@ An entry's ``fingerprint`` names the pipeline as far as that entry -- the source
 schema, every stage before it (its kind, its function's qualified name, its declared
 output) and each shuffle -- together with the entry's input schema where the plan knows
 it (DataFrame stages: the source's only; a stage row also carries a hash of the schema
-Spark's analysis gave, checked where it enters: ftlayer.spark.stage_rows). A row kept
+Spark's analysis gave, checked where it enters: ftlayer.stage_rows). A row kept
 for an entry carries the fingerprint it was kept under: a row whose fingerprint no longer
 matches was kept by another version of the pipeline and must not enter there.
 

@@ -1,6 +1,6 @@
 """Stage rows of DataFrame stages: a row that fails in a DataFrame stage is kept as the
 input of its segment, in the same job, and its replay enters there
-(ftlayer.spark.stage_rows, ftlayer.spark.entries).
+(ftlayer.stage_rows, ftlayer.spark.entries).
 
 * **Carry.** A segment with a stage that marks failures (``failed=``) starts by copying
   its input's user columns under hidden names (``__ft_in_<i>``, tagged with
@@ -35,8 +35,8 @@ import pyarrow.compute as pc
 
 from ftlayer.spark.identity import IDENTITY
 from ftlayer.spark.intake import BODY_COL, HASH_COL
-from ftlayer.spark.stage_rows import JSON_OPTIONS, StageRow, schema_hash
 from ftlayer.spark.vector_plan import LOC_COL, POS_COL, SRC_COL
+from ftlayer.stage_rows import JSON_OPTIONS, StageRow, schema_hash
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -70,7 +70,7 @@ class Kept:
     copies: tuple[str, ...]
 
     def row(self, location: int | None, position: int, body: str) -> StageRow:
-        """A kept row (ftlayer.spark.stage_rows)."""
+        """A kept row (ftlayer.stage_rows)."""
         return StageRow(self.entry, self.fingerprint, self.hash, location, position, "json",
                         body)  # fmt: skip
 

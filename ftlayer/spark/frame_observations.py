@@ -14,6 +14,7 @@ assume anything of its rows; a sink that raises fails every record of the batch.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,8 +28,8 @@ from ftlayer.spark.identity import U64, is_replay
 from ftlayer.spark.plan import MAX_MESSAGES, SOURCE_STAGE
 from ftlayer.spark.results import StageCounts
 from ftlayer.spark.settle import Failure, Residues
-from ftlayer.spark.stage_rows import StageRow
 from ftlayer.spark.vector_plan import LOC_COL, POS_COL, SRC_COL
+from ftlayer.stage_rows import StageRow
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -149,6 +150,7 @@ class Observations:
         replays: dict[int, Failure] = {}
         r.fresh = max(int(first["rows"]) - before_first, 0)
         config = run.plan.config
+        times: Counter[tuple[int | None, int]] = Counter()  # failed rows per fresh record
         for label, obs in self.observed:
             m = _metrics(obs)
             if m is None:  # the sink's action skipped this stage: nothing can be assumed
@@ -169,6 +171,7 @@ class Observations:
                 if is_replay(loc, pos):
                     replays.setdefault(pos & U64, why)
                 else:
+                    times[(loc, pos)] += 1
                     fresh.setdefault((loc, pos), why._replace(kept=rows_kept.get((loc, pos))))
             rows = int(m["rows"])
             if label == self.sink_label:  # a Python sink answers its failed rows only
@@ -178,6 +181,9 @@ class Observations:
                 r.stages.setdefault(label, StageCounts()).add(
                     StageCounts(rows, rows - len(failed), len(failed), held=held))  # fmt: skip
             r.written = rows - len(failed)
+        for ident, n in times.items():  # siblings failed (a fan-out): keeping one would
+            if n > 1:  # lose the others; the record replays from its source
+                fresh[ident] = fresh[ident]._replace(kept=None)
         return self._residues(run, set(ran), fresh, replays, copies)
 
     def fail_everything(self, run: BatchRun, text: str, copies: bool) -> Residues:

@@ -32,8 +32,8 @@ from ftlayer.ids import RecordId, shard_of
 from ftlayer.persistence import ClaimedRecord
 from ftlayer.spark.references import references, resolve
 from ftlayer.spark.replay_rows import replay_table, stored_schema
-from ftlayer.spark.stage_rows import StageRow, decode_stage_row, source_payload
 from ftlayer.spark.vector_plan import ATT_COL, CUR_COL, LIN_COL, LOC_COL, POS_COL, SRC_COL
+from ftlayer.stage_rows import StageRow, decode_stage_row, source_payload
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -46,7 +46,7 @@ __all__ = ["BODY_COL", "HASH_COL", "Intake", "Replays", "dead_letter_table", "re
            "split_stage_rows"]
 
 BODY_COL = "__ft_body"
-"""A stage row's body (ftlayer.spark.stage_rows) in :attr:`Replays.entered`, as bytes
+"""A stage row's body (ftlayer.stage_rows) in :attr:`Replays.entered`, as bytes
 (JSON text in UTF-8, or a msgpack map)."""
 HASH_COL = "__ft_schema"
 """... and the hash of the schema it was written under."""
@@ -154,7 +154,7 @@ class Intake:
 
     def take(self, claimed: Sequence[ClaimedRecord]) -> Replays:
         """Decode ``claimed``; reject what does not decode; stage rows to the entries
-        they enter (ftlayer.spark.stage_rows), or back to their source."""
+        they enter (ftlayer.stage_rows), or back to their source."""
         sources, entered, bad = split_stage_rows(claimed, self.entries)
         table, undecodable = replay_table(sources, self.stored)
         self.calls += reject(self.layer, [*bad, *undecodable], self.counts, self.where)

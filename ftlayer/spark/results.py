@@ -98,7 +98,7 @@ class BatchResult(RecordCounts):
     undecodable: int = 0
     entered: int = 0
     """Replays taken in as stage rows: they entered before the segment they failed in
-    (ftlayer.spark.stage_rows), the source not read again."""
+    (ftlayer.stage_rows), the source not read again."""
     read_back: int = 0
     """Replays kept by reference, read back from their source."""
     tasks: int = 0

@@ -43,9 +43,9 @@ from ftlayer.lineage import LINEAGE_META
 from ftlayer.segments import frames_of_rows, unit_source_id
 from ftlayer.spark.plan import SOURCE_STAGE
 from ftlayer.spark.results import BatchResult, StageCounts
-from ftlayer.spark.stage_rows import StageRow, encode_stage_row
 from ftlayer.spark.vector_plan import LOC_COL, POS_COL, VectorPlan
 from ftlayer.spark.vector_tasks import segment_bytes
+from ftlayer.stage_rows import StageRow, encode_stage_row
 from ftlayer.tally import Tally
 from ftlayer.wire import BatchSummary
 
@@ -65,7 +65,7 @@ class Failure(NamedTuple):
     attempts: int
     stage: str = SOURCE_STAGE
     kept: StageRow | None = None
-    """The row kept as the input of the segment it failed in (ftlayer.spark.stage_rows;
+    """The row kept as the input of the segment it failed in (ftlayer.stage_rows;
     its reference filled in from its segment when it has none yet; None: it is stored as
     its source row)."""
 

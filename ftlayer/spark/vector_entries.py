@@ -1,6 +1,6 @@
 """Stage rows of Python stages (VectorPlan.keeps): a fresh row failing in a task past a
 shuffle is kept as that task's segment input, and its replay enters before the segment
-(ftlayer.spark.stage_rows, ftlayer.spark.entries).
+(ftlayer.stage_rows, ftlayer.spark.entries).
 
 * **Keep.** The task (ftlayer.spark.vector_tasks._Keep) answers, in its summary, the
   source ids and rows (msgpack maps of the segment's input columns) of the fresh rows it
@@ -31,8 +31,8 @@ from ftlayer.persistence import ClaimedRecord
 from ftlayer.spark.batch_plan import spark_schema
 from ftlayer.spark.intake import BODY_COL
 from ftlayer.spark.replay_rows import replay_table
-from ftlayer.spark.stage_rows import StageRow
 from ftlayer.spark.vector_plan import CUR_COL, LIN_COL, SRC_COL, VectorPlan
+from ftlayer.stage_rows import StageRow
 from serialization.frame import Frame
 
 if TYPE_CHECKING:
@@ -89,16 +89,28 @@ class Entering:
 
 
 def kept_rows(summaries: list[BatchSummary], plan: VectorPlan) -> dict[int, StageRow]:
-    """The rows the counted tasks kept as their segment's input, by source id (the first
-    of each): stage rows without their reference yet (the settle phase adds it from the
-    source segment)."""
-    out: dict[int, StageRow] = {}
-    for s in summaries:
-        if not len(s.kept_src):
-            continue
-        fingerprint = plan.entries[s.stage].fingerprint()
+    """The rows the counted tasks kept as their segment's input, by source id: stage
+    rows without their reference yet (the settle phase adds it from the source segment).
+
+    A record is stored as one row, so only a record whose failures all came from one
+    input row of one task is kept that way: when a record fanned out and two of its rows
+    failed (siblings: two input rows, or two tasks, or a stage before the shuffle too),
+    keeping one would lose the other -- it replays from its source (its siblings that
+    passed go on again: at least once)."""
+    where: dict[int, set[int]] = {}
+    for i, s in enumerate(summaries):
+        for src in set(s.failed_src.tolist()):
+            where.setdefault(src, set()).add(i)
+    kept: dict[int, list[tuple[int, bytes]]] = {}
+    for i, s in enumerate(summaries):
         for src, body in zip(s.kept_src.tolist(), s.kept_body, strict=True):
-            out.setdefault(src, StageRow(s.stage, fingerprint, 0, None, -1, "msgpack", body))
+            kept.setdefault(src, []).append((i, body))
+    out: dict[int, StageRow] = {}
+    for src, rows in kept.items():
+        (i, body), *others = rows
+        if not others and body and where.get(src) == {i}:
+            fingerprint = plan.entries[summaries[i].stage].fingerprint()
+            out[src] = StageRow(summaries[i].stage, fingerprint, 0, None, -1, "msgpack", body)
     return out
 
 

@@ -81,7 +81,7 @@ class VectorPlan:
     """Pipeline.replay_from: ``"source"``, nothing is retried at once past a shuffle."""
     keeps: bool = False
     """Fresh rows failing past a shuffle are kept as their segment's input (stage rows,
-    ftlayer.spark.stage_rows) and their replays enter there: a pipeline kept by reference
+    ftlayer.stage_rows) and their replays enter there: a pipeline kept by reference
     (re-reading its source is what this saves), ``replay_from="stage"``, no record key
     (past a shuffle its ids are keys: fresh rows and replays look alike)."""
 

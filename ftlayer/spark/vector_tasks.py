@@ -286,10 +286,11 @@ def _residue(task: TaskRun, src: np.ndarray, texts: list[str], stages: list[str]
 
 class _Keep:
     """Which failed rows of a task past a shuffle are kept as its segment's input
-    (VectorPlan.keeps; ftlayer.spark.stage_rows): fresh ones (a replay keeps the row it
-    was stored as), each once, as msgpack maps of its input columns, up to
-    ``max_kept_rows`` a task and ``max_record_bytes`` a row (the rest replay from their
-    source)."""
+    (VectorPlan.keeps; ftlayer.stage_rows): fresh ones (a replay keeps the row it
+    was stored as), each input row once, as msgpack maps of its input columns, up to
+    ``max_kept_rows`` a task and ``max_record_bytes`` a row. Every failed fresh input row
+    is reported, the ones not kept with an empty body: the driver keeps a record only
+    when one row of it failed (ftlayer.spark.vector_entries.kept_rows)."""
 
     def __init__(self, plan: VectorPlan, stage: int, batch: pa.RecordBatch) -> None:
         self.on = plan.keeps and stage > 0
@@ -301,13 +302,14 @@ class _Keep:
         if not self.on or not len(rows):
             return None
         rows = np.unique(rows)
-        rows = rows[is_local(src[rows])][: max(self.most - len(task.kept_body), 0)]
+        rows = rows[is_local(src[rows])]
         if not len(rows):
             return None
+        room = max(self.most - len(task.kept_body), 0)
         codecs = arrow_codecs(self.batch.schema)
-        bodies = [encode_record(r, codecs) for r in self.batch.take(pa.array(rows)).to_pylist()]
-        fits = np.array([len(b) <= self.max_bytes for b in bodies], bool)
-        return src[rows][fits], [b for b, ok in zip(bodies, fits, strict=True) if ok]
+        taken = self.batch.take(pa.array(rows[:room])).to_pylist()
+        bodies = [encode_record(r, codecs) for r in taken] + [b""] * (len(rows) - len(taken))
+        return src[rows], [b if len(b) <= self.max_bytes else b"" for b in bodies]
 
 
 def run_vector_task(

@@ -8,7 +8,8 @@ a keyed shuffle, a Python stage passing its batches on, stage 2 marks ids = 7 (m
 failed on their fresh attempt only (``failed`` is true only on fresh rows, whose identity
 has a location), and a ``df.write.parquet`` sink; then a DataFrame kept as copies (one
 Python pass stores them) with rows failing every time, drained. Prints one JSON object:
-the ids written, the dead letters' ids and errors, what is pending.
+the ids written, the dead letters' ids and errors, what is pending, the replays that
+entered at their stage (stage 1's failures, kept as its input) and those read back.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def main() -> None:
     written = spark.read.parquet(dest).select("id").collect()
     letters = pipeline.dead_letters(spark)
     st = ft.layer.stats()  # type: ignore[union-attr]
+    out.update(entered=sum(r.entered for r in ft.results),
+               read_back=sum(r.read_back for r in ft.results))
     out.update(written=[r["id"] for r in written], pending=st.pending,
                dead=letters.column("id").to_pylist(), errors=letters.column("error").to_pylist(),
                columns=sorted(spark.read.parquet(dest).columns))  # fmt: skip

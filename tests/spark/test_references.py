@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 
 from ftlayer.spark import FaultTolerance, FileSource, Outcome, RateMicroBatchSource
 from ftlayer.spark.references import location_id, with_references
-from ftlayer.spark.stage_rows import StageRow
+from ftlayer.stage_rows import StageRow
 from tests.spark.probe import Probe, first_seen
 from tests.toolkit import until
 

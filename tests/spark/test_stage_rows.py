@@ -1,4 +1,4 @@
-"""Replays that resume where they failed (ftlayer.spark.stage_rows): a row failing in a
+"""Replays that resume where they failed (ftlayer.stage_rows): a row failing in a
 DataFrame stage is kept, in the batch's own job, as the input of the segment it failed in,
 and its replay enters there -- its source not read again, the stages before that segment
 not run again. Real files read by real Spark (local[2]), real Redis.
@@ -268,3 +268,95 @@ def test_python_stage_rows_past_the_shuffle_resume_there(
     assert sum(r.read_back for r in ft.results) == 0, "a replay read its source again"
     assert sum(r.entered for r in ft.results) == len(flaky)
     assert set(calls(probe, "s1").values()) == {1}, "stage 1 ran again"
+
+
+def test_a_dead_letter_kept_at_its_stage_is_redriven_into_it(
+    spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path
+) -> None:
+    """Rows whose key has no region fail in segment 1 every time and end in the dead
+    letters as stage rows (the operator's view names the segment, the reference and the
+    row); once the regions arrive, ``dlq replay`` re-drives them into segment 1: they
+    land without their file read back or stage 1 run again. Catches: a dead letter that
+    lost its stage input, a re-drive that starts from the source or cannot enter."""
+    from ftlayer.deadletters import decoded
+
+    ft = make_ft(timeout_s=5.0, max_replays=1)
+    n = 600
+    write_events(tmp_path / "in" / "a.json", range(n))
+    regions, out = tmp_path / "regions", tmp_path / "out"
+    write_regions(regions, skip=MISSING)
+    files = FileSource("json", str(tmp_path / "in"), SCHEMA)
+    pipeline = pipeline_of(ft, probe, regions, out, files)
+    run_stream(spark, pipeline, files, tmp_path / "ck")
+    assert ft.drain(timeout_s=60, pipeline=pipeline).drained
+    failing = {i for i in range(n) if i % KEYS in MISSING}
+    assert ft.layer is not None
+    letters = ft.layer.persistence.dead_letters()
+    assert len(letters) == len(failing)
+    views = [decoded(d)[0] for d in letters]
+    assert {v["__ft_segment"] for v in views} == {1}, views[0]
+    assert {v["row"]["0"] for v in views} == failing, "the row kept is not the failed one"
+    write_regions(regions, skip=set())
+    first = len(ft.results)
+    assert ft.layer.dlq_replay() == len(failing)
+    assert ft.drain(timeout_s=60, pipeline=pipeline).drained
+    redriven = ft.results[first:]
+    assert sum(r.entered for r in redriven) == len(failing)
+    assert sum(r.read_back for r in redriven) == 0
+    got = Counter(r["id"] for r in written(spark, out))
+    assert set(got) == set(range(n)) and max(got.values()) == 1
+    assert set(calls(probe, "s1").values()) == {1}, "stage 1 ran again"
+
+
+def test_a_failed_child_resumes_alone_and_failed_siblings_go_back_to_the_source(
+    spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path
+) -> None:
+    """Stage 1 fans ids = 0 (mod 5) out into two rows; after the shuffle stage 2 fails,
+    once, the second child of ids = 0 (mod 15) and both children of ids = 5 (mod 15).
+    Nothing is retried at once. A lone failed child is kept and resumes alone: its
+    sibling is written once and stage 1 ran once. Two failed siblings cannot be kept as
+    one row: their record replays from its file through stage 1 again and both land.
+    Catches: one failed sibling kept and the other lost, a lone failed child's sibling
+    sent again."""
+    ft = make_ft(timeout_s=5.0, max_replays=3)
+    n = 900
+    write_events(tmp_path / "in" / "a.json", range(n))
+    files = FileSource("json", str(tmp_path / "in"), SCHEMA)
+    out_schema = "id long, key long, copy long"
+
+    def stage1(b: pa.RecordBatch) -> Outcome:
+        ids = b.column("id").to_numpy()
+        times_seen(probe, "s1", ids)
+        parents = np.sort(np.concatenate([np.arange(len(ids)), np.flatnonzero(ids % 5 == 0)]))
+        copy = np.zeros(len(parents), np.int64)
+        copy[1:] = parents[1:] == parents[:-1]
+        out = pa.RecordBatch.from_arrays(
+            [pa.array(ids[parents]), pa.array(ids[parents] % KEYS), pa.array(copy)],
+            names=["id", "key", "copy"])  # fmt: skip
+        return Outcome(out, parents=parents)
+
+    def stage2(b: pa.RecordBatch) -> Outcome:
+        ids, copy = b.column("id").to_numpy(), b.column("copy").to_numpy()
+        tags = np.array([f"{i}:{c}" for i, c in zip(ids, copy, strict=True)])
+        fails = ((ids % 15 == 0) & (copy == 1)) | (ids % 15 == 5)
+        return Outcome(b, failed=first_seen(probe, "f2", tags, fails), errors="once")
+
+    pipeline = (ft.pipeline(reads=files, name="fan-out", immediate_replays=0)
+                .map_batches(stage1, out_schema).partition_by(["key"], 4)
+                .map_batches(stage2, out_schema)
+                .sink_batches(lambda b: probe.r.rpush(f"{probe.prefix}:sink", *[
+                    f"{i}:{c}" for i, c in zip(b.column("id").to_pylist(),
+                                               b.column("copy").to_pylist(), strict=True)])))
+    run_stream(spark, pipeline, files, tmp_path / "ck")
+    assert ft.drain(timeout_s=60, pipeline=pipeline).drained
+    got = Counter(probe.strings("sink"))
+    want = {f"{i}:0" for i in range(n)} | {f"{i}:1" for i in range(n) if i % 5 == 0}
+    assert set(got) == want, "lost rows"
+    lone = {i for i in range(n) if i % 15 == 0}
+    both = {i for i in range(n) if i % 15 == 5}
+    assert all(got[f"{i}:0"] == 1 and got[f"{i}:1"] == 1 for i in lone), "sibling sent again"
+    assert max(got.values()) == 1
+    seen = calls(probe, "s1")
+    assert {i for i, c in seen.items() if c > 1} == both, "stage 1 ran again for other ids"
+    assert sum(r.entered for r in ft.results) == len(lone)
+    assert sum(r.read_back for r in ft.results) == len(both)

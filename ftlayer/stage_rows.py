@@ -33,8 +33,8 @@ from typing import Any, NamedTuple
 import msgpack
 import xxhash
 
-__all__ = ["JSON_OPTIONS", "StageRow", "decode_stage_row", "encode_stage_row",
-           "schema_hash", "source_payload"]  # fmt: skip
+__all__ = ["JSON_OPTIONS", "StageRow", "decode_for_people", "decode_stage_row",
+           "encode_stage_row", "schema_hash", "source_payload"]  # fmt: skip
 
 JSON_OPTIONS = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
                 "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS"}  # fmt: skip
@@ -93,3 +93,22 @@ def schema_hash(schema: Any) -> int:
     """xxh64 of a Spark StructType's JSON (int64): what a stage row's body was written
     under."""
     return xxhash.xxh64_intdigest(schema.json().encode()) - (1 << 63)
+
+
+def decode_for_people(frame: Any) -> Any:
+    """A stored record's payload as an operator reads it (``frame``: a
+    serialization.Frame): a source row as it is; a stage row as a map of the segment it
+    enters before (``__ft_segment``), its source reference and its columns (``row``: by
+    name for Python stages, by position for DataFrame stages). Raises as ``Frame.decode``
+    does on bytes that do not decode."""
+    record = frame.decode()
+    row = decode_stage_row(frame.payload)
+    if row is None:
+        return record
+    body = row.body
+    if row.format == "json":
+        values: Any = json.loads(body)
+    else:
+        values = msgpack.unpackb(body, raw=False, timestamp=3, strict_map_key=False)
+    return {"__ft_segment": row.entry, "__ft_loc": row.location, "__ft_pos": row.position,
+            "row": values}
