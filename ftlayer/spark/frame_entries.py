@@ -8,7 +8,7 @@ input of its segment, in the same job, and its replay enters there
   ride along as the identity columns do. Spark prunes them where nothing reads them.
 * **Keep.** The stage's observation (ftlayer.spark.frame_observations) also collects,
   for its failed rows only, ``location,position,`` and Spark's ``to_json`` of the copies
-  (fields named by position). A stage whose output lost a copy keeps nothing: its failed
+  (fields named by position), in base64. A stage whose output lost a copy keeps nothing: its failed
   rows go back to their source, as before.
 * **Bound.** A batch keeps about ``FTConfig.max_kept_rows`` rows a stage: when the
   stage's last batch failed more, a deterministic share of rows (by a hash of their
@@ -26,6 +26,7 @@ failed fresh row is stored either way (as a stage row, or as its source row).
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -69,7 +70,7 @@ class Kept:
     hash: int
     copies: tuple[str, ...]
 
-    def row(self, location: int | None, position: int, body: str) -> StageRow:
+    def row(self, location: int | None, position: int, body: bytes) -> StageRow:
         """A kept row (ftlayer.stage_rows)."""
         return StageRow(self.entry, self.fingerprint, self.hash, location, position, "json",
                         body)  # fmt: skip
@@ -140,8 +141,10 @@ def kept_column(kept: Kept, failed: Column, share: int) -> Column:
 
     body = F.to_json(F.struct(*[F.col(c).alias(str(i)) for i, c in enumerate(kept.copies)]),
                      JSON_OPTIONS)  # fmt: skip
+    # base64: the metrics reach Python as JSON text through py4j, whose unescaping of a
+    # string costs per backslash -- and JSON inside JSON is mostly backslashes
     row = F.concat_ws(",", F.coalesce(F.col(LOC_COL).cast("string"), F.lit("")),
-                      F.col(POS_COL).cast("string"), body)  # fmt: skip
+                      F.col(POS_COL).cast("string"), F.base64(body))  # fmt: skip
     if share < FULL_SHARE:
         failed = failed & (F.pmod(F.xxhash64(F.col(LOC_COL), F.col(POS_COL)),
                                   F.lit(FULL_SHARE)) < share)  # fmt: skip
@@ -163,7 +166,7 @@ def kept_rows(values: list[str], kept: Kept) -> dict[tuple[int | None, int], Sta
     for value in values:
         loc_text, pos_text, body = value.split(",", 2)
         loc = int(loc_text) if loc_text else None
-        out[(loc, int(pos_text))] = kept.row(loc, int(pos_text), body)
+        out[(loc, int(pos_text))] = kept.row(loc, int(pos_text), base64.b64decode(body))
     return out
 
 
