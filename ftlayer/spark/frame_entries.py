@@ -141,10 +141,12 @@ def kept_column(kept: Kept, failed: Column, share: int) -> Column:
 
     body = F.to_json(F.struct(*[F.col(c).alias(str(i)) for i, c in enumerate(kept.copies)]),
                      JSON_OPTIONS)  # fmt: skip
-    # base64: the metrics reach Python as JSON text through py4j, whose unescaping of a
-    # string costs per backslash -- and JSON inside JSON is mostly backslashes
+    # base64 without its line breaks: the metrics reach Python as JSON text through
+    # py4j, whose unescaping costs per escaped character -- and JSON inside JSON, or
+    # Spark's chunked base64 (CRLF every 76 characters), is full of them
+    b64 = F.translate(F.base64(body), "\r\n", "")
     row = F.concat_ws(",", F.coalesce(F.col(LOC_COL).cast("string"), F.lit("")),
-                      F.col(POS_COL).cast("string"), F.base64(body))  # fmt: skip
+                      F.col(POS_COL).cast("string"), b64)  # fmt: skip
     if share < FULL_SHARE:
         failed = failed & (F.pmod(F.xxhash64(F.col(LOC_COL), F.col(POS_COL)),
                                   F.lit(FULL_SHARE)) < share)  # fmt: skip
