@@ -61,14 +61,17 @@ def _read(client: Any, key: str, since: float) -> list[dict[str, Any]]:
 
 def record_batch(client: Any, keyspace: Keyspace, *, pipeline: str, source: int,
                  batch_id: Any, elapsed_s: float, fresh: int, replayed: int, failed: int,
-                 written: int, stages: Mapping[str, Sequence[float]]) -> None:  # fmt: skip
+                 written: int, stages: Mapping[str, Sequence[float]], entered: int = 0,
+                 read_back: int = 0) -> None:  # fmt: skip
     """Push one batch's summary. ``stages``: label -> (rows in, rows out, failed,
     unconfirmed, seconds, replayed, dead-lettered, held: not called, its breaker open), in
-    the pipeline's order."""
+    the pipeline's order; ``entered`` / ``read_back``: of its replays, those that entered
+    at the stage they failed in / were read back from their source."""
     _push(client, keyspace.batches, {
         "t": time.time(), "pipeline": pipeline, "source": source, "batch": str(batch_id),
         "elapsed_s": elapsed_s, "fresh": fresh, "replayed": replayed, "failed": failed,
         "written": written, "stages": [[label, *map(float, v)] for label, v in stages.items()],
+        "entered": entered, "read_back": read_back,
     }, BATCHES)  # fmt: skip
 
 

@@ -2,7 +2,8 @@
 input of its segment, in the same job, and its replay enters there
 (ftlayer.stage_rows, ftlayer.spark.entries).
 
-* **Carry.** A segment with a stage that marks failures (``failed=``) starts by copying
+* **Carry.** A segment after a shuffle with a stage that marks failures (``failed=``)
+  starts by copying
   its input's user columns under hidden names (``__ft_in_<i>``, tagged with
   :data:`CARRIED`): a stage may drop or recompute its input's columns, and the copies
   ride along as the identity columns do. Spark prunes them where nothing reads them.
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
 
     from ftlayer.ids import RecordId
     from ftlayer.spark.entries import Entry
-    from ftlayer.spark.plan import Segment
     from ftlayer.spark.vector_plan import VectorPlan
 
 __all__ = ["CARRIED", "FULL_SHARE", "Kept", "carry", "entering", "keeps_until", "kept_column",
@@ -76,13 +76,17 @@ class Kept:
                         body)  # fmt: skip
 
 
-def keeps_until(plan: VectorPlan, seg: Segment, ft: bool) -> int | None:
-    """The last stage of ``seg`` that keeps its failed rows as the segment's input
-    (None: none does -- FT off, ``max_kept_rows=0``, ``replay_from="source"``, no
-    DataFrame stage with ``failed=``, or a Python stage before it, which takes only its
-    own columns)."""
-    if not ft or not plan.config.max_kept_rows or plan.replay_from == "source":
+def keeps_until(plan: VectorPlan, index: int, ft: bool) -> int | None:
+    """The last stage of segment ``index`` that keeps its failed rows as the segment's
+    input (None: none does -- FT off, ``max_kept_rows=0``, ``replay_from="source"``, the
+    first segment, no DataFrame stage with ``failed=``, or a Python stage before it, which
+    takes only its own columns). The first segment's input is the source row: a replay
+    from the source enters there anyway, and keeping a copy of it costs more than
+    reading it back (every failed row's columns through the driver; measured with
+    ``benchmarks.dataframe_overhead``, whose stage 1 fails)."""
+    if not ft or not index or not plan.config.max_kept_rows or plan.replay_from == "source":
         return None
+    seg = plan.segments[index]
     last = None
     for j, (kind, stage) in enumerate(seg.ops):
         if kind != "frame":

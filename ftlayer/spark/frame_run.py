@@ -174,7 +174,7 @@ class FrameRun(OfRun):
         def segment(i: int, out: DataFrame) -> DataFrame:
             nonlocal known
             seg = plan.segments[i]
-            kept, keep_to = None, keeps_until(plan, seg, self.layer is not None)
+            kept, keep_to = None, keeps_until(plan, i, self.layer is not None)
             if keep_to is not None:  # its failed rows are kept as its input: carried
                 self.run.columns.setdefault(("segment", id(seg)), seg)  # its id its own
                 out, kept = carry(out, plan.entries[i], self.run.columns,

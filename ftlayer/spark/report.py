@@ -66,6 +66,7 @@ def _keep_summary(layer: FTLayer, pipeline: Pipeline, result: BatchResult) -> No
                      source=pipeline.source, batch_id=result.batch_id,
                      elapsed_s=result.elapsed_s, fresh=result.fresh,
                      replayed=result.replayed, failed=result.failed,
-                     written=result.written, stages=stages)  # fmt: skip
+                     written=result.written, stages=stages, entered=result.entered,
+                     read_back=result.read_back)  # fmt: skip
     except redis.RedisError as e:
         log.warning("batch summary not kept batch_id=%s error=%s", result.batch_id, e)

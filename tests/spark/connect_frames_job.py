@@ -4,12 +4,13 @@
 
 Two JSON files (600 events) streamed with ``trigger(availableNow=True)``: stage 1 parses
 ``amount`` with ``try_cast`` (ids with ``amount = "n/a"`` fail every attempt: dead letters),
-a keyed shuffle, a Python stage passing its batches on, stage 2 marks ids = 7 (mod 40)
-failed on their fresh attempt only (``failed`` is true only on fresh rows, whose identity
-has a location), and a ``df.write.parquet`` sink; then a DataFrame kept as copies (one
+a keyed shuffle, stage 2 marks ids = 7 (mod 40) failed on their fresh attempt only
+(``failed`` is true only on fresh rows, whose identity has a location), a Python stage
+passing its batches on, and a ``df.write.parquet`` sink; then a DataFrame kept as copies (one
 Python pass stores them) with rows failing every time, drained. Prints one JSON object:
 the ids written, the dead letters' ids and errors, what is pending, the replays that
-entered at their stage (stage 1's failures, kept as its input) and those read back.
+entered at their stage (stage 2's failures, kept as its input) and those read back
+(stage 1's: the first segment keeps nothing).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import tempfile
 from typing import Any
 
 from ftlayer import FTConfig
+from ftlayer.history import read_batches
 from ftlayer.spark import FaultTolerance, FileSource
 
 N = 600
@@ -49,10 +51,11 @@ def main() -> None:
         .transform(lambda df: df.withColumn("amt", F.expr("try_cast(amount AS double)")),
                    failed="amt IS NULL", errors=F.concat(F.lit("bad amount "), F.col("amount")))
         .partition_by(["key"], 4)
-        .map_batches(lambda b: b, "id long, key long, amount string, amt double")  # Python
-        # a fresh row carries its file's location; a replay's is null: fails once
+        # a fresh row carries its file's location; a replay's is null: fails once (kept
+        # as this segment's input: its replay enters here)
         .transform(lambda df: df, failed="id % 40 = 7 AND __ft_loc IS NOT NULL",
                    errors="first attempt fails")
+        .map_batches(lambda b: b, "id long, key long, amount string, amt double")  # Python
         .sink_dataframe(lambda df, _: df.write.mode("append").parquet(dest))
     )  # fmt: skip
     query = (pipeline.stream(spark).writeStream.foreachBatch(pipeline)
@@ -63,8 +66,10 @@ def main() -> None:
     written = spark.read.parquet(dest).select("id").collect()
     letters = pipeline.dead_letters(spark)
     st = ft.layer.stats()  # type: ignore[union-attr]
-    out.update(entered=sum(r.entered for r in ft.results),
-               read_back=sum(r.read_back for r in ft.results))
+    # the batches ran in the Connect server's Python process: their summaries in Redis
+    batches = read_batches(ft.layer.client, ft.layer.keyspace, 0)  # type: ignore[union-attr]
+    out.update(entered=sum(b.get("entered", 0) for b in batches),
+               read_back=sum(b.get("read_back", 0) for b in batches))
     out.update(written=[r["id"] for r in written], pending=st.pending,
                dead=letters.column("id").to_pylist(), errors=letters.column("error").to_pylist(),
                columns=sorted(spark.read.parquet(dest).columns))  # fmt: skip

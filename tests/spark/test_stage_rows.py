@@ -189,8 +189,9 @@ def test_copies_kept_as_a_stage_input_resume_there_and_dead_letters_show_the_sou
 ) -> None:
     """A source that cannot be read again (a DataFrame): rows failing past the shuffle
     resume there; a row failing before it every time (a stage that drops the column it
-    checks) ends in the dead letters showing its source columns. Catches: copies' kept
-    rows lost (no source to go back to), the dead-letter view losing a kept row."""
+    checks) replays from its copy and ends in the dead letters showing its source
+    columns. Catches: copies' kept rows lost (no source to go back to), a failure before
+    the shuffle kept (the copy is the source row), the dead-letter view losing a row."""
     ft = make_ft(timeout_s=5.0, max_replays=1)
     n = 400
     regions, out = tmp_path / "regions", tmp_path / "out"
@@ -217,7 +218,7 @@ def test_copies_kept_as_a_stage_input_resume_there_and_dead_letters_show_the_sou
     assert drained.dead_lettered == 1, drained
     got = Counter(r["id"] for r in written(spark, out))
     assert set(got) == set(range(n)) - {7} and max(got.values()) == 1
-    assert sum(r.entered for r in ft.results) == len(failing) + 1
+    assert sum(r.entered for r in ft.results) == len(failing)  # id 7 replays its copy
     letters = pipeline.dead_letters(spark).to_pylist()
     assert [(r["id"], r["amount"]) for r in letters] == [(7, "n/a")], letters
     assert np.all([r["attempts"] == 2 for r in letters])
