@@ -87,7 +87,7 @@ def dead_letter_table(letters: Sequence[DeadLetter]) -> pa.Table:
     first (ties by id); the payload struct's fields in the order they first appear in that
     order: the same letters always give the same table."""
     letters = sorted(letters, key=lambda d: (d.time_ms, d.source_id))
-    decoded = [decoded(d) for d in letters]
+    records = [decoded(d) for d in letters]
     frames = [d.frame for d in letters]
     last = [d.history[-1] if d.history else None for d in letters]
     columns: dict[str, pa.Array] = {
@@ -106,14 +106,14 @@ def dead_letter_table(letters: Sequence[DeadLetter]) -> pa.Table:
             pa.list_(_FAILURE),
         ),
         "frame_error": pa.array([d.frame_error for d in letters], pa.string()),
-        "payload_error": pa.array([error for _, error in decoded], pa.string()),
+        "payload_error": pa.array([error for _, error in records], pa.string()),
         "payload_raw": pa.array([f.payload if f else d.raw for d, f in zip(letters, frames,
                                                                             strict=True)],
                                 pa.binary()),
-        "payload_json": pa.array([None if error else _json(record) for record, error in decoded],
+        "payload_json": pa.array([None if error else _json(record) for record, error in records],
                                  pa.string()),
     }  # fmt: skip
-    struct = _payload_struct([record for record, _ in decoded])
+    struct = _payload_struct([record for record, _ in records])
     if struct is not None:
         columns["payload"] = struct
     return pa.table(columns)
