@@ -211,7 +211,8 @@ class FaultTolerance:
         self._own(pipeline, schema, spark)
         by_ref = pipeline.reads is not None
         replays = replay_stream(spark, self.task_config, pipeline.source, schema,
-                                self.replay_limit, by_reference=by_ref)  # fmt: skip
+                                self.replay_limit, by_reference=by_ref,
+                                carries_rows=not (by_ref or pipeline.frames))  # fmt: skip
         return with_replay_columns(stream).unionByName(replays)
 
     def dead_letter_rows(self, pipeline: Pipeline, spark: SparkSession) -> Any:

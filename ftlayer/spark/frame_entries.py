@@ -3,14 +3,15 @@ input of its segment, in the same job, and its replay enters there
 (ftlayer.stage_rows, ftlayer.spark.entries).
 
 * **Carry.** A segment after a shuffle with a stage that marks failures (``failed=``)
-  starts by copying
-  its input's user columns under hidden names (``__ft_in_<i>``, tagged with
-  :data:`CARRIED`): a stage may drop or recompute its input's columns, and the copies
-  ride along as the identity columns do. Spark prunes them where nothing reads them.
+  starts by copying its input's user columns under hidden names (``__ft_in_<i>``, tagged
+  with :data:`CARRIED`): a stage may drop or recompute its input's columns, and the
+  copies ride along as the identity columns do. Spark prunes them where nothing reads
+  them. The first segment keeps nothing (:func:`keeps_until`).
 * **Keep.** The stage's observation (ftlayer.spark.frame_observations) also collects,
   for its failed rows only, ``location,position,`` and Spark's ``to_json`` of the copies
-  (fields named by position), in base64. A stage whose output lost a copy keeps nothing: its failed
-  rows go back to their source, as before.
+  (fields named by position), in base64. A stage whose output lost a copy keeps
+  nothing: its failed rows go back to their source, as before; so does a record two of
+  whose rows failed (a fan-out: one stored row cannot stand for both).
 * **Bound.** A batch keeps about ``FTConfig.max_kept_rows`` rows a stage: when the
   stage's last batch failed more, a deterministic share of rows (by a hash of their
   identity) is kept and the rest go back to their source. A kept row larger than

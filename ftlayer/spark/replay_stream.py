@@ -74,6 +74,7 @@ class ReplayReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.limit = int(options.get("maxreplayspertrigger", "10000"))
         self.user = StructType.fromJson(json.loads(options["schema"]))
         self.by_reference = options.get("byreference") == "1"
+        self.rows = options.get("rows", "1") == "1"
         self.available_now = False
         self.expired_at = 0.0
         self.released = 0
@@ -151,7 +152,11 @@ class ReplayReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             m.startswith(mine) for _, m, _ in layer.segments.indexed())  # fmt: skip
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[Any]:
-        if int(end["seq"]) <= int(start["seq"]):
+        """One partition per shard of the claim -- none when the batch reads its claims
+        itself (kept by reference, DataFrame stages): a partition is a Python task that
+        would read nothing, and such tasks cost a micro-batch about as much as its own
+        job."""
+        if int(end["seq"]) <= int(start["seq"]) or not self.rows:
             return []
         token = f"rs:{end['run']}:{end['seq']}"
         return [ReplayPartition(token, int(k)) for k in end["shards"]]
@@ -241,10 +246,13 @@ def replay_stream(
     schema: Any,
     limit: int,
     by_reference: bool = False,
+    carries_rows: bool = True,
 ) -> DataFrame:
     """The replays of ``source`` as a streaming DataFrame of ``schema`` (the source's own
     StructType; ``by_reference``: and the reference columns) plus the replay columns.
-    Registers the data source with the session once."""
+    ``carries_rows`` False: its micro-batches hold no rows, only the offsets of the
+    claims the batch reads itself (kept by reference, DataFrame stages). Registers the
+    data source with the session once."""
     key = id(spark)
     if key not in _registered:
         spark.dataSource.register(ReplaySource)
@@ -256,5 +264,6 @@ def replay_stream(
         .option("schema", schema.json())
         .option("maxReplaysPerTrigger", str(limit))
         .option("byReference", "1" if by_reference else "0")
+        .option("rows", "1" if carries_rows else "0")
         .load()
     )

@@ -31,7 +31,7 @@ from ftlayer.persistence import ClaimedRecord
 from ftlayer.spark.batch_plan import spark_schema
 from ftlayer.spark.intake import BODY_COL
 from ftlayer.spark.replay_rows import replay_table
-from ftlayer.spark.vector_plan import CUR_COL, LIN_COL, SRC_COL, VectorPlan
+from ftlayer.spark.vector_plan import ATT_COL, CUR_COL, LIN_COL, SRC_COL, VectorPlan
 from ftlayer.stage_rows import StageRow
 from serialization.frame import Frame
 
@@ -63,7 +63,7 @@ class Entering:
             for s, c, a, lin, body in zip(
                 (x & _U64 for x in table.column(SRC_COL).to_pylist()),
                 (x & _U64 for x in table.column(CUR_COL).to_pylist()),
-                table.column("__ft_att").to_pylist(), table.column(LIN_COL).to_pylist(),
+                table.column(ATT_COL).to_pylist(), table.column(LIN_COL).to_pylist(),
                 table.column(BODY_COL).to_pylist(), strict=True)
         ]  # fmt: skip
         rows, bad = replay_table(claimed, plan.inputs[k])

@@ -116,3 +116,57 @@ def times_seen(probe: Probe, tag: str, ids: Any) -> Any:
 def calls(probe: Probe, tag: str) -> dict[int, int]:
     """How many times ``tag`` has seen each id (what :func:`times_seen` counted)."""
     return {int(k): int(v) for k, v in probe.r.hgetall(f"{probe.prefix}:{tag}").items()}
+
+
+class Counted:
+    """A batch stage passing its rows on, counting each id it sees under ``tag``
+    (:func:`calls` reads the counts)."""
+
+    def __init__(self, probe: Probe, tag: str) -> None:
+        self.probe, self.tag = probe, tag
+        self.__name__ = f"counted_{tag}"
+
+    def __call__(self, b: Any) -> Any:
+        times_seen(self.probe, self.tag, b.column("id").to_numpy())
+        return b
+
+
+class FailsOnce:
+    """A batch stage failing the ids = ``rem`` (mod ``mod``) the first time it sees them."""
+
+    def __init__(self, probe: Probe, mod: int, rem: int) -> None:
+        self.probe, self.mod, self.rem = probe, mod, rem
+        self.__name__ = "fails_once"
+
+    def __call__(self, b: Any) -> Any:
+        from ftlayer.spark import Outcome
+
+        ids = b.column("id").to_numpy()
+        return Outcome(b, failed=first_seen(self.probe, "fails_once", ids,
+                                            ids % self.mod == self.rem),
+                       errors="fails the first time")  # fmt: skip
+
+
+class FanOut:
+    """A batch stage making two rows (``copy`` 0 and 1) of each id = 0 (mod 5), one of
+    the others (columns id, key = id mod ``keys``, copy), counting each id under ``s1``."""
+
+    def __init__(self, probe: Probe, keys: int) -> None:
+        self.probe, self.keys = probe, keys
+        self.__name__ = "fan_out"
+
+    def __call__(self, b: Any) -> Any:
+        import numpy as np
+        import pyarrow as pa
+
+        from ftlayer.spark import Outcome
+
+        ids = b.column("id").to_numpy()
+        times_seen(self.probe, "s1", ids)
+        parents = np.sort(np.concatenate([np.arange(len(ids)), np.flatnonzero(ids % 5 == 0)]))
+        copy = np.zeros(len(parents), np.int64)
+        copy[1:] = parents[1:] == parents[:-1]
+        out = pa.RecordBatch.from_arrays(
+            [pa.array(ids[parents]), pa.array(ids[parents] % self.keys), pa.array(copy)],
+            names=["id", "key", "copy"])  # fmt: skip
+        return Outcome(out, parents=parents)

@@ -24,7 +24,7 @@ from pyspark.sql import SparkSession
 
 from ftlayer.history import read_batches, stage_table
 from ftlayer.spark import ErrorPolicy, FaultTolerance, Outcome
-from tests.spark.probe import Probe, calls, first_seen, times_seen
+from tests.spark.probe import Counted, FailsOnce, FanOut, Probe, calls, first_seen, times_seen
 from tests.toolkit import source_df
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -68,16 +68,7 @@ def test_a_failed_child_past_the_shuffle_replays_alone_at_its_stage(
     fan = set(ids_all[ids_all % 5 == 0].tolist())
     flaky = {i for i in range(n) if i % 13 == 1 and i in fan}  # their 2nd child fails once
 
-    def stage1(b: pa.RecordBatch) -> Outcome:
-        ids = b.column("id").to_numpy()
-        times_seen(probe, "s1", ids)
-        parents = np.sort(np.concatenate([np.arange(len(ids)), np.flatnonzero(ids % 5 == 0)]))
-        copy = np.zeros(len(parents), np.int64)
-        copy[1:] = parents[1:] == parents[:-1]
-        out = pa.RecordBatch.from_arrays(
-            [pa.array(ids[parents]), pa.array(ids[parents] % 29), pa.array(copy)],
-            names=["id", "key", "copy"])  # fmt: skip
-        return Outcome(out, parents=parents)
+    stage1 = FanOut(probe, 29)
 
     def stage2(b: pa.RecordBatch) -> Outcome:
         ids, copy = b.column("id").to_numpy(), b.column("copy").to_numpy()
@@ -151,18 +142,9 @@ def test_replay_from_source_retries_nothing_past_the_shuffle(
     ft = make_ft(max_replays=3, timeout_s=5.0)
     n = 600
 
-    def stage1(b: pa.RecordBatch) -> pa.RecordBatch:
-        times_seen(probe, "s1", b.column("id").to_numpy())
-        return b
-
-    def stage2(b: pa.RecordBatch) -> Outcome:
-        ids = b.column("id").to_numpy()
-        return Outcome(b, failed=first_seen(probe, "f2", ids, ids % 7 == 3),
-                       errors="fails the first time")  # fmt: skip
-
     schema = "id long, key long, amount long"
-    pipeline = (ft.pipeline(replay_from="source").map_batches(stage1, schema)
-                .partition_by(["key"], 4).map_batches(stage2, schema)
+    pipeline = (ft.pipeline(replay_from="source").map_batches(Counted(probe, "s1"), schema)
+                .partition_by(["key"], 4).map_batches(FailsOnce(probe, 7, 3), schema)
                 .sink_batches(lambda b: probe.r.rpush(f"{probe.prefix}:sink",
                                                       *b.column("id").to_pylist())))  # fmt: skip
     res = ft.run_batch(pipeline, source_df(spark, n), 0)

@@ -24,7 +24,7 @@ from pyspark.sql import functions as F  # noqa: N812
 
 from ftlayer.spark import FaultTolerance, FileSource, Outcome
 from ftlayer.spark.references import with_references
-from tests.spark.probe import Probe, calls, first_seen, times_seen
+from tests.spark.probe import Counted, FailsOnce, FanOut, Probe, calls, first_seen, times_seen
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.spark
@@ -51,6 +51,15 @@ def write_regions(path: Path, skip: set[int]) -> None:
         "".join(json.dumps(r) + "\n" for r in rows))
 
 
+def missing_regions(tmp_path: Path, n: int) -> tuple[Path, Path, FileSource]:
+    """``n`` events in one file and regions missing the keys MISSING: (the regions'
+    directory, the output directory, the events' FileSource)."""
+    write_events(tmp_path / "in" / "a.json", range(n))
+    regions, out = tmp_path / "regions", tmp_path / "out"
+    write_regions(regions, skip=MISSING)
+    return regions, out, FileSource("json", str(tmp_path / "in"), SCHEMA)
+
+
 def lookup(regions: Path) -> Any:
     """Segment 1's stage: the region of each key (a left join); a key without one fails."""
 
@@ -63,13 +72,9 @@ def lookup(regions: Path) -> Any:
 
 def pipeline_of(ft: FaultTolerance, probe: Probe, regions: Path, out: Path, files: Any,
                 first: Any = None, replay_from: str = "stage") -> Any:  # fmt: skip
-    def stage1(b: pa.RecordBatch) -> pa.RecordBatch:
-        times_seen(probe, "s1", b.column("id").to_numpy())
-        return b
-
     return (
         ft.pipeline(reads=files, name="resume", replay_from=replay_from)
-        .map_batches(first or stage1, SCHEMA)
+        .map_batches(first or Counted(probe, "s1"), SCHEMA)
         .partition_by(["key"], 4)
         .transform(lookup(regions), failed="region IS NULL", errors="no region for its key")
         .sink_dataframe(lambda df, _: df.write.mode("append").parquet(str(out)))
@@ -136,10 +141,7 @@ def test_a_pipeline_changed_before_the_failing_segment_replays_from_the_source(
     row kept by an older pipeline entering a plan it no longer fits, or dropped."""
     ft = make_ft(timeout_s=5.0, max_replays=3)
     n = 600
-    write_events(tmp_path / "in" / "a.json", range(n))
-    regions, out = tmp_path / "regions", tmp_path / "out"
-    write_regions(regions, skip=MISSING)
-    files = FileSource("json", str(tmp_path / "in"), SCHEMA)
+    regions, out, files = missing_regions(tmp_path, n)
     run_stream(spark, pipeline_of(ft, probe, regions, out, files), files, tmp_path / "ck")
     failing = {i for i in range(n) if i % KEYS in MISSING}
 
@@ -167,10 +169,7 @@ def test_replay_from_source_runs_every_stage_again(
     not run the stages before the failing one."""
     ft = make_ft(timeout_s=5.0, max_replays=3)
     n = 600
-    write_events(tmp_path / "in" / "a.json", range(n))
-    regions, out = tmp_path / "regions", tmp_path / "out"
-    write_regions(regions, skip=MISSING)
-    files = FileSource("json", str(tmp_path / "in"), SCHEMA)
+    regions, out, files = missing_regions(tmp_path, n)
     pipeline = pipeline_of(ft, probe, regions, out, files, replay_from="source")
     run_stream(spark, pipeline, files, tmp_path / "ck")
     failing = {i for i in range(n) if i % KEYS in MISSING}
@@ -239,14 +238,7 @@ def test_python_stage_rows_past_the_shuffle_resume_there(
     files = FileSource("json", str(tmp_path / "in"), SCHEMA)
     sink_schema = "id long, key long, amount string, at timestamp, tags array<string>"
 
-    def stage1(b: pa.RecordBatch) -> pa.RecordBatch:
-        times_seen(probe, "s1", b.column("id").to_numpy())
-        return b
-
-    def stage2(b: pa.RecordBatch) -> Outcome:
-        ids = b.column("id").to_numpy()
-        return Outcome(b, failed=first_seen(probe, "f2", ids, ids % 9 == 4),
-                       errors="fails the first time")  # fmt: skip
+    stage1, stage2 = Counted(probe, "s1"), FailsOnce(probe, 9, 4)
 
     def sink(b: pa.RecordBatch) -> None:
         ids = b.column("id").to_pylist()
@@ -283,10 +275,7 @@ def test_a_dead_letter_kept_at_its_stage_is_redriven_into_it(
 
     ft = make_ft(timeout_s=5.0, max_replays=1)
     n = 600
-    write_events(tmp_path / "in" / "a.json", range(n))
-    regions, out = tmp_path / "regions", tmp_path / "out"
-    write_regions(regions, skip=MISSING)
-    files = FileSource("json", str(tmp_path / "in"), SCHEMA)
+    regions, out, files = missing_regions(tmp_path, n)
     pipeline = pipeline_of(ft, probe, regions, out, files)
     run_stream(spark, pipeline, files, tmp_path / "ck")
     assert ft.drain(timeout_s=60, pipeline=pipeline).drained
@@ -325,16 +314,7 @@ def test_a_failed_child_resumes_alone_and_failed_siblings_go_back_to_the_source(
     files = FileSource("json", str(tmp_path / "in"), SCHEMA)
     out_schema = "id long, key long, copy long"
 
-    def stage1(b: pa.RecordBatch) -> Outcome:
-        ids = b.column("id").to_numpy()
-        times_seen(probe, "s1", ids)
-        parents = np.sort(np.concatenate([np.arange(len(ids)), np.flatnonzero(ids % 5 == 0)]))
-        copy = np.zeros(len(parents), np.int64)
-        copy[1:] = parents[1:] == parents[:-1]
-        out = pa.RecordBatch.from_arrays(
-            [pa.array(ids[parents]), pa.array(ids[parents] % KEYS), pa.array(copy)],
-            names=["id", "key", "copy"])  # fmt: skip
-        return Outcome(out, parents=parents)
+    stage1 = FanOut(probe, KEYS)
 
     def stage2(b: pa.RecordBatch) -> Outcome:
         ids, copy = b.column("id").to_numpy(), b.column("copy").to_numpy()
