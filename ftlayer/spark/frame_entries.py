@@ -177,18 +177,19 @@ def kept_rows(values: list[str], kept: Kept) -> dict[tuple[int | None, int], Sta
     return out
 
 
-def entering(out: DataFrame, table: pa.Table) -> tuple[DataFrame | None,
-                                                       list[tuple[RecordId, str]]]:  # fmt: skip
+def entering(out: DataFrame, table: pa.Table, cache: dict[Any, Any],
+             key: Any) -> tuple[DataFrame | None, list[tuple[RecordId, str]]]:  # fmt: skip
     """The stage rows ``table`` (Replays.entered's shape) that enter before the segment
     ``out`` feeds, as a DataFrame of ``out``'s user columns with their identity (None:
-    none enter), and those written under another schema, each with an error naming it."""
-    from pyspark.sql import functions as F  # noqa: N812
-    from pyspark.sql.types import StructField, StructType
-
+    none enter), and those written under another schema, each with an error naming it.
+    ``out``'s schema and the columns that read the rows are built once per ``key`` (the
+    segment and the source's schema: the same in every batch of a query)."""
     from ftlayer.ids import RecordId
 
-    schema = user_schema(out)
-    fits = pc.equal(table.column(HASH_COL), pa.scalar(schema_hash(schema), pa.int64()))
+    if key not in cache:
+        cache[key] = _reading(user_schema(out))
+    schema, want, shape, cols = cache[key]
+    fits = pc.equal(table.column(HASH_COL), pa.scalar(want, pa.int64()))
     bad = []
     for src in table.filter(pc.invert(fits)).column(SRC_COL).to_pylist():
         bad.append((RecordId(src & ((1 << 64) - 1), 0),
@@ -198,13 +199,20 @@ def entering(out: DataFrame, table: pa.Table) -> tuple[DataFrame | None,
     rows = table.filter(fits)
     if not rows.num_rows:
         return None, bad
-    spark = out.sparkSession
+    raw = out.sparkSession.createDataFrame(rows.select([BODY_COL, SRC_COL]))
+    return raw.select(shape, SRC_COL).select(*cols), bad
+
+
+def _reading(schema: StructType) -> tuple[StructType, int, Column, list[Column]]:
+    """What reads stage rows into ``schema`` (an entry's user columns): the schema, its
+    hash, the parsed body and the columns it becomes (with the identity of a replay)."""
+    from pyspark.sql import functions as F  # noqa: N812
+    from pyspark.sql.types import StructField, StructType
+
     shape = StructType([StructField(str(i), f.dataType, True)
                         for i, f in enumerate(schema.fields)])  # fmt: skip
-    raw = spark.createDataFrame(rows.select([BODY_COL, SRC_COL]))
-    body = F.col(BODY_COL).cast("string")
-    parsed = raw.select(F.from_json(body, shape, JSON_OPTIONS).alias("v"), SRC_COL)
-    return parsed.select(
-        *[F.col("v").getField(str(i)).alias(f.name) for i, f in enumerate(schema.fields)],
-        F.lit(None).cast("long").alias(LOC_COL, metadata=IDENTITY),
-        F.col(SRC_COL).alias(POS_COL, metadata=IDENTITY)), bad  # fmt: skip
+    body = F.from_json(F.col(BODY_COL).cast("string"), shape, JSON_OPTIONS).alias("v")
+    cols = [*[F.col("v").getField(str(i)).alias(f.name) for i, f in enumerate(schema.fields)],
+            F.lit(None).cast("long").alias(LOC_COL, metadata=IDENTITY),
+            F.col(SRC_COL).alias(POS_COL, metadata=IDENTITY)]  # fmt: skip
+    return schema, schema_hash(schema), body, cols

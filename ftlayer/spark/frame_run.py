@@ -203,7 +203,10 @@ class FrameRun(OfRun):
         table = replays.entered.get(entry.segment) if replays is not None else None
         if table is None or not table.num_rows:
             return out
-        rows, bad = entering(out, table)
+        seg = self.plan.segments[entry.segment]
+        self.run.columns.setdefault(("segment", id(seg)), seg)  # its id stays its own
+        rows, bad = entering(out, table, self.run.columns,
+                             ("entering", id(seg), self.plan.inputs[0]))  # fmt: skip
         self.calls += reject(self.layer, bad, self.result, f"batch_id={self.result.batch_id} ")
         if rows is None:
             return out
