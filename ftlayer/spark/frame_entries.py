@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from ftlayer.spark.vector_plan import VectorPlan
 
 __all__ = ["CARRIED", "FULL_SHARE", "Kept", "carry", "entering", "keeps_until", "kept_column",
-           "kept_rows", "no_rows", "share_after", "still_carried", "user_schema"]
+           "kept_rows", "no_rows", "rows_ids", "share_after", "still_carried", "user_schema"]
 
 CARRIED = {"ftlayer": "entry"}
 """The tag of a segment input's hidden copies (lost when a stage recomputes one)."""
@@ -201,6 +201,13 @@ def entering(out: DataFrame, table: pa.Table, cache: dict[Any, Any],
         return None, bad
     raw = out.sparkSession.createDataFrame(rows.select([BODY_COL, SRC_COL]))
     return raw.select(shape, SRC_COL).select(*cols), bad
+
+
+def rows_ids(table: pa.Table, bad: list[tuple[RecordId, str]]) -> list[int]:
+    """The source ids of the stage rows ``table`` that entered (not in ``bad``)."""
+    rejected = {rid[0] for rid, _ in bad}
+    return [x for x in (s & ((1 << 64) - 1) for s in table.column(SRC_COL).to_pylist())
+            if x not in rejected]
 
 
 def _reading(schema: StructType) -> tuple[StructType, int, Column, list[Column]]:

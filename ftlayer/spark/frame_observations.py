@@ -48,8 +48,11 @@ class Observations:
     """(stage label, Observation) of every stage with ``failed=``, in order, each
     counting the rows it sees (no stage has one: ("", a count at the sink's input))."""
     replays_seen: list[tuple[int, Any]] = field(default_factory=list)
-    """(entry, Observation) of the ids of the replays the job read, by the entry they
-    came in at (a reference read back and not found is not among them)."""
+    """(entry, Observation) of the ids of the replays from their source the job read (a
+    reference read back and not found is not among them)."""
+    entered: dict[int, list[int]] = field(default_factory=dict)
+    """The ids of the stage rows the job took in, by the entry they came in at (a local
+    relation: read whole by a job that ran)."""
     segment_of: dict[str, int] = field(default_factory=dict)
     """The segment of each observed stage (by label; the count at the sink's input: none,
     after every segment)."""
@@ -139,9 +142,10 @@ class Observations:
         ran: list[int] = []
         before_first = 0  # replays the first observation counted (they entered before it)
         first_segment = self.segment_of.get(self.observed[0][0], len(run.plan.segments))
-        for entry, seen in self.replays_seen:
-            got = _metrics(seen)
-            ids = [] if got is None else [int(x) & U64 for x in got["ids"].split(",") if x]
+        seen = [(e, _metrics(obs)) for e, obs in self.replays_seen]
+        for entry, ids in [*((e, [int(x) & U64 for x in got["ids"].split(",") if x])
+                             for e, got in seen if got is not None),
+                           *self.entered.items()]:  # fmt: skip
             ran += ids
             before_first += len(ids) if entry <= first_segment else 0
         r = run.result

@@ -38,7 +38,15 @@ from ftlayer.errors import ConfigError
 from ftlayer.spark.batch_plan import arrow_schema, plan_frames, spark_schema
 from ftlayer.spark.batch_run import BatchRun, OfRun
 from ftlayer.spark.entries import Entry, walk
-from ftlayer.spark.frame_entries import Kept, carry, entering, keeps_until, no_rows, still_carried
+from ftlayer.spark.frame_entries import (
+    Kept,
+    carry,
+    entering,
+    keeps_until,
+    no_rows,
+    rows_ids,
+    still_carried,
+)
 from ftlayer.spark.frame_observations import Observations, metrics_kept
 from ftlayer.spark.frame_tasks import (
     ATTEMPTS_COL,
@@ -197,8 +205,9 @@ class FrameRun(OfRun):
 
     def _enter(self, entry: Entry, out: DataFrame) -> DataFrame:
         """``out`` with the batch's stage rows that enter before segment ``entry``
-        (ftlayer.spark.frame_entries), their ids observed; those kept under another
-        schema dead-lettered, named."""
+        (ftlayer.spark.frame_entries): a local relation, read whole by the sink's job
+        (no observation needed to say which ran); those kept under another schema
+        dead-lettered, named."""
         replays = self.run.replays
         table = replays.entered.get(entry.segment) if replays is not None else None
         if table is None or not table.num_rows:
@@ -210,7 +219,8 @@ class FrameRun(OfRun):
         self.calls += reject(self.layer, bad, self.result, f"batch_id={self.result.batch_id} ")
         if rows is None:
             return out
-        return out.unionByName(self.seen.replay_ids(rows, entry.segment))
+        self.seen.entered[entry.segment] = rows_ids(table, bad)
+        return out.unionByName(rows)
 
     def _replays(self, spark: Any, streamed: bool, limit: int) -> DataFrame | None:
         """The batch's replays (the intake phase), their identity their record id, the
