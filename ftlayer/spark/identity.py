@@ -136,7 +136,7 @@ def with_lineage(out: DataFrame, name: str, plan: VectorPlan, ft: bool,
         return out.withColumn(name, F.xxhash64(F.lit(plan.lineage_seed).cast("long"),
                                                F.monotonically_increasing_id()))
     lin = lineage_column(plan.source, plan.lineage_seed, loc, pos)
-    if replays is not None and replays.table.num_rows:
+    if replays is not None and replays.rows:  # from the source, or entered at a stage
         rid, rlin = "__ft_replay_id", "__ft_replay_lin"
         known = replays.lineage.rename_columns([rid, rlin])
         out = out.join(F.broadcast(out.sparkSession.createDataFrame(known)),
