@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from ftlayer.ids import RecordId, shard_of
 from ftlayer.persistence import ClaimedRecord
 from ftlayer.spark.references import references, resolve
-from ftlayer.spark.replay_rows import replay_table, stored_schema
+from ftlayer.spark.replay_rows import replay_columns, replay_table, stored_schema
 from ftlayer.spark.vector_plan import ATT_COL, CUR_COL, LIN_COL, LOC_COL, POS_COL, SRC_COL
 from ftlayer.stage_rows import StageRow, decode_stage_row, source_payload
 
@@ -205,15 +205,12 @@ def split_stage_rows(claimed: Sequence[ClaimedRecord], entries: tuple[Entry, ...
 
 
 def _entered_table(rows: list[tuple[ClaimedRecord, StageRow]]) -> pa.Table:
-    u64 = [(c.record_id[0], c.record_id[1]) for c, _ in rows]
+    """Stage rows as Replays.entered holds them: body, schema hash, replay columns."""
     return pa.table({
         BODY_COL: pa.array([r.body.encode() if isinstance(r.body, str) else r.body
                             for _, r in rows], pa.binary()),
         HASH_COL: pa.array([r.schema_hash for _, r in rows], pa.int64()),
-        SRC_COL: pa.array(np.array([s for s, _ in u64], np.uint64).view(np.int64)),
-        ATT_COL: pa.array([c.attempts for c, _ in rows], pa.int32()),
-        CUR_COL: pa.array(np.array([x for _, x in u64], np.uint64).view(np.int64)),
-        LIN_COL: pa.array([c.frame.lineage for c, _ in rows], pa.int64())})  # fmt: skip
+        **replay_columns([c for c, _ in rows])})  # fmt: skip
 
 
 def dead_letter_table(layer: FTLayer, source: int, schema: pa.Schema, reads: Any,

@@ -21,7 +21,7 @@ from ftlayer.payloads import arrow_codecs, decode_record
 from ftlayer.persistence import ClaimedRecord
 from ftlayer.spark.vector_plan import ATT_COL, CUR_COL, LIN_COL, LOC_COL, POS_COL, SRC_COL
 
-__all__ = ["replay_schema", "replay_table", "stored_schema"]
+__all__ = ["replay_columns", "replay_schema", "replay_table", "stored_schema"]
 
 _ERRORS = (pa.ArrowException, TypeError, ValueError)
 
@@ -72,9 +72,16 @@ def replay_table(
                 bad.append((kept[i].record_id, f"replay does not fit the input schema: {e}"))
         rows, kept = [rows[i] for i in fit], [kept[i] for i in fit]
         table = pa.Table.from_pylist(rows, schema=schema)
-    src = np.array([c.record_id[0] for c in kept], np.uint64).view(np.int64)
-    cur = np.array([c.record_id[1] for c in kept], np.uint64).view(np.int64)
-    att = pa.array([c.attempts for c in kept], pa.int32())
-    lin = pa.array([c.frame.lineage for c in kept], pa.int64())
-    table = table.append_column(SRC_COL, pa.array(src)).append_column(ATT_COL, att)
-    return table.append_column(CUR_COL, pa.array(cur)).append_column(LIN_COL, lin), bad
+    for name, column in replay_columns(kept).items():
+        table = table.append_column(name, column)
+    return table, bad
+
+
+def replay_columns(claimed: Sequence[ClaimedRecord]) -> dict[str, pa.Array]:
+    """The replay columns of ``claimed``, in order: source id, attempts, current id,
+    lineage id (ids as int64)."""
+    src = np.array([c.record_id[0] for c in claimed], np.uint64).view(np.int64)
+    cur = np.array([c.record_id[1] for c in claimed], np.uint64).view(np.int64)
+    return {SRC_COL: pa.array(src), ATT_COL: pa.array([c.attempts for c in claimed], pa.int32()),
+            CUR_COL: pa.array(cur),
+            LIN_COL: pa.array([c.frame.lineage for c in claimed], pa.int64())}  # fmt: skip

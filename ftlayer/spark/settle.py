@@ -52,7 +52,7 @@ from ftlayer.wire import BatchSummary
 if TYPE_CHECKING:
     from ftlayer.layer import FTLayer
 
-__all__ = ["Failure", "Residues", "Settlement"]
+__all__ = ["Failure", "Residues", "Settlement", "kept_payloads"]
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class Settlement:
                 if fails:
                     why = [res.failed[src] for _, src in fails]
                     rows = np.array([r for r, _ in fails])
-                    frames = make(rows, kept=self._kept(why, table, rows))
+                    frames = make(rows, kept=kept_payloads(why, cfg.max_record_bytes, table, rows))
                     fail_frames = [(f, w.error, w.attempts)
                                    for f, w in zip(frames, why, strict=True)]  # fmt: skip
                     self.sent[member] = {unit_source_id(f): w.stage
@@ -164,28 +164,6 @@ class Settlement:
                     frames = make(np.array([r for r, _ in pends]))
                     pend_frames = [(f, os.urandom(8)) for f in frames]
         return (member, s.segment_rows, fail_frames, pend_frames, s.immediate_replays)
-
-    def _kept(self, why: list[Failure], table: pa.Table | None = None,
-              rows: np.ndarray | None = None) -> list[bytes | None]:  # fmt: skip
-        """The stored payloads of the failed rows kept as a segment's input, aligned with
-        ``why`` (None: stored as its source row -- none kept, or over ``max_record_bytes``).
-        A kept row without its reference gets it from its segment (``table``'s ``rows``,
-        when the segment holds references)."""
-        if all(w.kept is None for w in why):
-            return []
-        refs = None
-        if table is not None and rows is not None and LOC_COL in table.schema.names:
-            refs = (table.column(LOC_COL).take(pa.array(rows)).to_pylist(),
-                    table.column(POS_COL).take(pa.array(rows)).to_pylist())
-        out: list[bytes | None] = []
-        for i, w in enumerate(why):
-            row = w.kept
-            if row is not None and row.location is None and refs is not None:
-                row = row._replace(location=refs[0][i], position=refs[1][i])
-            payload = None if row is None else encode_stage_row(row)
-            too_big = payload is not None and len(payload) > self.layer.config.max_record_bytes
-            out.append(None if too_big else payload)
-        return out
 
     def _settle_jobs(self, jobs: dict[int, tuple[list[Any], list[int]]]) -> None:
         store, plan = self.layer.segments, self.plan
@@ -254,7 +232,8 @@ class Settlement:
                                     source=plan.source, partition=shard,
                                     max_replays=cfg.max_replays,
                                     max_payload=cfg.max_record_bytes,
-                                    kept=self._kept([why for _, why in mine]))  # fmt: skip
+                                    kept=kept_payloads([why for _, why in mine],
+                                                      cfg.max_record_bytes))  # fmt: skip
             fails = [(f, why.error, why.attempts)
                      for f, (_, why) in zip(frames, mine, strict=True)]  # fmt: skip
             # shard 0's segment also counts the rows that completed (persisted, completed)
@@ -358,3 +337,25 @@ def _count_later_replays(per_shard: dict[int, list[Any]], summaries: list[BatchS
     entries = per_shard[min(per_shard)]
     member, rows, fails, pends, immediate = entries[0]
     entries[0] = (member, rows, fails, pends, immediate + later)
+
+
+def kept_payloads(why: list[Failure], max_bytes: int, table: pa.Table | None = None,
+                  rows: np.ndarray | None = None) -> list[bytes | None]:  # fmt: skip
+    """The stored payloads of the failed rows kept as a segment's input, aligned with
+    ``why`` (None: stored as its source row -- none kept, or over ``max_bytes``; empty:
+    none kept at all). A kept row without its reference gets it from its segment
+    (``table``'s ``rows``, when the segment holds references)."""
+    if all(w.kept is None for w in why):
+        return []
+    refs = None
+    if table is not None and rows is not None and LOC_COL in table.schema.names:
+        refs = (table.column(LOC_COL).take(pa.array(rows)).to_pylist(),
+                table.column(POS_COL).take(pa.array(rows)).to_pylist())
+    out: list[bytes | None] = []
+    for i, w in enumerate(why):
+        row = w.kept
+        if row is not None and row.location is None and refs is not None:
+            row = row._replace(location=refs[0][i], position=refs[1][i])
+        payload = None if row is None else encode_stage_row(row)
+        out.append(None if payload is None or len(payload) > max_bytes else payload)
+    return out
