@@ -141,7 +141,7 @@ def still_carried(out: DataFrame, kept: Kept) -> bool:
 
 def kept_column(kept: Kept, failed: Column, share: int) -> Column:
     """The observation's aggregate of a stage's kept rows: ``location,position,body``
-    of each failed row (of the ``share`` of 1024 hash buckets kept)."""
+    of each failed row (of the ``share`` of 1024 hash buckets kept), joined by ``;``."""
     from pyspark.sql import functions as F  # noqa: N812
 
     body = F.to_json(F.struct(*[F.col(c).alias(str(i)) for i, c in enumerate(kept.copies)]),
@@ -155,7 +155,7 @@ def kept_column(kept: Kept, failed: Column, share: int) -> Column:
     if share < FULL_SHARE:
         failed = failed & (F.pmod(F.xxhash64(F.col(LOC_COL), F.col(POS_COL)),
                                   F.lit(FULL_SHARE)) < share)  # fmt: skip
-    return F.collect_list(F.when(failed, row)).alias("kept")
+    return F.array_join(F.collect_list(F.when(failed, row)), ";").alias("kept")
 
 
 def share_after(failed: int, most: int) -> int:
@@ -166,11 +166,11 @@ def share_after(failed: int, most: int) -> int:
     return max(1, FULL_SHARE * most // failed)
 
 
-def kept_rows(values: list[str], kept: Kept) -> dict[tuple[int | None, int], StageRow]:
-    """The kept rows an observation collected, by identity (location or None,
-    position)."""
+def kept_rows(values: str, kept: Kept) -> dict[tuple[int | None, int], StageRow]:
+    """The kept rows an observation collected (joined by ``;``), by identity (location
+    or None, position)."""
     out: dict[tuple[int | None, int], StageRow] = {}
-    for value in values:
+    for value in values.split(";") if values else ():
         loc_text, pos_text, body = value.split(",", 2)
         loc = int(loc_text) if loc_text else None
         out[(loc, int(pos_text))] = kept.row(loc, int(pos_text), base64.b64decode(body))

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from ftlayer.spark.engine import BatchRun
 
-__all__ = ["Observations", "metrics_kept"]
+__all__ = ["Observations", "Watched", "metrics_kept"]
 
 
 @dataclass
@@ -44,10 +44,10 @@ class Observations:
     """The observations of one batch run (named after its ``salt``)."""
 
     salt: int
-    observed: list[tuple[str, Any]] = field(default_factory=list)
+    observed: list[tuple[str, Watched]] = field(default_factory=list)
     """(stage label, Observation) of every stage with ``failed=``, in order, each
     counting the rows it sees (no stage has one: ("", a count at the sink's input))."""
-    replays_seen: list[tuple[int, Any]] = field(default_factory=list)
+    replays_seen: list[tuple[int, Watched]] = field(default_factory=list)
     """(entry, Observation) of the ids of the replays from their source the job read (a
     reference read back and not found is not among them)."""
     entered: dict[int, list[int]] = field(default_factory=dict)
@@ -77,7 +77,7 @@ class Observations:
         if self.observed:
             return df
         obs = Observation(f"ft-{self.salt:x}-count")
-        self.observed.append(("", obs))
+        self.observed.append(("", Watched(obs, ("rows",), 1)))
         if "count" not in self.columns:
             self.columns["count"] = F.count(F.lit(1)).alias("rows")
         return df.observe(obs, self.columns["count"])
@@ -89,11 +89,11 @@ class Observations:
         from pyspark.sql import functions as F  # noqa: N812
 
         obs = Observation(f"ft-{self.salt:x}-replays-{entry}")
-        self.replays_seen.append((entry, obs))
+        self.replays_seen.append((entry, Watched(obs, ("n", "ids"), 1)))
         if "replay_ids" not in self.columns:
             ids = F.array_join(F.collect_list(F.col(POS_COL).cast("string")), ",")
-            self.columns["replay_ids"] = ids.alias("ids")
-        return replays.observe(obs, self.columns["replay_ids"])
+            self.columns["replay_ids"] = [F.count(F.lit(1)).alias("n"), ids.alias("ids")]
+        return replays.observe(obs, *self.columns["replay_ids"])
 
     def stage(self, out: DataFrame, label: str, error: Column, dead: Column,
               attempts: Column, key: Any = None, segment: int = 0,
@@ -111,7 +111,8 @@ class Observations:
         from pyspark.sql import functions as F  # noqa: N812
 
         obs = Observation(f"ft-{self.salt:x}-{len(self.observed)}")
-        self.observed.append((label, obs))
+        fields = _STAGE_FIELDS + (("kept",) if kept else ())
+        self.observed.append((label, Watched(obs, fields, 2)))
         self.segment_of[label] = segment
         share = FULL_SHARE
         if kept is not None:
@@ -132,7 +133,8 @@ class Observations:
         """Read the observations (the counts, the failed rows, the replays read): the
         batch's residues. ``fresh`` counts the rows the first observation saw (a stage filtering
         rows before it makes it smaller; those rows completed)."""
-        first = _metrics(self.observed[0][1])
+        metrics = [(label, watched.metrics()) for label, watched in self.observed]
+        first = metrics[0][1]
         if first is None:
             raise ConfigError(
                 f"{sink} ran no DataFrame action on its DataFrame, so "
@@ -142,8 +144,8 @@ class Observations:
         ran: list[int] = []
         before_first = 0  # replays the first observation counted (they entered before it)
         first_segment = self.segment_of.get(self.observed[0][0], len(run.plan.segments))
-        seen = [(e, _metrics(obs)) for e, obs in self.replays_seen]
-        for entry, ids in [*((e, [int(x) & U64 for x in got["ids"].split(",") if x])
+        seen = [(e, watched.metrics()) for e, watched in self.replays_seen]
+        for entry, ids in [*((e, [int(x) & U64 for x in (got.get("ids") or "").split(",") if x])
                              for e, got in seen if got is not None),
                            *self.entered.items()]:  # fmt: skip
             ran += ids
@@ -155,8 +157,7 @@ class Observations:
         r.fresh = max(int(first["rows"]) - before_first, 0)
         config = run.plan.config
         times: Counter[tuple[int | None, int]] = Counter()  # failed rows per fresh record
-        for label, obs in self.observed:
-            m = _metrics(obs)
+        for label, m in metrics:
             if m is None:  # the sink's action skipped this stage: nothing can be assumed
                 raise FTLayerError(f"{label}'s rows were not all seen by the sink's job: "
                                    "the batch fails (Spark runs it again)")  # fmt: skip
@@ -167,7 +168,7 @@ class Observations:
             rows_kept: dict[tuple[int | None, int], StageRow] = {}
             if label in self.keeps:
                 kept, share_key = self.keeps[label]
-                rows_kept = kept_rows(m.get("kept") or [], kept)
+                rows_kept = kept_rows(m.get("kept") or "", kept)
                 self.columns[share_key] = share_after(len(failed), config.max_kept_rows)
             for loc_text, pos_text, err in failed:
                 why, pos = errors[int(err)], int(pos_text)
@@ -232,6 +233,27 @@ class Observations:
         return res
 
 
+_STAGE_FIELDS = ("rows", "nfailed", "failed", "errors")
+"""The aggregates of every stage's observation (:func:`_observed_columns`), in order: two
+counts, then the failed rows' texts (and, keeping, ``kept``)."""
+
+
+def _served(jvm: Any, row: Any, start: int) -> list[str | None]:
+    """The string fields of the JVM ``row`` from ``start`` on, read the way PySpark reads
+    a collected result: served once on a local socket with a secret
+    (``PythonRDD.serveIterator``). Through py4j, a reply over 8 KB waits about 40 ms for
+    TCP's delayed ACK (py4j's Java side leaves Nagle's algorithm on: py4j issue #516):
+    43 ms for the failed rows of 250 (16 KB), more for megabytes of kept rows; the socket
+    takes a few milliseconds and the strings never cross py4j."""
+    from pyspark.serializers import UTF8Deserializer
+    from pyspark.util import _load_from_socket
+
+    rest = row.toSeq().drop(start).iterator()
+    info = jvm.org.apache.spark.api.python.PythonRDD.serveIterator(rest, "ftlayer-observed")
+    with _load_from_socket(info, UTF8Deserializer()) as stream:
+        return list(stream)
+
+
 def _attempts(error: dict[str, Any]) -> int:
     """The attempts a failed row used (one, for a DataFrame stage), with ``DEAD_NOW`` when
     it goes straight to the dead letters."""
@@ -253,7 +275,7 @@ def _observed_columns(error: Column, dead: Column,
     err_id = F.xxhash64(error, dead, attempts)
     row = F.concat_ws(",", F.coalesce(F.col(LOC_COL).cast("string"), F.lit("")),
                       F.col(POS_COL).cast("string"), err_id.cast("string"))  # fmt: skip
-    return [F.count(F.lit(1)).alias("rows"),
+    return [F.count(F.lit(1)).alias("rows"), F.count(F.when(failed, 1)).alias("nfailed"),
             F.array_join(F.collect_list(F.when(failed, row)), ";").alias("failed"),
             F.to_json(F.collect_set(F.when(failed, F.struct(
                 err_id.alias("id"), error.alias("error"), dead.alias("dead"),
@@ -285,18 +307,35 @@ def metrics_kept(spark: Any) -> Iterator[None]:
             spark.conf.set(_EXCLUDED, before)
 
 
-def _metrics(obs: Any) -> dict[str, Any] | None:
-    """An observation's metrics, or None if no action filled them (never blocks)."""
-    jo = getattr(obs, "_jo", None)
-    if jo is not None:  # classic PySpark: get blocks until the first action ends
-        if not jo.future().isCompleted():
-            return None
-        row = jo.getRow()
-        if row.length() == 0:  # the action ran a plan without this observation
-            raise FTLayerError("Spark's job for the sink did not run ftlayer's observation "
-                               f"{jo.name()} (its subplan was cut): nothing can be "
-                               "assumed of the batch; it fails, and Spark runs it again")
-        return dict(json.loads(row.json()))  # one round trip: longs and strings
-    got = obs.get  # Spark Connect: empty until an action's result carried them
-    return dict(got) if got else None
+@dataclass(frozen=True)
+class Watched:
+    """An ``Observation``, the names of its aggregates in order, and where its strings
+    start: the fields before ``strings`` are counts, the last of them the number of
+    entries the strings list (none: the strings are empty)."""
 
+    obs: Any
+    fields: tuple[str, ...]
+    strings: int
+
+    def metrics(self) -> dict[str, Any] | None:
+        """The observation's metrics, or None if no action filled them (never blocks).
+        Classic PySpark: the counts read through py4j, the strings (kilobytes to
+        megabytes) through a local socket (:func:`_served`), only when they list
+        something."""
+        jo = getattr(self.obs, "_jo", None)
+        if jo is not None:  # classic PySpark: get blocks until the first action ends
+            if not jo.future().isCompleted():
+                return None
+            row = jo.getRow()
+            if row.length() == 0:  # the action ran a plan without this observation
+                raise FTLayerError("Spark's job for the sink did not run ftlayer's "
+                                   f"observation {jo.name()} (its subplan was cut): nothing "
+                                   "can be assumed of the batch; it fails, and Spark runs "
+                                   "it again")  # fmt: skip
+            got = {name: row.get(i) for i, name in enumerate(self.fields[: self.strings])}
+            texts = self.fields[self.strings :]
+            if texts and got[self.fields[self.strings - 1]]:
+                got.update(zip(texts, _served(self.obs._jvm, row, self.strings), strict=True))
+            return got
+        got = self.obs.get  # Spark Connect: empty until an action's result carried them
+        return dict(got) if got else None
