@@ -40,10 +40,14 @@ from the queries' own progress, not fitted: ``<variant>_micro_batches`` (replay 
 ``python_source_s_per_query``: what Spark charges any query for a Python streaming source
 (the API the replay stream is written in), measured in the same session on a source that
 never has data. ``replays_read_back_entered``: per ftlayer variant, a run's replays read back
-from their files and those that entered at the stage they failed in (medians).
+from their files and those that entered at the stage they failed in (medians). What Redis
+received (its ``total_net_input_bytes``): ``ft_on_redis_bytes_per_record`` and
+``ft_on_failing_redis_bytes_per_failure`` (beyond the same round's run without failures,
+per failed attempt; goal: the failing stage's input row, ``stage_input_arrow_bytes``, + 64).
 
     python -m benchmarks.stream_overhead [--cadences 5000x20,50000x8] [--pipelines df,arrow]
-        [--repeat 5] [--warmup 1] [--payload-bytes 1024] [--json] [--record | --results DIR]
+        [--repeat 5] [--warmup 1] [--payload-bytes 1024] [--source-pairs 5] [--json]
+        [--record | --results DIR]
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 
 from benchmarks._common import parse_args, provenance, redis_for_benchmark, save, url_of
 from benchmarks._paired import PARTITIONS, PairedRounds, quartiles, spark_session
-from benchmarks._wide import SCHEMA, FailLate, amount_of, write_events
+from benchmarks._wide import SCHEMA, FailLate, amount_of, net_input_bytes, write_events
 from ftlayer import FTConfig
 from ftlayer.spark import FaultTolerance, FileSource
 
@@ -229,8 +233,9 @@ class Runs:
     ftlayer, a fresh namespace), the query timed from its DataFrame to its end, its output
     checked after."""
 
-    def __init__(self, spark: Any, url: str, tmp: Path, inputs: dict[str, Path]) -> None:
-        self.spark, self.url, self.tmp, self.inputs = spark, url, tmp, inputs
+    def __init__(self, spark: Any, client: Any, url: str, tmp: Path,
+                 inputs: dict[str, Path]) -> None:  # fmt: skip
+        self.spark, self.client, self.url, self.tmp, self.inputs = spark, client, url, tmp, inputs
         self.lookup = lookup_table(spark)
         self.lookup.count()
         self.progress: dict[str, list[tuple[int, float]]] = {}
@@ -239,6 +244,9 @@ class Runs:
         self.replays: dict[str, list[tuple[int, int]]] = {}
         """Per ftlayer variant, each run's replays (read back from their files, entered
         at their stage), in run order."""
+        self.sent: dict[str, list[tuple[int, int]]] = {}
+        """Per ftlayer variant, each run's bytes Redis received during the query and the
+        failed attempts it counted, in run order."""
 
     def _progress(self, name: str, q: Any) -> None:
         self.progress.setdefault(name, []).append((len(q.recentProgress), trigger_seconds(q)))
@@ -310,9 +318,11 @@ class Runs:
         p = p.sink_dataframe(lambda df, _: df.write.mode("append").parquet(out))
 
         def job() -> Callable[[], None]:
+            before = net_input_bytes(self.client)
             q = (p.stream(self.spark).writeStream.foreachBatch(p).trigger(availableNow=True)
                  .option("checkpointLocation", str(work / "ck")).start())  # fmt: skip
             q.awaitTermination()
+            sent = net_input_bytes(self.client) - before
             self._progress(name, q)
 
             def check() -> None:
@@ -320,6 +330,7 @@ class Runs:
                 assert layer is not None
                 self.replays.setdefault(name, []).append(
                     (sum(r.read_back for r in ft.results), sum(r.entered for r in ft.results)))
+                self.sent.setdefault(name, []).append((sent, sum(r.failed for r in ft.results)))
                 try:
                     st = layer.stats()
                     assert st.pending == 0, st
@@ -370,7 +381,7 @@ def fit_per_batch(per: dict[str, Any], rounds: PairedRounds, cadences: list[Cade
 
 
 def run(cadences: list[Cadence], pipelines: list[str], width: int, repeat: int, warmup: int,
-        url: str | None) -> dict[str, Any]:  # fmt: skip
+        url: str | None, source_pairs: int = 5) -> dict[str, Any]:  # fmt: skip
     spark = spark_session()
     tmp = Path(tempfile.mkdtemp(prefix="ftbench-stream-"))
     pairs = {f"{p}:{c.name}:{v}": f"{p}:{c.name}:plain" for c in cadences for p in pipelines
@@ -381,7 +392,7 @@ def run(cadences: list[Cadence], pipelines: list[str], width: int, repeat: int, 
             for c in cadences:
                 inputs[c.name] = tmp / f"in-{c.name}"
                 write_events(inputs[c.name], c.events, width, c.batches)
-            runs = Runs(spark, url_of(client, url), tmp, inputs)
+            runs = Runs(spark, client, url_of(client, url), tmp, inputs)
             rounds = PairedRounds(pairs, warmup)
             for rnd in range(warmup + repeat):
                 t0 = time.perf_counter()
@@ -389,13 +400,14 @@ def run(cadences: list[Cadence], pipelines: list[str], width: int, repeat: int, 
                 print(f"round {rnd + 1}/{warmup + repeat}: {time.perf_counter() - t0:.0f} s",
                       flush=True)  # fmt: skip
             redis_version = client.info("server")["redis_version"]
-            floor = python_source_s_per_query(spark, tmp)
+            floor = python_source_s_per_query(spark, tmp, source_pairs)
     finally:
         spark.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     counted = {k: v[-repeat * (1 + k.endswith(":plain")):] for k, v in runs.progress.items()}
     r = result(rounds, counted, cadences, pipelines, width, repeat, warmup, redis_version)
     r["python_source_s_per_query"] = floor
+    redis_bytes(r, runs.sent, cadences, pipelines, repeat)
     med = statistics.median
     r["replays_read_back_entered"] = {k: [med(a for a, _ in v[-repeat:]),
                                           med(b for _, b in v[-repeat:])]
@@ -433,6 +445,37 @@ def result(rounds: PairedRounds, progress: dict[str, list[tuple[int, float]]],
         "runs_s": {k: [round(x, 3) for x in v] for k, v in rounds.times.items()},
         **provenance("stream_overhead"),
     }  # fmt: skip
+
+
+def stage_input_arrow_bytes() -> float:
+    """The Arrow width of a row of the failing stage's input (``ENRICHED``: what stage 1
+    makes of an event), over the lookup's keys."""
+    n = len(LOOKUP)
+    rows = pa.RecordBatch.from_arrays([pa.array(range(n), pa.int64()), _KEYS, _REGIONS,
+                                       pa.array([1.5] * n, pa.float64())],
+                                      names=["id", "key", "region", "total"])  # fmt: skip
+    return round(rows.nbytes / n, 1)
+
+
+def redis_bytes(r: dict[str, Any], sent: dict[str, list[tuple[int, int]]],
+                cadences: list[Cadence], pipelines: list[str], repeat: int) -> None:
+    """What Redis received, per cadence and pipeline (medians of the counted rounds):
+    ``ft_on_redis_bytes_per_record`` and ``ft_on_failing_redis_bytes_per_failure`` (the
+    failing run's bytes less the same round's run without failures, per failed attempt),
+    with its goal: at most the failing stage's input row (``stage_input_arrow_bytes``) +
+    64."""
+    med = statistics.median
+    width = r["stage_input_arrow_bytes"] = stage_input_arrow_bytes()
+    for c in cadences:
+        for p in pipelines:
+            on = sent[f"{p}:{c.name}:ft_on"][-repeat:]
+            failing = sent[f"{p}:{c.name}:ft_on_failing"][-repeat:]
+            fig = r["cadences"][c.name][p]
+            fig["ft_on_redis_bytes_per_record"] = round(med(b / c.events for b, _ in on), 2)
+            fig["ft_on_failing_redis_bytes_per_failure"] = round(med(
+                (b - b0) / max(n, 1) for (b, n), (b0, _) in zip(failing, on, strict=True)), 1)
+            r["goals"][f"{c.name}:{p}:ft_on_failing_redis_bytes_per_failure"] = \
+                f"<= {width + 64:g}"
 
 
 def spark_figures(variant: str, runs: list[tuple[int, float]],
@@ -486,6 +529,14 @@ def text(r: dict[str, Any]) -> str:
     if "python_source_s_per_query" in r:
         lines.append(f"  any Python streaming source: {r['python_source_s_per_query']} s per "
                      "query (Spark's, measured in this run)")
+    for cname, cad in r["cadences"].items():
+        for p in ("df", "arrow"):
+            if "ft_on_failing_redis_bytes_per_failure" in cad.get(p, {}):
+                f = cad[p]
+                lines.append(f"  {p} {cname}: Redis received {f['ft_on_redis_bytes_per_record']}"
+                             f" B per record, {f['ft_on_failing_redis_bytes_per_failure']} B "
+                             f"more per failed attempt (stage input row: "
+                             f"{r['stage_input_arrow_bytes']} B)")  # fmt: skip
     for name, (back, entered) in sorted(r.get("replays_read_back_entered", {}).items()):
         if back or entered:
             lines.append(f"  {name}: {back:g} replays read back from their files, "
@@ -502,10 +553,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5, help="counted rounds")
     ap.add_argument("--warmup", type=int, default=1, help="rounds run, not counted")
     ap.add_argument("--redis-url", default=None, help="default: an embedded redis-server")
+    ap.add_argument("--source-pairs", type=int, default=5,
+                    help="paired queries measuring a Python source's cost per query")
     args = parse_args(ap)
     cadences = [Cadence.parse(x) for x in args.cadences.split(",")]
     pipelines = [p for p in args.pipelines.split(",") if p]
-    r = run(cadences, pipelines, args.payload_bytes, args.repeat, args.warmup, args.redis_url)
+    r = run(cadences, pipelines, args.payload_bytes, args.repeat, args.warmup, args.redis_url,
+            args.source_pairs)  # fmt: skip
     save("stream_overhead", r)
     print(json.dumps(r) if args.json else text(r))
 

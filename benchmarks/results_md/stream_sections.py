@@ -38,6 +38,20 @@ def render_stream(page: Page) -> None:
                          goal=page.goal_of(f"{cname}:{key}", ">=", goals), goal_value=f.get(key),
                          unit="s/batch", goal_on="ratio",
                          goal_label=f"`{key}` at {shape}")  # fmt: skip
+    width = d.get("stage_input_arrow_bytes")
+    for cname in sorted(cadences, key=lambda k: (cadences[k].get("events_per_batch") or 0)):
+        for p in ("df", "arrow"):
+            f = cadences[cname].get(p)
+            if not isinstance(f, dict) or "ft_on_failing_redis_bytes_per_failure" not in f:
+                continue
+            key = f"{cname}:{p}:ft_on_failing_redis_bytes_per_failure"
+            page.row(f"`{p}` Redis bytes per failed attempt, {cname} (beyond the run "
+                     f"without failures; {num(f.get('ft_on_redis_bytes_per_record'))} B per "
+                     "record without failures)",
+                     f["ft_on_failing_redis_bytes_per_failure"], width,
+                     "the failing stage's input row (Arrow)",
+                     goal=page.goal_of(key, "<=", goals), unit="B",
+                     goal_label=f"Redis bytes per failed attempt, `{p}` {cname}")  # fmt: skip
     page.table("From the queries' own progress (medians): micro-batches run (replay rounds "
                "included), Spark's `triggerExecution` per micro-batch, and a run's seconds "
                "outside its micro-batches (starting and ending the query):",
