@@ -151,6 +151,12 @@ class Keyspace:
         return f"ft:{{{self.namespace}}}:sources"
 
     @property
+    def unreplayed(self) -> str:
+        """Sources whose streaming query's input lacks the replay stream
+        (ftlayer.spark.unreplayed): one hash, source -> what the driver saw."""
+        return f"ft:{{{self.namespace}}}:unreplayed"
+
+    @property
     def settings(self) -> str:
         """The namespace's stored settings (ftlayer.settings): one key of its own."""
         return f"ft:{{{self.namespace}}}:settings"

@@ -337,7 +337,8 @@ class FTLayer:
         """Delete every key of this namespace (tests, or a deliberate reset). Returns how
         many keys were deleted."""
         ks = self.keyspace
-        n = int(self.client.delete(ks.lease, ks.settings, ks.sources, ks.batches, ks.samples))
+        n = int(self.client.delete(ks.lease, ks.settings, ks.sources, ks.batches, ks.samples,
+                                   ks.unreplayed))  # fmt: skip
         for pattern in (ks.pattern, ks.stream_claims_pattern, ks.breakers_pattern):
             for key in self.client.scan_iter(match=pattern, count=1000):
                 n += int(self.client.delete(key))

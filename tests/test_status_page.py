@@ -16,9 +16,10 @@ import pytest
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer, FTStats
 from ftlayer.service.status import latency_percentile
 from tests.serving import Serve
-from tests.toolkit import chromium, cli, until
+from tests.toolkit import chromium, cli, until, wide_host
 
 EVIL = "<script>alert('x')</script>"
+TOKEN = "s3cret-" + uuid.uuid4().hex[:8]
 
 
 @pytest.fixture
@@ -129,17 +130,26 @@ def test_ftlayer_status_prints_the_url_and_a_summary(served: tuple[FTLayer, Serv
 
 
 def test_in_chromium_the_numbers_move_while_records_flow(
-    served: tuple[FTLayer, Serve],
+    served: tuple[FTLayer, Serve], redis_server: EmbeddedRedis, tmp_path: Path
 ) -> None:
-    """Catches: a page that does not load in a real browser, a script error, numbers that
-    never update without a reload (the polling broken), and the screenshot missing."""
+    """On a sidecar bound beyond loopback, logged in by the token link. Catches: a page
+    that does not load in a real browser, a login whose cookie the browser does not keep
+    (the page's polling then gets 401), a script error, numbers that never update without
+    a reload (the polling broken), and the screenshot missing."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    layer, serve = served
+    layer, _ = served
+    serve = Serve(redis_server.url, layer.config.namespace, tmp_path / "wide.log",
+                  "--metrics-host", wide_host(), "--status-token", TOKEN, timeout_s=60)  # fmt: skip
+    base = serve.base.replace("//0.0.0.0:", "//127.0.0.1:")
     browser = chromium()
     try:
-        browser.get(serve.base + "/")
+        browser.get(base + "/")
+        assert "needs the status token" in browser.page_source  # refused without it
+        browser.get(f"{base}/?token={TOKEN}")
+        assert browser.current_url == base + "/"  # the token left the address
+        browser.get_log("browser")  # the refusal above was logged: what follows must not be
         cell = browser.find_element(By.CSS_SELECTOR, '[data-k="totals.completed"]')
         before = cell.text
         assert before == "30"
@@ -156,3 +166,95 @@ def test_in_chromium_the_numbers_move_while_records_flow(
         # pipeline's stage table and charts)
     finally:
         browser.quit()
+        serve.stop()
+
+
+def _raw(serve: Serve, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict, str]:
+    """(status, headers, body) of one GET, redirects not followed."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(serve.base)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=10)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        reply = conn.getresponse()
+        return reply.status, dict(reply.getheaders()), reply.read().decode()
+    finally:
+        conn.close()
+
+
+def test_a_wide_bind_without_a_token_serves_metrics_not_records(
+    served: tuple[FTLayer, Serve], redis_server: EmbeddedRedis, tmp_path: Path
+) -> None:
+    """Catches: payload previews on a port opened for Prometheus (the page answered anyone
+    who reached a pod bound to 0.0.0.0), and probes or scrapes refused with the page."""
+    layer, _ = served
+    host = wide_host()
+    wide = Serve(redis_server.url, layer.config.namespace, tmp_path / "wide.log",
+                 "--metrics-host", host, timeout_s=60)  # fmt: skip
+    try:
+        assert host not in ("127.0.0.1", "localhost") and wide.base.startswith(f"http://{host}:")
+        for path in ("/metrics", "/healthz", "/readyz"):
+            assert wide.get(path)[0] == 200, path
+        for path in ("/", "/api/status", "/index.html"):
+            code, body = wide.get(path)
+            assert code == 401 and "--status-token" in body, (path, code, body)
+            assert "order" not in body and "alert" not in body
+    finally:
+        wide.stop()
+
+
+def test_the_status_token_opens_the_page_by_header_or_by_link(
+    served: tuple[FTLayer, Serve], redis_server: EmbeddedRedis, tmp_path: Path
+) -> None:
+    """Catches: a token not asked for, a wrong one let in, a link whose cookie does not
+    open the page (or keeps the token in the address), previews shown beyond loopback by
+    default, and `ftlayer status` unable to pass the token."""
+    layer, _ = served
+    wide = Serve(redis_server.url, layer.config.namespace, tmp_path / "wide.log",
+                 "--metrics-host", wide_host(), "--status-token", TOKEN, timeout_s=60)  # fmt: skip
+    try:
+        assert wide.get("/api/status")[0] == 401
+        assert wide.get("/api/status", headers={"Authorization": "Bearer nope"})[0] == 401
+        code, body = wide.get("/api/status", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert code == 200
+        data = json.loads(body)
+        assert data["totals"]["dead_letters"] == 3 and data["payload_previews"] is False
+        assert [d["preview"] for d in data["dead_letters_newest"]] == [None] * 3
+        assert _raw(wide, "/?token=nope")[0] == 401
+        code, headers, _ = _raw(wide, f"/?token={TOKEN}")
+        assert code == 303 and headers["Location"] == "/"
+        cookie = headers["Set-Cookie"].split(";")[0]
+        assert TOKEN not in cookie and "HttpOnly" in headers["Set-Cookie"]
+        code, _, page = _raw(wide, "/", {"Cookie": cookie})
+        assert code == 200 and "Newest dead letters" in page and "previews are off" in page
+        assert "alert(" not in page and "&quot;order&quot;" not in page  # no preview
+        assert _raw(wide, "/", {"Cookie": "ftlayer_status=" + "0" * 64})[0] == 401
+        out = cli("status", "--url", wide.base, "--status-token", TOKEN, timeout_s=60)
+        assert out.returncode == 0 and "pending 5" in out.stdout, out.stderr
+        refused = cli("status", "--url", wide.base, timeout_s=60)
+        assert refused.returncode == 1 and "asks for its status token" in refused.stderr
+    finally:
+        wide.stop()
+
+
+def test_previews_can_be_turned_off_on_loopback_and_on_beyond_it(
+    served: tuple[FTLayer, Serve], redis_server: EmbeddedRedis, tmp_path: Path
+) -> None:
+    """Catches: --no-payload-preview ignored, and --payload-preview not honoured beyond
+    loopback (an operator who chose to show them behind the token)."""
+    layer, loud = served
+    assert all(d["preview"] for d in status(loud)["dead_letters_newest"])  # loopback: on
+    ns = layer.config.namespace
+    quiet = Serve(redis_server.url, ns, tmp_path / "quiet.log", "--no-payload-preview",
+                  timeout_s=60)  # fmt: skip
+    shown = Serve(redis_server.url, ns, tmp_path / "shown.log", "--metrics-host", wide_host(),
+                  "--status-token", TOKEN, "--payload-preview", timeout_s=60)  # fmt: skip
+    try:
+        assert [d["preview"] for d in status(quiet)["dead_letters_newest"]] == [None] * 3
+        code, body = shown.get("/api/status", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert code == 200 and all(d["preview"] for d in json.loads(body)["dead_letters_newest"])
+    finally:
+        quiet.stop()
+        shown.stop()

@@ -59,6 +59,21 @@ def replica_linked(replica: EmbeddedRedis) -> bool:
         client.close()
 
 
+def wide_host() -> str:
+    """An address of this machine beyond loopback (its outward interface, found by routing a
+    UDP socket, which sends nothing): what a sidecar bound for other pods listens on. A
+    machine with no such interface answers ``0.0.0.0``."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: routed, never reached
+            host = str(s.getsockname()[0])
+        except OSError:
+            return "0.0.0.0"
+    return "0.0.0.0" if host.startswith("127.") else host
+
+
 def chromium() -> Any:
     """A real headless Chromium under Selenium (Debian's ``chromium`` and
     ``chromium-driver``); the caller quits it."""

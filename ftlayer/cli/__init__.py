@@ -21,6 +21,7 @@ from ftlayer.cli.common import (
     UsageError,
     add_common,
     config_of,
+    env_flag,
     env_name,
     one_of,
     open_existing,
@@ -217,8 +218,17 @@ def _add_serve(sub: Any) -> None:
     opt(serve, "--lease-s", float, 10.0, "leadership lease; a standby takes over within it")
     opt(serve, "--expire-batch", int, 1000, "due records failed per script call (smaller: "
          "shorter Redis pauses, more calls)")  # fmt: skip
-    opt(serve, "--metrics-host", str, "127.0.0.1", "address of /metrics, /healthz, /readyz")
+    opt(serve, "--metrics-host", str, "127.0.0.1", "address of /metrics, /healthz, /readyz "
+        "and the status page (beyond loopback the page asks for --status-token)")  # fmt: skip
     opt(serve, "--metrics-port", int, 9464, "0 picks a free port, -1 disables")
+    opt(serve, "--status-token", str, None, "the token the status page and /api/status ask "
+        "for (a Bearer header, or a ?token= link setting a cookie); required to open them "
+        "when --metrics-host is not loopback")  # fmt: skip
+    serve.add_argument(
+        "--payload-preview", action=argparse.BooleanOptionalAction,
+        default=env_flag("FTLAYER_PAYLOAD_PREVIEW"),
+        help="show a preview of dead letters' payloads on the status page (default: on for "
+        "a loopback --metrics-host, off beyond it) [env: FTLAYER_PAYLOAD_PREVIEW]")  # fmt: skip
     serve.add_argument(
         "--allow-eviction", action="store_true",
         default=os.environ.get("FTLAYER_ALLOW_EVICTION", "").lower() in ("1", "true", "yes"),
@@ -254,6 +264,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from ftlayer.embedded import EmbeddedRedis
     from ftlayer.layer import FTLayer
     from ftlayer.service import ServiceServer, Sidecar
+    from ftlayer.service.access import Access
 
     override = args.max_replays
     config = config_of(args, timeout_s=args.timeout_s, buckets=args.buckets)
@@ -280,7 +291,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     server = None
     try:
         if args.metrics_port >= 0:
-            server = ServiceServer(sidecar, args.metrics_host, args.metrics_port).start()
+            access = Access.of(args.metrics_host, args.status_token, args.payload_preview)
+            server = ServiceServer(sidecar, args.metrics_host, args.metrics_port,
+                                   access).start()  # fmt: skip
             print(f"ftlayer serve: metrics at {server.url}/metrics", flush=True)
             print(f"ftlayer serve: status page at {server.url}/", flush=True)
         sidecar.run(stop)

@@ -13,6 +13,7 @@ from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
 
 __all__ = [
+    "env_flag",
     "UsageError",
     "add_common",
     "add_redis_url",
@@ -49,6 +50,19 @@ def one_of(*values: str, fold: bool = False) -> Callable[[str], str]:
 def env_name(flag: str) -> str:
     """The environment variable a flag falls back to: ``--redis-url`` -> FTLAYER_REDIS_URL."""
     return "FTLAYER_" + flag.lstrip("-").upper().replace("-", "_")
+
+
+def env_flag(name: str) -> bool | None:
+    """A yes/no environment variable: True for 1/true/yes/on, False for 0/false/no/off,
+    None when unset or empty (the flag's own default decides)."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return None
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise UsageError(f"{name}={value!r}: say 1/true/yes/on or 0/false/no/off")
 
 
 def opt(

@@ -6,9 +6,10 @@
   Redis outage must not make Kubernetes restart every sidecar);
 * ``/readyz``: readiness -- 200 while the loop reached Redis within its last few ticks,
   with the lease state (``leader`` / ``standby``) in the body, else 503;
-* ``/``: the status page, ``/api/status``: its data as JSON (ftlayer.service.status).
+* ``/``: the status page, ``/api/status``: its data as JSON (ftlayer.service.status) --
+  records' data: beyond loopback only with the status token (ftlayer.service.access).
 
-Nothing served changes state; any other path is a 404.
+Nothing served changes state (a ``?token=`` link sets a cookie); any other path is a 404.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
+from ftlayer.service.access import Access
 from ftlayer.service.sidecar import Sidecar
 from ftlayer.service.status import StatusModel, render_page, status_json
 
@@ -47,12 +49,15 @@ def _text(start: _Start, ok: bool, body: str | bytes, kind: str = "text/plain") 
 
 class ServiceServer:
     """``/``, ``/api/status``, ``/metrics``, ``/healthz`` and ``/readyz`` of one sidecar, in
-    a daemon thread."""
+    a daemon thread; ``access``: who may read the status page (default: the rules of
+    ``host`` with no token)."""
 
-    def __init__(self, sidecar: Sidecar, host: str = "127.0.0.1", port: int = 9464) -> None:
+    def __init__(self, sidecar: Sidecar, host: str = "127.0.0.1", port: int = 9464,
+                 access: Access | None = None) -> None:  # fmt: skip
         self.sidecar = sidecar
+        self.access = Access.of(host) if access is None else access
         self._metrics = make_wsgi_app(sidecar.metrics.registry)
-        self.status = StatusModel(sidecar)
+        self.status = StatusModel(sidecar, previews=self.access.previews)
         self.httpd = make_server(host, port, self.app, ThreadingWSGIServer, handler_class=_Quiet)
         self._thread = threading.Thread(
             target=self.httpd.serve_forever, name="ftlayer-http", daemon=True
@@ -69,6 +74,11 @@ class ServiceServer:
             return _text(start, *self.sidecar.alive())
         if path == "/readyz":
             return _text(start, *self.sidecar.ready())
+        refused = self.access.answer(environ)
+        if refused is not None:
+            status, headers, body = refused
+            start(status, headers)
+            return [body]
         if path == "/api/status":
             return _text(start, True, status_json(self.status.snapshot()), "application/json")
         if path in ("/", "/index.html"):

@@ -64,10 +64,12 @@ class ServeProcess:
     def pid(self) -> int:
         return self.proc.pid
 
-    def get(self, path: str, timeout_s: float = 5.0) -> tuple[int, str]:
-        """(HTTP status, body) of ``path`` on its endpoint."""
+    def get(self, path: str, timeout_s: float = 5.0,
+            headers: dict[str, str] | None = None) -> tuple[int, str]:  # fmt: skip
+        """(HTTP status, body) of ``path`` on its endpoint (redirects followed)."""
+        ask = urllib.request.Request(self.base + path, headers=headers or {})
         try:
-            with urllib.request.urlopen(self.base + path, timeout=timeout_s) as r:
+            with urllib.request.urlopen(ask, timeout=timeout_s) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()

@@ -23,6 +23,7 @@ how long completion takes, who rotates, and the newest dead letters with their p
              but ``now``, times in unix seconds: the leader sidecar's samples of the last
              HISTORY_S),
     dead_letters_newest: [{id, source, time, reason, attempts, error, preview}]
+    payload_previews (false: each preview is null)
 
 Rates come from samples of the cumulative counters, one per request (the page polls every
 two seconds), kept for RATE_WINDOW_S. Percentiles are estimated from the completion
@@ -48,6 +49,7 @@ from ftlayer import __version__
 from ftlayer.deadletters import iso_time, newest_dead_letters, preview
 from ftlayer.history import histogram_quantile, read_batches, read_samples, series, stage_table
 from ftlayer.layer import LATENCY_BOUNDS_MS, FTStats
+from ftlayer.unreplayed import warnings_of
 
 if TYPE_CHECKING:
     from ftlayer.service.sidecar import Sidecar
@@ -77,8 +79,10 @@ def _counters(st: FTStats) -> dict[str, int]:
 class StatusModel:
     """The data of the page, from Redis and the sidecar (thread-safe)."""
 
-    def __init__(self, sidecar: Sidecar) -> None:
+    def __init__(self, sidecar: Sidecar, previews: bool = True) -> None:
         self.sidecar = sidecar
+        self.previews = previews
+        """Whether dead letters' payloads are previewed (None in their place when not)."""
         self.layer = sidecar.layer
         self._samples: deque[tuple[float, dict[str, int]]] = deque()
         self._lock = threading.Lock()
@@ -104,6 +108,7 @@ class StatusModel:
                         "alive": sc.alive()[0], "role": "leader" if sc.leader else "standby"},
             "settings": {"shards": cfg.shards, "timeout_s": cfg.timeout_s,
                          "buckets": cfg.buckets, "max_replays": cfg.max_replays},
+            "payload_previews": self.previews,
         }  # fmt: skip
         try:
             st = self.layer.stats()
@@ -120,7 +125,7 @@ class StatusModel:
         return {
             **out,
             "redis_up": True,
-            "warnings": sc.warnings(),
+            "warnings": [*sc.warnings(), *warnings_of(self.layer, st.queued_by_source)],
             "lease_holder": cast(bytes, holder).decode() if holder else None,
             "totals": {k: getattr(st, k) for k in (
                 "persisted", "completed", "failed_explicit", "failed_timeout", "replayed",
@@ -139,7 +144,7 @@ class StatusModel:
                  "time": iso_time(d.time_ms), "attempts": d.attempts,
                  "reason": d.history[-1].reason if d.history else None,
                  "error": d.history[-1].error if d.history else None,
-                 "preview": preview(d, 120)}
+                 "preview": preview(d, 120) if self.previews else None}
                 for d in letters
             ],
         }  # fmt: skip
@@ -296,6 +301,8 @@ def render_page(data: dict[str, Any]) -> str:
     down = "" if data.get("redis_up") else f"Redis unreachable: {data.get('error', '')}"
     warn = " · ".join(f"warning: {w}" for w in data.get("warnings", []))
     tables = {key: [[k, num] for k, _, num in cols] for key, (_, cols) in _TABLES.items()}
+    previews = "" if data.get("payload_previews", True) else (
+        " Payload previews are off (<code>--payload-preview</code> turns them on).")
     script = f"const TABLES={json.dumps({t: [_TABLES[t][0], c] for t, c in tables.items()})};"
     return f"""<!doctype html><html lang=en><head><meta charset=utf-8>
 <title>ftlayer · {e(data["namespace"])}</title>
@@ -321,7 +328,7 @@ stage's function per batch, summed over its tasks (DataFrame stages run in Spark
 {_table(data, "stages")}
 <h2>Pending by source</h2>{_table(data, "sources")}
 <h2>Newest dead letters</h2><p class=sub><code>ftlayer dlq show ID</code> shows one whole;
-<code>ftlayer dlq replay ID</code> re-drives it.</p>{_table(data, "dlq")}
+<code>ftlayer dlq replay ID</code> re-drives it.{previews}</p>{_table(data, "dlq")}
 <p class=sub><a href=metrics>/metrics</a> · <a href=api/status>/api/status</a> ·
 <a href=readyz>/readyz</a> · <a href=healthz>/healthz</a></p>
 <script>{script}{_JS}</script></body></html>"""

@@ -49,6 +49,8 @@ from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy
 from ftlayer.spark.preflight import preflight
 from ftlayer.spark.progress import BatchProgress, ProgressListener
 from ftlayer.spark.results import BatchResult, DrainResult
+from ftlayer.spark.vector_plan import SRC_COL
+from ftlayer.unreplayed import Unreplayed
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -110,6 +112,7 @@ class FaultTolerance:
         self._rotator: Any = None
         self._owns_layer = layer is None
         self._owned: set[tuple[int, str]] = set()  # (source, identity) checked in Redis
+        self._unreplayed = Unreplayed()  # streaming queries without the replay stream
         self.task_config = config
         if config.enabled:
             self.layer = (layer or FTLayer.open(config)).be_patient(config.driver_wait_s)
@@ -255,6 +258,9 @@ class FaultTolerance:
         _check_key(pipeline.key, df.schema)
         schema = without_replay_columns(df.schema)  # the source's own columns
         self._own(pipeline, schema, df.sparkSession)
+        self._unreplayed.seen(self.layer, pipeline.source,
+                              pipeline.name or f"source {pipeline.source}",
+                              SRC_COL in df.columns, lambda: streaming_query(df))  # fmt: skip
         if pipeline.ack_scope == "task":
             from ftlayer.spark.task_scope import run_task_scope
 
@@ -307,3 +313,13 @@ class FaultTolerance:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def streaming_query(df: DataFrame) -> str | None:
+    """The id of the streaming query whose ``foreachBatch`` runs this batch: Spark sets it
+    as a local property of the query's thread (None: not in one, or not known -- Spark
+    Connect has no SparkContext here)."""
+    try:
+        return df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+    except Exception:  # noqa: BLE001 -- Connect: no SparkContext; saying nothing is safe
+        return None

@@ -7,6 +7,7 @@ Each test names, in its docstring, the product breaks it catches.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from collections import Counter
@@ -20,8 +21,10 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
+from ftlayer import EmbeddedRedis
 from ftlayer.errors import ConfigError
 from ftlayer.spark import FaultTolerance, Outcome
+from tests.serving import Serve
 from tests.spark.probe import Probe, first_seen
 from tests.toolkit import until
 
@@ -287,3 +290,63 @@ def test_streamed_replays_of_a_batch_longer_than_the_timeout_are_kept_alive(
     assert st.failed_timeout == 0, st
     assert set(got) == set(range(n)) and max(got.values()) == 1
     assert st.pending == 0
+
+
+def test_a_query_without_the_replay_stream_says_why_its_replays_wait(
+    spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path,
+    redis_server: EmbeddedRedis, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """A query written as jobs were before the replay stream (the source's stream straight
+    into foreachBatch), 200 of 2,000 rows failing once after the shuffle, then no new
+    input: its replays wait -- and it says so, once, on the driver and on the status page,
+    naming the fix. Built with the replay stream, the same pipeline runs them, and the
+    warning goes; static batches and drain()'s are never warned. Catches (on main: 200
+    pending and queued, nothing said): a stall without a word, a warning repeated every
+    batch, a warning on a pipeline that carries the replay stream or is not streaming."""
+    ft = make_ft(timeout_s=30)
+    n = 2000
+    write_json(tmp_path / "in" / "a.json", range(n))
+    pipeline = pipeline_of(ft, probe, fail_mod=10)
+    layer = ft.layer
+    assert layer is not None
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if "does not carry the replay stream" in r.getMessage()]  # fmt: skip
+
+    def run(stream: Any, name: str) -> Any:
+        return (stream.writeStream.foreachBatch(pipeline).trigger(processingTime="0.5 seconds")
+                .option("checkpointLocation", str(tmp_path / name)).start())  # fmt: skip
+
+    caplog.set_level(logging.WARNING, logger="ftlayer.unreplayed")
+    old_style = run(spark.readStream.schema("id long, key long").json(str(tmp_path / "in")),
+                    "ck1")  # fmt: skip
+    try:
+        until(lambda: len(sink_ids(probe)) == n - 200, "the rows that did not fail", 60, 0.25)
+        until(lambda: layer.stats().queued_replays == 200, "200 replays queued", 30, 0.25)
+        time.sleep(2)  # quiet input: triggers find nothing, the replays wait
+        assert layer.stats().queued_replays == 200 and len(sink_ids(probe)) == n - 200
+        with Serve(redis_server.url, ft.config.namespace, tmp_path / "serve.log",
+                   timeout_s=30) as serve:  # fmt: skip
+            code, body = serve.get("/api/status")
+        assert code == 200, body
+        warned = [w for w in json.loads(body)["warnings"] if "replay stream" in w]
+        assert len(warned) == 1 and "200 replays queued" in warned[0], warned
+        assert "pipeline.stream(spark)" in warned[0]
+    finally:
+        old_style.stop()
+    assert len(said()) == 1, said()  # once, however many batches ran
+    assert "pipeline.with_replays(stream)" in said()[0] and "source 0" in said()[0]
+
+    (tmp_path / "quiet").mkdir()
+    fixed = run(pipeline.with_replays(spark.readStream.schema("id long, key long")
+                                      .json(str(tmp_path / "quiet"))), "ck2")  # fmt: skip
+    try:
+        until(lambda: set(sink_ids(probe)) == set(range(n)), "the replays in the sink", 60, 0.25)
+    finally:
+        fixed.stop()
+    assert not layer.client.hgetall(layer.keyspace.unreplayed), "the note outlived the fix"
+    pipeline(spark.createDataFrame([(n + i, i) for i in range(10)], "id long, key long"), 99)
+    ft.drain(timeout_s=60)  # the static batch's failed row, by drain()'s own batches
+    assert set(sink_ids(probe)) == set(range(n + 10))
+    assert len(said()) == 1, said()
