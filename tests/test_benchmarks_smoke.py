@@ -201,8 +201,11 @@ def test_stream_overhead_smoke(tmp_path: Path) -> None:
                 assert f[f"ratio_stream_{p}_{v}_vs_plain"] > 0
                 assert f[f"{v}_s_per_batch"] > 0
             assert f["ft_on_redis_bytes_per_record"] > 0  # at 200 events: mostly scripts
-            # at this size, a few failures among scripts and polls: measured, not judged
-            assert isinstance(f["ft_on_failing_redis_bytes_per_failure"], float)
+            # at this size, a few failures among scripts and polls: measured, not judged;
+            # those of Python stages are retried in their task (too few reach Redis)
+            assert f["ft_on_failing_failures"] >= 0
+            if p == "df":
+                assert isinstance(f["ft_on_failing_redis_bytes_per_failure"], float)
     assert set(r["fit"]) == {"df", "arrow"}
     for f in r["fit"].values():
         assert set(f) == {"ft_s_per_query", "ft_ms_per_batch", "ft_us_per_record"}

@@ -142,7 +142,7 @@ def test_demo_reads_like_a_report_and_shows_logs_only_when_asked() -> None:
                      r"tasks? recovered \([\d.]+ s\)$", out.stdout, re.M), out.stdout  # fmt: skip
     assert re.search(r"^micro-batch 2/2: 1,500 records in", out.stdout, re.M), out.stdout
     assert re.search(r"^draining: \d+ pending$", out.stdout, re.M), out.stdout
-    loud = _run([*CLI, *small, "-v"])
+    loud = _run([*CLI, "demo", "--records", "300", "--batches", "1", "--timeout-s", "1.5", "-v"])
     assert loud.returncode == 0, loud.stderr[-3000:]
     assert "INFO ftlayer.spark.report batch done" in loud.stderr
 

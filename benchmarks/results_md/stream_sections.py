@@ -42,7 +42,12 @@ def render_stream(page: Page) -> None:
     for cname in sorted(cadences, key=lambda k: (cadences[k].get("events_per_batch") or 0)):
         for p in ("df", "arrow"):
             f = cadences[cname].get(p)
-            if not isinstance(f, dict) or "ft_on_failing_redis_bytes_per_failure" not in f:
+            if not isinstance(f, dict) or "ft_on_redis_bytes_per_record" not in f:
+                continue
+            if "ft_on_failing_redis_bytes_per_failure" not in f:
+                page.row(f"`{p}` failures that reached Redis, {cname} (retried in their "
+                         "task otherwise; too few to measure their bytes)",
+                         f.get("ft_on_failing_failures"))  # fmt: skip
                 continue
             key = f"{cname}:{p}:ft_on_failing_redis_bytes_per_failure"
             page.row(f"`{p}` Redis bytes per failed attempt, {cname} (beyond the run "

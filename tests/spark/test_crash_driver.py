@@ -51,8 +51,10 @@ def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
         )
 
 
-MODES = ["claim", "stream", "reference", "frames",
-         "claim+postgres", "stream+delta", "reference+postgres", "frames+delta"]  # fmt: skip
+MODES = ["reference", "frames", "claim+postgres", "stream+delta", "reference+postgres",
+         "frames+delta"]  # fmt: skip
+"""Copies (``claim``, ``stream``) run only with an idempotent sink: the same job and crash,
+checked against the Redis list and the table both; kept by reference, with and without."""
 
 
 SIDE_BY_SIDE = 3
