@@ -224,7 +224,7 @@ def test_the_status_token_opens_the_page_by_header_or_by_link(
         assert [d["preview"] for d in data["dead_letters_newest"]] == [None] * 3
         assert _raw(wide, "/?token=nope")[0] == 401
         code, headers, _ = _raw(wide, f"/?token={TOKEN}")
-        assert code == 303 and headers["Location"] == "/"
+        assert code == 303 and headers["Location"] == "./"
         cookie = headers["Set-Cookie"].split(";")[0]
         assert TOKEN not in cookie and "HttpOnly" in headers["Set-Cookie"]
         code, _, page = _raw(wide, "/", {"Cookie": cookie})

@@ -82,7 +82,8 @@ class Access:
                 return _refused("wrong token\n")
             cookie = (f"{COOKIE}={self._digest()}; Path=/; HttpOnly; SameSite=Strict; "
                       "Max-Age=2592000")  # fmt: skip
-            where = environ.get("PATH_INFO", "/")
+            # relative: right behind a proxy that serves the page under a prefix too
+            where = environ.get("PATH_INFO", "/").rsplit("/", 1)[-1] or "./"
             return "303 See Other", [("Location", where), ("Set-Cookie", cookie),
                                      ("Cache-Control", "no-store")], b""  # fmt: skip
         auth = environ.get("HTTP_AUTHORIZATION", "")
