@@ -153,7 +153,7 @@ class Keyspace:
     @property
     def unreplayed(self) -> str:
         """Sources whose streaming query's input lacks the replay stream
-        (ftlayer.spark.unreplayed): one hash, source -> what the driver saw."""
+        (ftlayer.unreplayed): one hash, source -> what the driver saw."""
         return f"ft:{{{self.namespace}}}:unreplayed"
 
     @property

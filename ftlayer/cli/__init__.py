@@ -225,8 +225,7 @@ def _add_serve(sub: Any) -> None:
         "for (a Bearer header, or a ?token= link setting a cookie); required to open them "
         "when --metrics-host is not loopback")  # fmt: skip
     serve.add_argument(
-        "--payload-preview", action=argparse.BooleanOptionalAction,
-        default=env_flag("FTLAYER_PAYLOAD_PREVIEW"),
+        "--payload-preview", action=argparse.BooleanOptionalAction, default=None,
         help="show a preview of dead letters' payloads on the status page (default: on for "
         "a loopback --metrics-host, off beyond it) [env: FTLAYER_PAYLOAD_PREVIEW]")  # fmt: skip
     serve.add_argument(
@@ -291,7 +290,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     server = None
     try:
         if args.metrics_port >= 0:
-            access = Access.of(args.metrics_host, args.status_token, args.payload_preview)
+            previews = args.payload_preview  # the flag, else its variable (read here: a
+            if previews is None:  # malformed one is a usage error, not a traceback)
+                previews = env_flag("FTLAYER_PAYLOAD_PREVIEW")
+            access = Access.of(args.metrics_host, args.status_token, previews)
             server = ServiceServer(sidecar, args.metrics_host, args.metrics_port,
                                    access).start()  # fmt: skip
             print(f"ftlayer serve: metrics at {server.url}/metrics", flush=True)

@@ -13,12 +13,12 @@ from ftlayer.config import FTConfig
 from ftlayer.errors import ConfigError
 
 __all__ = [
-    "env_flag",
     "UsageError",
     "add_common",
     "add_redis_url",
     "config_of",
     "deprecated_flag",
+    "env_flag",
     "env_name",
     "one_of",
     "open_existing",

@@ -45,10 +45,10 @@ class Observations:
 
     salt: int
     observed: list[tuple[str, Watched]] = field(default_factory=list)
-    """(stage label, Observation) of every stage with ``failed=``, in order, each
-    counting the rows it sees (no stage has one: ("", a count at the sink's input))."""
+    """(stage label, its watched Observation) of every stage with ``failed=``, in order,
+    each counting the rows it sees (no stage has one: ("", a count at the sink's input))."""
     replays_seen: list[tuple[int, Watched]] = field(default_factory=list)
-    """(entry, Observation) of the ids of the replays from their source the job read (a
+    """(entry, watched Observation) of the ids of the replays from their source the job read (a
     reference read back and not found is not among them)."""
     entered: dict[int, list[int]] = field(default_factory=dict)
     """The ids of the stage rows the job took in, by the entry they came in at (a local
