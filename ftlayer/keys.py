@@ -99,6 +99,18 @@ class ShardKeys:
         """The dead-letter log: a capped stream of (src, source), one per dead letter."""
         return f"{self.prefix}:dlqlog"
 
+    @property
+    def dlqlin(self) -> str:
+        """The dead-letter index: lineage id -> the source id its dead letter is held
+        under (lua/core/failures.lua ``dead_letter``: one dead letter per record)."""
+        return f"{self.prefix}:dlqlin"
+
+    @property
+    def dlqlog_merged(self) -> str:
+        """The last log entry ftlayer.dlq_merge has looked at for dead letters held in
+        two shards."""
+        return f"{self.prefix}:dlqlog:merged"
+
     def dlqlog_cursor(self, source: int) -> str:
         """The last log entry the ``on_dead_letter`` callback of ``source`` was given."""
         return f"{self.prefix}:dlqlog:cursor:{source}"

@@ -20,6 +20,7 @@ from ftlayer.acker import RedisAckerTable, pack_fails
 from ftlayer.backoff import jittered
 from ftlayer.config import FTConfig
 from ftlayer.connection import connect
+from ftlayer.dlq_merge import merge_dead_letters
 from ftlayer.embedded import EmbeddedRedis
 from ftlayer.handler import AbstractFTHandler, FTHandler, NonFTHandler
 from ftlayer.ids import RecordId, shard_of
@@ -59,6 +60,9 @@ class FTStats:
     deleted or evicted behind ftlayer's back: ``maxmemory-policy`` must be ``noeviction``).
     They cannot replay and stay in ``pending``: any non-zero value needs an operator."""
     dead_lettered: int = 0
+    """Records moved to the dead letters, each once (invariant 13)."""
+    dead_lettered_again: int = 0
+    """Records dead-lettered again (a re-run batch) that joined their dead letter."""
     held: int = 0
     """Records a stage's open breaker held (not attempted: what it calls was down): queued
     again, not before the breaker's next probe, no attempt of their budget spent."""
@@ -227,6 +231,7 @@ class FTLayer:
         seg = self.segments.expire_due()
         res.segments, res.calls = seg.segments, res.calls + seg.calls + 1
         res.timed_out += seg.replayed + seg.dead_lettered
+        merge_dead_letters(self.persistence)  # one dead letter per record, across shards
         return res
 
     def reset_timeout(self, record_ids: Iterable[RecordId | int]) -> int:
@@ -304,7 +309,9 @@ class FTLayer:
         """Re-drive dead letters (all of them with ``None``) to their replay queues under
         new ids; attempts count afresh, the history is kept. Returns how many (a retry
         after a lost reply finds them re-driven already and counts 0). Retried on a lost
-        connection: a dead letter leaves the hash when it is re-driven, so none twice."""
+        connection: a dead letter leaves the hash when it is re-driven, so none twice;
+        a record's dead letters held in two shards are joined first (ftlayer.dlq_merge)."""
+        merge_dead_letters(self.persistence)
         if source_ids is None:
             calls = [(shard.script_keys, b"") for shard in self.keyspace.shards]
         else:
@@ -327,7 +334,7 @@ class FTLayer:
         for shard in self.keyspace.shards:
             with self.client.pipeline(transaction=True) as pipe:
                 pipe.hlen(shard.dlq)
-                pipe.delete(shard.dlq)
+                pipe.delete(shard.dlq, shard.dlqlin)
                 n += int(pipe.execute()[0])
         if n:
             log.warning("dead letters purged namespace=%s purged=%d", self.config.namespace, n)

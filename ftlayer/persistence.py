@@ -23,6 +23,7 @@ import numpy as np
 import xxhash
 
 from ftlayer.acker import AckEntry, pack_fails
+from ftlayer.dlq_merge import merge_dead_letters
 from ftlayer.ids import RecordId, mix64, new_ids, shard_of
 from ftlayer.keys import ShardKeys
 from ftlayer.limits import STREAM_TOKEN_TTL_MS
@@ -92,9 +93,15 @@ def stream_ids(token: str, shard: int, n: int) -> np.ndarray:
     return ids
 
 
+MARKS = ("redrive", "again")
+"""History entries that mark a new count of attempts, not an attempt: ``redrive`` (the
+dead letter was re-driven) and ``again`` (the record was dead-lettered again, a re-run
+batch, and joined its dead letter; its error names the id it came under)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Failure:
-    reason: str  # "explicit" or "timeout"
+    reason: str  # "explicit", "timeout", "held", or one of MARKS
     time_ms: int
     attempt: int
     error: str
@@ -126,11 +133,11 @@ class DeadLetter:
     @property
     def attempts(self) -> int:
         """Failed attempts over its whole history: an entry's attempt number counts the
-        attempts since the last redrive (one entry may stand for several attempts
-        replayed at the source), so the total sums the last number before each redrive."""
+        attempts since the last mark (one entry may stand for several attempts
+        replayed at the source), so the total sums the last number before each mark."""
         h = self.history
-        ends = [i for i, f in enumerate(h) if i + 1 == len(h) or h[i + 1].reason == "redrive"]
-        return sum(h[i].attempt for i in ends if h[i].reason != "redrive")
+        ends = [i for i, f in enumerate(h) if i + 1 == len(h) or h[i + 1].reason in MARKS]
+        return sum(h[i].attempt for i in ends if h[i].reason not in MARKS)
 
 
 def _failures(raw: list[Any]) -> tuple[Failure, ...]:
@@ -347,7 +354,9 @@ class RedisPersistenceLayer(NamespacePart):
         return out
 
     def dead_letters(self) -> list[DeadLetter]:
-        """Every dead letter, oldest first."""
+        """Every dead letter, oldest first: one per record (those of a record held in two
+        shards are joined first, ftlayer.dlq_merge)."""
+        merge_dead_letters(self)
         out = []
         for shard in self.keyspace.shards:
             for key, raw in self.client.hgetall(shard.dlq).items():

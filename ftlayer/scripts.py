@@ -47,7 +47,7 @@ CORE = ("layout", "stats", "records", "buckets", "ids", "failures", "summaries",
 uses only what the parts before it define; ``call`` (begin) comes last."""
 # scripts on one shard's keys: prefixed with the core
 SHARD_SCRIPTS = (
-    "flush", "expire", "claim", "fail", "reset_timeout", "dlq_replay",
+    "flush", "expire", "claim", "fail", "reset_timeout", "dlq_replay", "dlq_join", "dlq_drop",
     "segment_put", "segment_batch", "segment_settle", "summary_put",
 )  # fmt: skip
 # scripts on one key of their own
@@ -226,6 +226,8 @@ class Scripts:
     fail: Any
     reset_timeout: Any
     dlq_replay: Any
+    dlq_join: Any
+    dlq_drop: Any
     segment_put: Any
     segment_batch: Any
     segment_settle: Any

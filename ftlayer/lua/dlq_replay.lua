@@ -20,6 +20,10 @@ for _, src in ipairs(wanted) do
     local _, _, lo = split_id(src)
     requeue(frame, packed_history(hist), attempts_since_redrive(hist), lo)
     redis.call('HDEL', DLQ, src)
+    local lin = lineage_of(frame)
+    if lin and redis.call('HGET', PREFIX .. ':dlqlin', lin) == src then
+      redis.call('HDEL', PREFIX .. ':dlqlin', lin)
+    end
     count(pending_name(source_of(frame)))
     count('redriven')
     n = n + 1

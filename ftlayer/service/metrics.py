@@ -13,7 +13,7 @@ checked against):
 * counters: ``ftlayer_persisted_total``, ``ftlayer_completed_total``,
   ``ftlayer_failed_total{reason}``, ``ftlayer_replayed_total``,
   ``ftlayer_replays_claimed_total``, ``ftlayer_replays_vanished_total``,
-  ``ftlayer_dead_lettered_total``, ``ftlayer_held_total``,
+  ``ftlayer_dead_lettered_total``, ``ftlayer_dead_lettered_again_total``, ``ftlayer_held_total``,
   ``ftlayer_redriven_total``, ``ftlayer_orphans_total``; this sidecar's
   ``ftlayer_rotations_total``, ``ftlayer_rotation_expired_total``;
 * gauges: ``ftlayer_pending{source}``, ``ftlayer_queued_replays{source}``,
@@ -56,7 +56,9 @@ _COUNTERS = (  # (FTStats field, metric name without _total, help)
     ("replayed", "replayed", "replays scheduled"),
     ("replays_claimed", "replays_claimed", "replays handed to a source task"),
     ("replays_vanished", "replays_vanished", "queued replays found gone when claimed"),
-    ("dead_lettered", "dead_lettered", "records moved to the dead letters"),
+    ("dead_lettered", "dead_lettered", "records moved to the dead letters (each once)"),
+    ("dead_lettered_again", "dead_lettered_again",
+     "records dead-lettered again that joined their dead letter (a re-run batch)"),
     ("held", "held", "records a stage's open breaker held back (queued again, no attempt)"),
     ("redriven", "redriven", "dead letters re-driven to their replay queue"),
     ("orphans", "orphans", "acker entries of retired or unknown ids collected"),

@@ -226,3 +226,14 @@ def test_nothing_is_pending_after_the_drain(run: dict[str, Any]) -> None:
     st = run["stats"]
     assert st.pending == 0 and st.queued_replays == 0 and st.unsettled_segments == 0
     assert st.dead_letters == len(run["dead"])
+
+
+def test_each_poison_record_is_one_dead_letter(run: dict[str, Any]) -> None:
+    """The re-run batch 2 dead-letters again the poison records that the killed run had
+    dead-lettered already: each keeps one entry (its history grown), so the dead letters,
+    the held count and the count of records ever dead-lettered equal the poison records.
+    Catches: dead letters keyed by the attempt's id instead of the record's lineage."""
+    poison = {i for i in range(FILES * ROWS) if i % 61 == 7}
+    assert sorted(run["dead"]) == sorted(poison), "one dead letter per poison record"
+    st = run["stats"]
+    assert st.dead_letters == len(poison) and st.dead_lettered == len(poison), st

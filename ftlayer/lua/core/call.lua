@@ -16,6 +16,6 @@ local function begin(keys)
   bucket_cache, tmo_add = {}, {}
   copy = {dst = false, src = false, s = 0, e = 0}
   alloc = {b = nil, slot = BUCKET_SLOTS, n = 0, bytes = 0, cap = 0}
-  dlq_set, queues, dead_ids = {}, {}, {}
+  dlq_set, queues, dead_ids, dlq_index = {}, {}, {}, {}
   first_failures, queue_names, later = {}, {}, {}
 end

@@ -18,10 +18,45 @@ end
 -- (QUEUE_ENTRY, from ftlayer/wire.py)
 
 -- Note a dead letter in this shard's dead-letter log (a capped stream that the drivers'
--- on_dead_letter callbacks read: ftlayer/deadletters.py).
-local function log_dead_letter(src, source)
+-- on_dead_letter callbacks read, ftlayer/deadletters.py, and that ftlayer/dlq_merge.py
+-- follows to join the dead letters of one record held in two shards).
+local function log_dead_letter(src, source, lin)
   redis.call('XADD', PREFIX .. ':dlqlog', 'MAXLEN', '~', DLQ_LOG_MAX, '*',
-             'src', src, 'source', source)
+             'src', src, 'source', source, 'lin', lin)
+end
+
+-- One dead letter per record (invariant 13). The shard's dead-letter index (``:dlqlin``,
+-- lineage id -> the source id its dead letter is held under) finds the entry of a record
+-- dead-lettered again -- a batch re-run after a driver crash gives its records new ids --
+-- and the new failure joins that entry instead of adding one. Lineage -1 is not indexed:
+-- it marks records whose key was null, distinct records sharing it.
+local NULL_LINEAGE = '\255\255\255\255\255\255\255\255'
+
+-- The lineage id of a stored record (bytes 21..28, serialization/stored.py), or nil when
+-- the record has none to index (too short to hold one, or -1).
+local function lineage_of(frame)
+  local lin = ssub(frame, 21, 28)
+  if #lin ~= 8 or lin == NULL_LINEAGE then return nil end
+  return lin
+end
+
+local function hex_id(src)
+  return (string.gsub(src, '.', function(c) return string.format('%02x', string.byte(c)) end))
+end
+
+-- The dead-letter entry ``raw`` (packed {frame, history, time}) joined by the same record
+-- dead-lettered again under ``src`` with ``frame`` and ``hist``: the newer frame, the
+-- older history, an 'again' mark naming src (attempts count afresh after it, as after a
+-- 'redrive'), then the newer history. nil when raw holds that mark already (joined once).
+local function joined(raw, src, frame, hist)
+  local old = cmsgpack.unpack(raw)
+  local h, name = old[2], hex_id(src)
+  for _, e in ipairs(h) do
+    if e[1] == 'again' and e[4] == name then return nil end
+  end
+  h[#h + 1] = {'again', NOW, 0, name}
+  for _, e in ipairs(hist) do h[#h + 1] = e end
+  return cmsgpack.pack({frame, h, NOW})
 end
 
 local FAILED = {explicit = 'failed_explicit', timeout = 'failed_timeout'}
@@ -31,6 +66,7 @@ local FAILED = {explicit = 'failed_explicit', timeout = 'failed_timeout'}
 -- dead-lettered, in order (returned by the scripts that report them: a driver attributes
 -- each to the stage it failed in).
 local dlq_set, queues, dead_ids
+local dlq_index -- lineage -> source id, indexed by this call (written by commit_failures)
 
 local first_failures -- reason -> err -> packed one-entry history (memo: a bulk expiry
                      -- fails thousands of records with the same first entry)
@@ -86,19 +122,50 @@ local function requeue(frame, packed_hist, attempts, lo, due)
   enqueue(b, slot, add_frame(b, frame), hc, part, source, packed_hist, attempts, due)
 end
 
+-- The source id the dead letter of lineage ``lin`` is held under in this shard, or nil.
+local function held_under(lin)
+  local src = dlq_index[lin]
+  if src then return src end
+  src = redis.call('HGET', PREFIX .. ':dlqlin', lin)
+  if src and redis.call('HEXISTS', DLQ, src) == 1 then return src end
+  return nil
+end
+
 -- pending: it counted as pending until now (a vectorized batch's residue did not).
+-- A record whose lineage has a dead letter here already joins it (counted
+-- 'dead_lettered_again', not logged again: on_dead_letter hears of a record once).
 local function dead_letter(src, frame, hist, source, pending)
-  dlq_set[#dlq_set + 1] = src
   dead_ids[#dead_ids + 1] = src
-  dlq_set[#dlq_set + 1] = cmsgpack.pack({frame, hist, NOW})
-  log_dead_letter(src, source)
-  count('dead_lettered')
   if pending then count(pending_name(source), -1) end
+  local lin = lineage_of(frame)
+  local held = lin and held_under(lin)
+  if held and held ~= src then
+    if #dlq_set > 0 then -- the held entry may be one of this call's
+      bulk('HSET', DLQ, dlq_set)
+      dlq_set = {}
+    end
+    local entry = joined(redis.call('HGET', DLQ, held), src, frame, hist)
+    if entry then redis.call('HSET', DLQ, held, entry) end
+    count('dead_lettered_again')
+    return
+  end
+  dlq_set[#dlq_set + 1] = src
+  dlq_set[#dlq_set + 1] = cmsgpack.pack({frame, hist, NOW})
+  if lin then dlq_index[lin] = src end
+  log_dead_letter(src, source, lin or '')
+  count('dead_lettered')
 end
 
 local function commit_failures()
   commit()
   bulk('HSET', DLQ, dlq_set)
+  local index = {}
+  for lin, src in pairs(dlq_index) do
+    index[#index + 1] = lin
+    index[#index + 1] = src
+  end
+  bulk('HSET', PREFIX .. ':dlqlin', index)
+  dlq_index = {}
   for source, items in pairs(queues) do bulk('RPUSH', queue_names[source], items) end
   for source, wait in pairs(later) do
     bulk('ZADD', PREFIX .. ':replay:' .. source .. ':later', wait)
