@@ -17,11 +17,12 @@ touches one shard's keys: Redis Cluster). This pass joins those:
 4. move the cursors.
 
 A crash between the steps is harmless: the cursor has not moved, the next pass joins
-nothing twice and drops what is left. Runs with every timeout rotation
-(``FTLayer.expire_due``: the sidecar's loop) and before the dead letters are listed,
-exported or re-driven, so those never show a record twice. Until it runs, a record
-dead-lettered again in another shard counts twice in ``dead_lettered`` and
-``dead_letters`` (one rotation interval at most where a sidecar runs).
+nothing twice and drops what is left. Runs at the end of every batch that dead-lettered
+rows (ftlayer.spark.report), with every timeout rotation (``FTLayer.expire_due``: the
+sidecar's loop) and before the dead letters are listed, exported or re-driven, so those
+never show a record twice. Until it runs, a record dead-lettered again in another shard
+counts twice in ``dead_lettered`` and ``dead_letters``; the drop takes the count back (a
+Prometheus scrape in between sees ``ftlayer_dead_lettered_total`` fall by one).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from ftlayer.dlq_merge import merge_dead_letters
 from ftlayer.history import record_batch
 from ftlayer.spark.dead_letter_feed import DeadLetterFeed
 
@@ -31,7 +32,14 @@ log = logging.getLogger(__name__)
 def report(layer: FTLayer | None, pipeline: Pipeline | None, result: BatchResult,
            started: float) -> BatchResult:  # fmt: skip
     """Finish ``result`` (its elapsed time since ``started``, a ``time.monotonic()``) and
-    report it: dead letters to ``on_dead_letter``, the status page's summary, the log."""
+    report it: dead letters to ``on_dead_letter``, the status page's summary, the log.
+    A batch that dead-lettered rows first joins any it dead-lettered again into their
+    entries in other shards (ftlayer.dlq_merge): one dead letter per record from here on."""
+    if layer is not None and any(c.dead_lettered for c in result.stages.values()):
+        try:
+            merge_dead_letters(layer.persistence)
+        except redis.RedisError as e:  # the sidecar's next rotation joins them
+            log.warning("dead letters not joined across shards yet error=%s", e)
     if pipeline is not None and pipeline.on_dead_letter and layer is not None:
         given = DeadLetterFeed(layer, pipeline.source, pipeline.on_dead_letter).deliver()
         if given:
