@@ -70,8 +70,8 @@ def _new_lineages(part: NamespacePart) -> tuple[set[bytes], dict[int, bytes], bo
             pipe.get(ks[k].dlqlog_merged)
         after = [cast(bytes | None, c) for c in pipe.execute()]
     with client.pipeline(transaction=False) as pipe:
-        for k in shards:
-            pipe.xrange(ks[k].dlqlog, b"(" + after[k] if after[k] else "-", "+", count=PAGE)
+        for k, cursor in zip(shards, after, strict=True):
+            pipe.xrange(ks[k].dlqlog, b"(" + cursor if cursor else "-", "+", count=PAGE)
         logs = cast(list[list[tuple[bytes, dict[bytes, bytes]]]], pipe.execute())
     lineages = {lin for entries in logs for _, f in entries if len(lin := f.get(b"lin", b"")) == 8}
     cursors = {k: entries[-1][0] for k, entries in zip(shards, logs, strict=True) if entries}
