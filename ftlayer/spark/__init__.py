@@ -29,7 +29,8 @@ Invariants:
 
 Modules: ``driver`` (FaultTolerance), ``pipeline`` (the builder), ``replay_stream``
 (replays as a Spark streaming source), ``references`` (sources kept by reference:
-FileSource, ReplayableSource), ``replay_rows`` (claimed replays as Arrow rows), ``plan``
+FileSource, ReplayableSource), ``kafka`` (KafkaSource: Kafka kept by reference, and
+ftlayer's own Kafka streaming source), ``replay_rows`` (claimed replays as Arrow rows), ``plan``
 (what tasks run), ``outcome`` (per-row outcomes, bisection), ``vector_tasks`` / ``batch_scope`` (the
 vectorized path: executors / driver), ``frame_run`` / ``frame_tasks`` (DataFrame stages and
 ``sink_dataframe``: the batch as the user's Spark plan, failures observed; Python stages and
@@ -54,7 +55,8 @@ _PUBLIC = {
     "Unconfirmed": "plan", "BatchContext": "policy", "ErrorPolicy": "policy",
     "RecordContext": "policy", "BatchProgress": "progress", "FileSource": "references",
     "RateMicroBatchSource": "references", "ReplayableSource": "references",
-    "BatchResult": "results", "DrainResult": "results", "StageCounts": "results",
+    "KafkaSource": "kafka", "BatchResult": "results", "DrainResult": "results",
+    "StageCounts": "results",
 }  # fmt: skip
 """The public names, each imported from its module when first used: a process that needs
 one part (the replay stream's reader, started by Spark for every query) does not import
@@ -73,6 +75,7 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:
     from ftlayer.spark.driver import FaultTolerance
+    from ftlayer.spark.kafka import KafkaSource
     from ftlayer.spark.outcome import Outcome, StageContractError
     from ftlayer.spark.pipeline import OnError, Pipeline
     from ftlayer.spark.plan import UNCONFIRMED, Unconfirmed
@@ -90,6 +93,7 @@ __all__ = [
     "ErrorPolicy",
     "FaultTolerance",
     "FileSource",
+    "KafkaSource",
     "OnError",
     "Outcome",
     "Pipeline",

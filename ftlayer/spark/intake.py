@@ -58,12 +58,12 @@ log = logging.getLogger(__name__)
 class Replays:
     """The replays one batch run takes in, decoded (``replay_table``'s shape: the source's
     columns, then the replay columns), with those kept by reference
-    (``references``: source id -> (current id, location id)), and the stage rows that
+    (``references``: source id -> (current id, location id, position)), and the stage rows that
     enter before a later segment (``entered``: segment -> a table of their bodies, the
     hashes of the schemas they were written under and the replay columns)."""
 
     table: pa.Table
-    references: dict[int, tuple[int, int]] = field(default_factory=dict)
+    references: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     entered: dict[int, pa.Table] = field(default_factory=dict)
 
     def _all(self, columns: list[str]) -> list[pa.Table]:

@@ -46,8 +46,8 @@ from ftlayer.spark.vector_plan import CUR_COL, LOC_COL, POS_COL, REPLAY_COLS, SR
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["FileSource", "RateMicroBatchSource", "ReplayableSource", "references", "resolve",
-           "with_references"]
+__all__ = ["FileSource", "RateMicroBatchSource", "ReplayableSource", "not_found", "references",
+           "resolve", "with_references"]
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,9 @@ class ReplayableSource(Protocol):
     ``remember(spark, locations)``: called when records at these location ids are
     persisted (the locations surely exist): a source that names ids by a lookup (a
     file's path) makes it now. ``location_name(location)``: a location id as an
-    operator reads it (a file's path)."""
+    operator reads it (a file's path). Optional, ``not_found(location, position)``: the
+    error a replay whose row was not read back is dead-lettered with (default: a file's
+    words, naming its location)."""
 
     def stream(self, spark: SparkSession) -> DataFrame: ...
 
@@ -278,13 +280,24 @@ def resolve(
     return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
 
 
-def references(replays: pa.Table) -> dict[int, tuple[int, int]]:
+def references(replays: pa.Table) -> dict[int, tuple[int, int, int]]:
     """The replays kept by reference (``replay_table``'s shape): source id -> (current
-    id, location id), each id as uint64 but the location. One a batch's job did not run
-    had its row not found: a dead letter, never dropped, never acked."""
+    id, location id, position), each id as uint64 but the reference. One a batch's job
+    did not run had its row not found: a dead letter, never dropped, never acked."""
     refs = replays.filter(replays.column(LOC_COL).is_valid())
-    src, cur, loc = (refs.column(c).to_pylist() for c in (SRC_COL, CUR_COL, LOC_COL))
-    return {s & _U64: (c & _U64, lo) for s, c, lo in zip(src, cur, loc, strict=True)}
+    cols = (SRC_COL, CUR_COL, LOC_COL, POS_COL)
+    src, cur, loc, pos = (refs.column(c).to_pylist() for c in cols)
+    return {s & _U64: (c & _U64, lo, po) for s, c, lo, po in zip(src, cur, loc, pos, strict=True)}
+
+
+def not_found(source: ReplayableSource, location: int, position: int) -> str:
+    """Why a replay's source row was not read back: the source's own words
+    (``not_found(location, position)``, optional: Kafka names the offset) or a file's."""
+    own = getattr(source, "not_found", None)
+    if own is not None:
+        return str(own(location, position))
+    return (f"replay source row not found: {source.location_name(location)} no longer "
+            "exists or no longer holds the row (deleted or rewritten)")
 
 
 _U64 = (1 << 64) - 1

@@ -42,6 +42,7 @@ from ftlayer.limits import DEAD_NOW
 from ftlayer.lineage import LINEAGE_META
 from ftlayer.segments import frames_of_rows, unit_source_id
 from ftlayer.spark.plan import SOURCE_STAGE
+from ftlayer.spark.references import not_found
 from ftlayer.spark.results import BatchResult, StageCounts
 from ftlayer.spark.vector_plan import LOC_COL, POS_COL, VectorPlan
 from ftlayer.spark.vector_tasks import segment_bytes
@@ -245,7 +246,7 @@ class Settlement:
         self._settle_jobs(jobs)
 
     # -- replays ----------------------------------------------------------------------
-    def replays(self, ran: dict[int, int], references: dict[int, tuple[int, int]],
+    def replays(self, ran: dict[int, int], references: dict[int, tuple[int, int, int]],
                 res: Residues) -> None:  # fmt: skip
         """Complete the replays that ran (``ran``: source id -> current id) and finished,
         fail those that failed; a replay kept by reference (``references``) that did not
@@ -279,16 +280,15 @@ class Settlement:
             self.settled.merge(tally)
             self.calls += len(batches)
 
-    def _not_found(self, ran: dict[int, int], references: dict[int, tuple[int, int]],
+    def _not_found(self, ran: dict[int, int], references: dict[int, tuple[int, int, int]],
                    res: Residues) -> None:  # fmt: skip
         """Replays kept by reference that the job did not run: their rows were not read
         back (the file gone or rewritten). Dead-lettered with the replays, named (after
         the read-back: its listing names the files that still exist)."""
-        for src, (cur, loc) in references.items():
+        for src, (cur, loc, pos) in references.items():
             if src in ran:
                 continue
-            text = (f"replay source row not found: {self.reads.location_name(loc)} no "
-                    "longer exists or no longer holds the row (deleted or rewritten)")
+            text = not_found(self.reads, loc, pos)
             ran[src] = cur
             res.failed[src] = Failure(text, 1 | DEAD_NOW)
             self.result.undecodable += 1

