@@ -4,9 +4,10 @@ A source's replays are claimed by whatever runs a batch of that source index: tw
 one namespace with the same index (the defaults, ``namespace="ftlayer"`` and
 ``source=0``) would take each other's replays into their own stages and sink, and count
 them complete. So the first pipeline that runs a source stores its identity -- its name
-(or the Spark application's) and its source schema -- in ``ft:{<ns>}:sources`` (``HSETNX``:
-two first runs racing agree on one), and every later one compares: another pipeline is
-refused with one line naming both, before it claims anything.
+(or the Spark application's), its source schema and, for Kafka, its topics -- in
+``ft:{<ns>}:sources`` (``HSETNX``: two first runs racing agree on one), and every later
+one compares: another pipeline is refused with one line naming both, before it claims
+anything.
 
 Invariant: a source's replays only ever enter batches of the pipeline that persisted
 them, unless an operator hands the source over (``ftlayer sources --forget N``, refused
@@ -23,9 +24,13 @@ from ftlayer.keys import Keyspace
 __all__ = ["claim_source", "forget_source", "source_identity", "sources"]
 
 
-def source_identity(pipeline: str, schema: Any) -> str:
-    """``<pipeline> @ <schema>``: the schema as Spark prints it (names and types)."""
-    return f"{pipeline} @ {schema.simpleString()}"
+def source_identity(pipeline: str, schema: Any, reads: Any = None) -> str:
+    """``<pipeline> @ <schema>``: the schema as Spark prints it (names and types); and
+    `` @ <what it reads>`` for a source kept by reference that names it (``identity``: a
+    KafkaSource's topics): a pipeline pointed at other topics is another pipeline, and
+    its replays' references would name records it cannot read."""
+    own = getattr(reads, "identity", None)
+    return f"{pipeline} @ {schema.simpleString()}" + (f" @ {own}" if own else "")
 
 
 def claim_source(client: Any, namespace: str, source: int, identity: str) -> None:

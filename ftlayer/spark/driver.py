@@ -240,7 +240,7 @@ class FaultTolerance:
         if self.layer is None:
             return
         app = "" if pipeline.name is not None else spark.conf.get("spark.app.name", "")
-        identity = source_identity(pipeline.identity(app or ""), schema)
+        identity = source_identity(pipeline.identity(app or ""), schema, pipeline.reads)
         if (pipeline.source, identity) not in self._owned:
             claim_source(self.layer.client, self.config.namespace, pipeline.source, identity)
             self._owned.add((pipeline.source, identity))

@@ -187,3 +187,35 @@ def test_a_replay_whose_offset_is_gone_is_a_dead_letter_naming_it(
         offset = int(error.split(" offset ")[1].split()[0])
         named.add((part, offset))
     assert named == want, "each dead letter names its record's partition and offset"
+
+
+def test_a_topic_read_by_another_pipeline_is_refused(
+    spark: SparkSession, kafka: Any, make_ft: Any, tmp_path: Path
+) -> None:
+    """A source of a namespace belongs to the first pipeline that runs it, and a Kafka
+    source's identity includes its topics: another pipeline on the same topic, and the
+    same pipeline pointed at another topic, are refused before they claim anything,
+    naming both. Catches: two jobs taking each other's replays; references of one topic
+    read back from another."""
+    from ftlayer.errors import ConfigError
+
+    topic, other = _topic(kafka, 40), _topic(kafka, 40)
+    ft = make_ft(timeout_s=3.0)
+
+    def run(name: str, topics: list[str], ck: str) -> None:
+        source = KafkaSource(kafka.bootstrap, topics, startingOffsets="earliest")
+        pipeline = (ft.pipeline(source=0, reads=source, name=name)
+                    .map_batches(lambda b: b.select(["offset"]), "offset long")
+                    .sink_batches(lambda b: None))  # fmt: skip
+        query = (pipeline.stream(spark).writeStream.foreachBatch(pipeline)
+                 .trigger(availableNow=True).option("checkpointLocation", str(tmp_path / ck))
+                 .start())  # fmt: skip
+        query.awaitTermination(120)
+        if query.exception() is not None:
+            raise query.exception()  # type: ignore[misc]
+
+    run("orders", [topic], "a")
+    for name, topics in (("billing", [topic]), ("orders", [other])):
+        with pytest.raises(Exception, match=r"belongs to pipeline \[orders @ .* @ kafka:") as e:
+            run(name, topics, f"ck-{name}-{topics[0]}")
+        assert isinstance(e.value, ConfigError) or "ConfigError" in str(e.value)
