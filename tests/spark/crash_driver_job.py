@@ -24,7 +24,10 @@ claimed, and mode ``finish`` waits with the query running until nothing is pendi
 drain). ``reference``: the same, with the files kept by reference (``FileSource``) and nothing
 retried at once: a row failing in stage 2 is kept as its input and its replay enters there
 (a timed-out one is read back from its file). ``frames``: the same as DataFrame stages ending in a
-``sink_dataframe`` whose write (``foreachPartition``) is the one killed.
+``sink_dataframe`` whose write (``foreachPartition``) is the one killed. ``kafka``: the
+``reference`` pipeline over a Kafka topic (``<input>`` is ``kafka://<bootstrap>/<topic>``,
+JSON values, 400 offsets a batch) kept by reference (``KafkaSource``), its first stage
+parsing the values.
 
 Sink ``delta:<path>`` / ``postgres:<url>``: the sink also writes its rows, with their
 lineage ids, through ftlayer's idempotent sink (``DeltaSink`` / ``PostgresSink`` on table
@@ -45,7 +48,7 @@ from pyspark.sql import SparkSession
 from ftlayer import FTConfig
 from ftlayer.connection import connect
 from ftlayer.sinks import DeltaSink, PostgresSink
-from ftlayer.spark import FaultTolerance, FileSource, Outcome
+from ftlayer.spark import FaultTolerance, FileSource, KafkaSource, Outcome
 
 HOLD_BATCH = 2
 
@@ -126,6 +129,20 @@ def frames_pipeline(ft: FaultTolerance, files: FileSource, url: str, ns: str,
     )  # fmt: skip
 
 
+def parse_values(b: pa.RecordBatch) -> pa.RecordBatch:
+    """Kafka rows -> ``id, key`` (their JSON values)."""
+    rows = [json.loads(v) for v in b.column("value").to_pylist()]
+    return pa.RecordBatch.from_pylist(rows, schema=pa.schema([("id", pa.int64()),
+                                                              ("key", pa.int64())]))
+
+
+def dead_ids(letters: pa.Table) -> list[int]:
+    """The dead letters' ids: their column, or (Kafka) in their JSON values."""
+    if "id" in letters.column_names:
+        return letters.column("id").to_pylist()
+    return [json.loads(v)["id"] for v in letters.column("value").to_pylist()]
+
+
 def main(url: str, ns: str, input_dir: str, checkpoint: str, mode: str, replays: str,
          target: str = "redis") -> None:  # fmt: skip
     spark = (
@@ -139,11 +156,18 @@ def main(url: str, ns: str, input_dir: str, checkpoint: str, mode: str, replays:
         FTConfig(namespace=ns, redis_url=url, timeout_s=3.0, max_replays=2), rotate=True
     )
     files = FileSource("json", input_dir, "id long, key long", maxFilesPerTrigger=1)
+    reads: Any = files if replays == "reference" else None
+    first: Any = lambda b: b  # noqa: E731
+    if replays == "kafka":
+        bootstrap, topic = input_dir[len("kafka://"):].split("/")
+        reads = KafkaSource(bootstrap, [topic], startingOffsets="earliest",
+                            maxOffsetsPerTrigger=400)  # fmt: skip
+        first = parse_values
     pipeline = (
         # by reference nothing is retried at once: failures wait as stage rows
-        ft.pipeline(source=0, reads=files if replays == "reference" else None,
-                    immediate_replays=0 if replays == "reference" else None)
-        .map_batches(lambda b: b, "id long, key long")
+        ft.pipeline(source=0, reads=reads,
+                    immediate_replays=0 if reads is not None else None)
+        .map_batches(first, "id long, key long")
         .partition_by(["key"], 4)
         .map_batches(Stage2(url, ns), "id long, key long")
         .sink_batches(Sink(url, ns, hold=mode == "crash", target=target),
@@ -158,13 +182,12 @@ def main(url: str, ns: str, input_dir: str, checkpoint: str, mode: str, replays:
         r.rpush(f"{ns}:batches", batch_id)
         pipeline(df, batch_id)
 
-    stream = (
-        spark.readStream.schema("id long, key long").option("maxFilesPerTrigger", 1).json(input_dir)
-    )
     if replays == "stream":
-        stream = pipeline.with_replays(stream)
-    elif replays in ("reference", "frames"):  # the files kept by reference, replay stream
+        stream = pipeline.with_replays(files.stream(spark))
+    elif replays in ("reference", "frames", "kafka"):  # kept by reference, replay stream
         stream = pipeline.stream(spark)
+    else:
+        stream = files.stream(spark)
     query = (
         stream.writeStream.foreachBatch(each_batch).option("checkpointLocation", checkpoint).start()
     )
@@ -190,7 +213,7 @@ def main(url: str, ns: str, input_dir: str, checkpoint: str, mode: str, replays:
         "unsettled_segments": st.unsettled_segments if st else -1,
         "entered": sum(r.entered for r in ft.results),
         # dead letters' ids read back (by reference: the files hold them)
-        "dead_ids": pipeline.dead_letters(spark).column("id").to_pylist(),
+        "dead_ids": dead_ids(pipeline.dead_letters(spark)),
     }), flush=True)  # fmt: skip
     ft.close()
     spark.stop()

@@ -29,6 +29,7 @@ from deltalake import DeltaTable
 
 from benchmarks._postgres import LocalPostgres
 from ftlayer import EmbeddedRedis, FTConfig, FTLayer
+from ftlayer.spark.kafka.broker import LocalKafka
 from tests.faults import kill_session, session_pids
 from tests.toolkit import until
 
@@ -52,7 +53,7 @@ def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 MODES = ["reference", "frames", "claim+postgres", "stream+delta", "reference+postgres",
-         "frames+delta"]  # fmt: skip
+         "frames+delta", "kafka+delta"]  # fmt: skip
 """Copies (``claim``, ``stream``) run only with an idempotent sink: the same job and crash,
 checked against the Redis list and the table both; kept by reference, with and without."""
 
@@ -67,11 +68,12 @@ they share the machine; the suite takes their time once, not eight times."""
 def runs(
     redis_server: EmbeddedRedis,
     postgres: LocalPostgres,
+    kafka: LocalKafka,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, Future[dict[str, Any]]]]:
     """Every mode's crash and restart, started side by side (SIDE_BY_SIDE at a time)."""
     pool = ThreadPoolExecutor(SIDE_BY_SIDE, thread_name_prefix="crash-driver")
-    futures = {mode: pool.submit(_crash_and_restart, mode, redis_server, postgres,
+    futures = {mode: pool.submit(_crash_and_restart, mode, redis_server, postgres, kafka,
                                  tmp_path_factory.mktemp("crash-driver"))
                for mode in MODES}  # fmt: skip
     yield futures
@@ -85,13 +87,15 @@ def run(runs: dict[str, Future[dict[str, Any]]], request: pytest.FixtureRequest)
 
 
 def _crash_and_restart(
-    mode: str, redis_server: EmbeddedRedis, postgres: LocalPostgres, tmp: Path
-) -> dict[str, Any]:
+    mode: str, redis_server: EmbeddedRedis, postgres: LocalPostgres, kafka: LocalKafka,
+    tmp: Path,
+) -> dict[str, Any]:  # fmt: skip
     """``claim``: batches claim their replays, drain() runs the last ones; ``stream``:
     replays ride the replay stream (batch 2 re-run reads the replays its offset claimed),
     and the job waits for nothing pending with its query running; ``reference``: the same
     with the files kept by reference (replays read back from them); ``frames``: that as
-    DataFrame stages, killed inside the write of a ``sink_dataframe``. ``+delta`` /
+    DataFrame stages, killed inside the write of a ``sink_dataframe``; ``kafka``: the
+    ``reference`` pipeline over a Kafka topic holding the same records. ``+delta`` /
     ``+postgres``: the sink also writes through ftlayer's idempotent sink into a Delta
     table / a PostgreSQL table, read back at the end."""
     replays, _, kind = mode.partition("+")
@@ -110,7 +114,13 @@ def _crash_and_restart(
         rows = range(f * ROWS, (f + 1) * ROWS)
         text = "".join(json.dumps({"id": i, "key": i % 17}) + "\n" for i in rows)
         (inputs / f"part-{f:02d}.json").write_text(text)
-    args = [redis_server.url, ns, str(inputs), str(tmp / "checkpoint")]
+    source = str(inputs)
+    if replays == "kafka":  # the same records in a topic of 4 partitions
+        kafka.create_topic(ns, 4)
+        kafka.produce(ns, ((None, json.dumps({"id": i, "key": i % 17}).encode())
+                           for i in range(FILES * ROWS)), partition_of=lambda i: i % 4)
+        source = f"kafka://{kafka.bootstrap}/{ns}"
+    args = [redis_server.url, ns, source, str(tmp / "checkpoint")]
     tail = [replays, target]
     r = redis_server.client()
     log = tmp / "job.log"
@@ -147,7 +157,7 @@ def _crash_and_restart(
     layer = FTLayer(r, FTConfig(namespace=ns, timeout_s=3.0), create=False)
     result = json.loads(lines[-1][len("RESULT ") :])
     dead = result.pop("dead_ids")  # read back by the job (references hold no id)
-    if replays not in ("reference", "frames"):
+    if replays not in ("reference", "frames", "kafka"):
         assert sorted(dead) == sorted(d.frame.decode()["id"]
                                       for d in layer.persistence.dead_letters() if d.frame)
     out = {
@@ -217,7 +227,7 @@ def test_replays_in_flight_across_the_crash_resumed_at_their_stage(run: dict[str
     """By reference (``reference``, ``frames``) the rows failing in stage 2 are kept as
     its input and the restarted driver's replays enter there. Catches: stage rows lost or
     left unreadable by a crash (the sink test above), or never entered after a restart."""
-    if run["replays"] in ("reference", "frames"):
+    if run["replays"] in ("reference", "frames", "kafka"):
         assert run["entered"] > 0, run
 
 
