@@ -2,7 +2,8 @@
 
 It starts an embedded Redis (unless given a URL) and an ``ftlayer serve`` sidecar process,
 writes generated orders as JSON files, and streams them (one file per micro-batch, kept by
-reference: a ``FileSource``, with ftlayer's replay stream) on
+reference: a ``FileSource``, with ftlayer's replay stream; ``source="kafka"``: into a
+topic of a Kafka-protocol broker of its own, read through a ``KafkaSource``) on
 ``local[2]`` through an FT-wrapped ``foreachBatch`` pipeline of vectorized stages: a map
 stage, a keyed shuffle (``partition_by``: Spark's own), a placement check, and a sink that
 appends to a Redis list. Injected: explicit failures (``Outcome(failed=...)``), drops (the
@@ -79,6 +80,8 @@ class DemoReport:
     elapsed_s: float
     sink: str = "redis"
     """Where the rows went: ``redis`` (a list), ``delta`` or ``postgres`` (a table)."""
+    source: str = "files"
+    """Where the orders came from: ``files`` (JSON) or ``kafka`` (a topic)."""
 
 
 class TaskCrash(BaseException):  # noqa: N818 -- a simulated crash, not an error to handle
@@ -114,6 +117,8 @@ class _Injector:
 
         from ftlayer.spark import Outcome
 
+        if "value" in batch.schema.names:  # Kafka rows: the orders are their JSON values
+            batch = _orders_of(batch)
         tc = TaskContext.get()
         if tc is not None and tc.attemptNumber() == 0 and self.crash_rate > 0:
             task = f"{tc.stageId()}/{tc.partitionId()}"
@@ -131,6 +136,23 @@ class _Injector:
         return Outcome(out, failed=failed, errors=errors)
 
 
+def _orders_of(batch: Any) -> Any:
+    """Kafka rows -> ``id, key, amount`` (their JSON values)."""
+    import pyarrow as pa
+
+    rows = [json.loads(v) for v in batch.column("value").to_pylist()]
+    schema = pa.schema([("id", pa.int64()), ("key", pa.int64()), ("amount", pa.int64())])
+    return pa.RecordBatch.from_pylist(rows, schema=schema)
+
+
+def _dead_ids(rows: Any) -> set[int]:
+    """The order ids of the dead letters' rows (read back from their source: files give
+    an ``id`` column, Kafka JSON values; a reference that no longer resolves names none)."""
+    if "id" in rows.column_names:
+        return {i for i in rows.column("id").to_pylist() if i is not None}
+    return {json.loads(v)["id"] for v in rows.column("value").to_pylist() if v is not None}
+
+
 @dataclass(frozen=True)
 class _PlacementCheck:
     """After ``partition_by(["key"], n)``: is each record in the partition Spark assigns
@@ -142,6 +164,8 @@ class _PlacementCheck:
     def __call__(self, batch: Any) -> Any:
         from pyspark import TaskContext
 
+        if "value" in batch.schema.names:  # Kafka rows: the orders are their JSON values
+            batch = _orders_of(batch)
         tc = TaskContext.get()
         part = HashPartitioner(PARTITIONS, ["bigint"])
         wrong = sum(
@@ -195,14 +219,41 @@ def _redis_url(url: str | None) -> Iterator[str]:
         yield server.url
 
 
-def _write_input(folder: Path, records: int, batches: int) -> None:
+def _orders(records: int) -> Iterator[str]:
     rng = random.Random(records)
+    for i in range(records):
+        yield json.dumps({"id": i, "key": i % KEYS, "amount": rng.randint(1, 500)})
+
+
+def _write_input(folder: Path, records: int, batches: int) -> None:
     per = -(-records // batches)
+    orders = list(_orders(records))
     for b in range(batches):
-        ids = range(b * per, min(records, (b + 1) * per))
-        lines = (json.dumps({"id": i, "key": i % KEYS, "amount": rng.randint(1, 500)})
-                 for i in ids)  # fmt: skip
+        lines = orders[b * per : min(records, (b + 1) * per)]
         (folder / f"orders-{b:04d}.json").write_text("\n".join(lines) + "\n")
+
+
+def _source(source: str, work: Path, records: int, batches: int,
+            stack: contextlib.ExitStack) -> Any:  # fmt: skip
+    """The orders, kept by reference: JSON files (one a micro-batch), or a Kafka topic of
+    PARTITIONS partitions on a broker of the demo's own (``records / batches`` offsets a
+    micro-batch)."""
+    from ftlayer.spark import FileSource
+
+    if source == "files":
+        (work / "input").mkdir()
+        _write_input(work / "input", records, batches)
+        return FileSource("json", str(work / "input"), "id long, key long, amount long",
+                          maxFilesPerTrigger=1)  # fmt: skip
+    from ftlayer.spark import KafkaSource
+    from ftlayer.spark.kafka.broker import LocalKafka
+
+    kafka = stack.enter_context(LocalKafka())
+    kafka.create_topic("orders", PARTITIONS)
+    kafka.produce("orders", ((None, o.encode()) for o in _orders(records)),
+                  partition_of=lambda i: i % PARTITIONS)  # fmt: skip
+    return KafkaSource(kafka.bootstrap, ["orders"], startingOffsets="earliest",
+                       maxOffsetsPerTrigger=-(-records // batches))  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -337,6 +388,7 @@ def run_demo(
     config: dict[str, Any] | None = None,
     sink: str = "redis",
     sink_url: str | None = None,
+    source: str = "files",
 ) -> DemoReport:
     """Run the demo (see the module docstring). ``progress`` gets a DemoProgress every
     half second; ``on_status_page`` the sidecar's status page URL once it serves;
@@ -345,7 +397,10 @@ def run_demo(
     (``spark.master`` of a cluster, ...); ``sidecar=False`` starts no sidecar (the caller
     runs its own, for the namespace ``config["namespace"]``); ``config`` holds more FTConfig
     fields (``durability``, ``shards``, ...). ``sink``: ``redis``, ``delta`` or
-    ``postgres`` (``sink_url`` names the PostgreSQL server; see the module docstring)."""
+    ``postgres`` (``sink_url`` names the PostgreSQL server; see the module docstring).
+    ``source``: ``files`` (JSON files) or ``kafka`` (a topic on a broker of its own)."""
+    if source not in ("files", "kafka"):
+        raise ConfigError(f"source must be files or kafka, not {source!r}")
     if sink not in ("redis", "delta", "postgres"):
         raise ConfigError(f"sink must be redis, delta or postgres, not {sink!r}")
     if sink == "postgres" and not sink_url:
@@ -357,10 +412,9 @@ def run_demo(
     config = dict(config or {})
     ns = config.pop("namespace", None) or f"demo-{uuid.uuid4().hex[:8]}"
     work = Path(tempfile.mkdtemp(prefix="ftlayer-demo-"))
-    (work / "input").mkdir()
-    _write_input(work / "input", records, batches)
     try:
         with _redis_url(redis_url) as url, contextlib.ExitStack() as stack:
+            orders = _source(source, work, records, batches, stack)
             if sidecar:
                 serve = ServeProcess(url, ns, work / "serve.log", timeout_s=timeout_s)
                 stack.enter_context(serve)
@@ -373,9 +427,10 @@ def run_demo(
             spark = _spark(work / "spark.log", verbose, spark_conf)
             try:
                 table = _table(sink, sink_url, work, ns)
-                report = _run(spark, ft, url, prefix, work, records, batches, fail_rate,
-                              drop_rate, crash_rate, drain_timeout_s, progress,
+                report = _run(spark, ft, url, prefix, work, orders, records, batches,
+                              fail_rate, drop_rate, crash_rate, drain_timeout_s, progress,
                               started, table)  # fmt: skip
+                report.source = source
                 report.elapsed_s = round(time.monotonic() - started, 1)
                 if hold:
                     hold(report)
@@ -424,15 +479,11 @@ def _table_ids(table: Any) -> list[int]:
         return [int(r[0]) for r in c.execute(f"SELECT id FROM {table.table}")]
 
 
-def _run(spark: Any, ft: Any, url: str, prefix: str, work: Path, records: int, batches: int,
-         fail_rate: float, drop_rate: float, crash_rate: float, drain_timeout_s: float,
-         progress: Callable[[DemoProgress], None] | None, started: float, table: Any = None,
-         ) -> DemoReport:  # fmt: skip
-    from ftlayer.spark import FileSource
-
-    # the order files are kept by reference (no copy in Redis); replays ride the stream
-    orders = FileSource("json", str(work / "input"), "id long, key long, amount long",
-                        maxFilesPerTrigger=1)  # fmt: skip
+def _run(spark: Any, ft: Any, url: str, prefix: str, work: Path, orders: Any, records: int,
+         batches: int, fail_rate: float, drop_rate: float, crash_rate: float,
+         drain_timeout_s: float, progress: Callable[[DemoProgress], None] | None,
+         started: float, table: Any = None) -> DemoReport:  # fmt: skip
+    # the orders are kept by reference (no copy in Redis); replays ride the stream
     pipeline = (
         ft.pipeline(source=0, reads=orders)
         .map_batches(_Injector(url, prefix, fail_rate, crash_rate), ORDER)
@@ -470,8 +521,7 @@ def _run(spark: Any, ft: Any, url: str, prefix: str, work: Path, records: int, b
         client.close()
     # dead letters read back from the files (a reference that no longer resolves names no
     # id: its record counts as lost)
-    rows = pipeline.dead_letters(spark)
-    dead = {i for i in rows.column("id").to_pylist() if i is not None}
+    dead = _dead_ids(pipeline.dead_letters(spark))
     if table is not None:  # the table is the sink: lost and duplicates counted from it
         sink = Counter(_table_ids(table))
     st = layer.stats()

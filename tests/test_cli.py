@@ -86,7 +86,7 @@ def test_demo_json_loses_nothing() -> None:
     assert set(r) == {
         "source_records", "completed", "replayed", "failed_explicit", "timed_out",
         "dead_lettered", "lost", "pending", "sink_rows", "dead_in_sink", "duplicates", "rewrites",
-        "misplaced", "crashed_tasks", "micro_batches", "elapsed_s", "sink",
+        "misplaced", "crashed_tasks", "micro_batches", "elapsed_s", "sink", "source",
     }  # fmt: skip
     assert r["lost"] == 0 and r["pending"] == 0 and r["misplaced"] == 0
     assert r["failed_explicit"] > 0 and r["timed_out"] > 0, "both failure kinds injected"
@@ -118,6 +118,22 @@ def test_demo_into_an_idempotent_table_counts_from_it(sink: str, postgres: Any) 
     # table and dead-lettered (at a 30 % drop rate, ~0.3**4 of them): counted once
     assert r["duplicates"] == 0 and r["dead_in_sink"] > 0
     assert r["sink_rows"] + r["dead_lettered"] - r["dead_in_sink"] == 2000
+
+
+def test_demo_reads_orders_from_kafka() -> None:
+    """``--source kafka``: the orders go into a topic of 4 partitions on a broker the demo
+    starts (tansu), and the query reads them through a KafkaSource, kept by reference:
+    every kind of failure injected, nothing lost. Catches: replays of Kafka records that
+    never come back (lost), or come back as other records (duplicates)."""
+    out = _run([*CLI, "--log-level", "WARNING", "demo", "--records", "2000",
+                "--batches", "2", "--fail-rate", "0.05", "--drop-rate", "0.03",
+                "--timeout-s", "1.5", "--source", "kafka", "--json"])  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout)
+    assert r["source"] == "kafka" and r["lost"] == 0 and r["pending"] == 0, r
+    assert r["failed_explicit"] > 0 and r["timed_out"] > 0 and r["micro_batches"] >= 2, r
+    assert r["completed"] + r["dead_lettered"] == r["source_records"] == 2000
+    assert r["sink_rows"] - r["duplicates"] + r["dead_lettered"] == 2000
 
 
 def test_demo_postgres_sink_without_a_server_says_so() -> None:

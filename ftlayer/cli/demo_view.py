@@ -138,6 +138,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
         crash_rate=args.crash_rate, timeout_s=args.timeout_s, redis_url=args.redis_url,
         batches=args.batches, progress=progress, verbose=args.verbose, on_status_page=on_page,
         hold=hold if args.serve else None, sink=args.sink, sink_url=args.sink_url,
+        source=args.source,
     )  # fmt: skip
     with live if live_ok else contextlib.nullcontext():
         report = run_demo(**kwargs)

@@ -114,12 +114,12 @@ def watermarks(client: Any, tps: Sequence[TopicPartition]) -> dict[TopicPartitio
     deadline = time.monotonic() + 10
     try:
         while open_ and time.monotonic() < deadline:
-            for m in client.consume(1000, timeout=0.5):
-                err = m.error()
-                if err is not None and err.code() == KafkaError._PARTITION_EOF:
-                    tp = (m.topic(), m.partition())
-                    marks[tp] = (marks[tp][0], max(marks[tp][1], m.offset()))
-                    open_.discard(tp)
+            m = client.poll(0.2)  # one event as soon as there is one (consume() would
+            err = None if m is None else m.error()  # wait out its timeout for a batch)
+            if err is not None and err.code() == KafkaError._PARTITION_EOF:
+                tp = (m.topic(), m.partition())
+                marks[tp] = (marks[tp][0], max(marks[tp][1], m.offset()))
+                open_.discard(tp)
     finally:
         client.unassign()
     if open_:
