@@ -34,16 +34,21 @@ SCHEMA = "id long, key long, payload string"
 _AMOUNT = r'"amount": (?P<amount>[0-9]+)'
 
 
+def event_lines(lo: int, hi: int, width: int) -> list[str]:
+    """Events ``lo..hi-1`` as JSON lines: ``id``, ``key`` (id % 64) and a ``width``-byte
+    ``payload`` (a JSON document holding ``amount``)."""
+    pad = "x" * max(0, width - len('{"amount": 000, "pad": ""}'))
+    return [json.dumps({"id": i, "key": i % 64,
+                        "payload": f'{{"amount": {i % 500}, "pad": "{pad}"}}'})
+            for i in range(lo, hi)]  # fmt: skip
+
+
 def write_events(root: Path, n: int, width: int, files: int) -> int:
     """``n`` events in ``files`` JSON-lines files under ``root``; their total bytes."""
     root.mkdir(parents=True, exist_ok=True)
-    pad = "x" * max(0, width - len('{"amount": 000, "pad": ""}'))
     total = 0
     for f in range(files):
-        lo, hi = f * n // files, (f + 1) * n // files
-        lines = [json.dumps({"id": i, "key": i % 64,
-                             "payload": f'{{"amount": {i % 500}, "pad": "{pad}"}}'})
-                 for i in range(lo, hi)]  # fmt: skip
+        lines = event_lines(f * n // files, (f + 1) * n // files, width)
         path = root / f"part-{f:04d}.json"
         text = "\n".join(lines) + "\n"
         path.write_text(text)

@@ -46,14 +46,22 @@ least 1 % of the events failed for ftlayer (not retried in their task),
 ``ft_on_failing_redis_bytes_per_failure`` (beyond the same round's run without failures,
 per failure; goal: the failing stage's input row, ``stage_input_arrow_bytes``, + 64).
 
+``--source kafka``: the same events as JSON values of a 4-partition Kafka topic (on a
+throwaway tansu broker), read by ftlayer's Kafka source (``maxOffsetsPerTrigger`` cutting
+the micro-batches) -- plain: that source and a first stage turning Kafka rows into the
+events' columns (``from_json`` for ``df``, ``json.loads`` for ``arrow``); ftlayer: the
+same stage over ``KafkaSource`` (kept by reference). Its results go to
+``stream_overhead_kafka.json``; Redis bytes per record have a goal there: <= 16.
+
     python -m benchmarks.stream_overhead [--cadences 5000x20,50000x8] [--pipelines df,arrow]
-        [--repeat 5] [--warmup 1] [--payload-bytes 1024] [--source-pairs 5] [--json]
-        [--record | --results DIR]
+        [--source files|kafka] [--repeat 5] [--warmup 1] [--payload-bytes 1024]
+        [--source-pairs 5] [--json] [--record | --results DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
@@ -71,10 +79,12 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 
 from benchmarks._common import parse_args, provenance, redis_for_benchmark, save, url_of
+from benchmarks._kafka_events import arrow_events, df_events, produce_events
+from benchmarks._kafka_events import stream as kafka_stream
 from benchmarks._paired import PARTITIONS, PairedRounds, quartiles, spark_session
 from benchmarks._wide import SCHEMA, FailLate, amount_of, net_input_bytes, write_events
 from ftlayer import FTConfig
-from ftlayer.spark import FaultTolerance, FileSource
+from ftlayer.spark import FaultTolerance, FileSource, KafkaSource
 
 FAIL_RATE = 0.05
 LOOKUP_KEYS = 64
@@ -89,6 +99,8 @@ GOAL_FT_ON = {5_000: 0.85, 50_000: 0.90}
 GOAL_FAILING = 0.80
 """``ratio_stream_*_ft_on_failing_vs_plain``, at both cadences."""
 GOAL_FIT = {"ft_ms_per_batch": 30.0, "ft_us_per_record": 1.0}
+GOAL_KAFKA_REDIS_BYTES = 16
+"""``ft_on_redis_bytes_per_record`` reading Kafka: a reference, no payload."""
 MIN_FAILURES = 0.01
 """Redis bytes per failure are reported where the failing run's failures (those ftlayer
 counted: not the attempts retried in their task) were at least this share of the events."""
@@ -238,8 +250,10 @@ class Runs:
     checked after."""
 
     def __init__(self, spark: Any, client: Any, url: str, tmp: Path,
-                 inputs: dict[str, Path]) -> None:  # fmt: skip
+                 inputs: dict[str, Any], kafka: str | None = None) -> None:  # fmt: skip
         self.spark, self.client, self.url, self.tmp, self.inputs = spark, client, url, tmp, inputs
+        self.kafka = kafka
+        """The broker's bootstrap address with ``--source kafka`` (inputs are topics)."""
         self.lookup = lookup_table(spark)
         self.lookup.count()
         self.progress: dict[str, list[tuple[int, float]]] = {}
@@ -280,11 +294,14 @@ class Runs:
 
         return named
 
-    def _plain(self, name: str, pipeline: str, root: Path, work: Path,
+    def _plain(self, name: str, pipeline: str, root: Any, work: Path,
                c: Cadence) -> Callable[[], Any]:  # fmt: skip
         out, enrich = str(work / "out"), df_enrich(self.lookup)
 
         def each(df: Any, _: int) -> None:
+            if self.kafka is not None:  # Kafka rows -> the events' columns
+                df = df_events(df) if pipeline == "df" else df.mapInArrow(
+                    _each(arrow_events), SCHEMA)  # fmt: skip
             if pipeline == "df":
                 staged = df_vat(enrich(df).repartition(PARTITIONS, "key"))
             else:
@@ -293,8 +310,11 @@ class Runs:
             staged.write.mode("append").parquet(out)
 
         def job() -> Callable[[], None]:
-            stream = (self.spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
-                      .json(str(root)))  # fmt: skip
+            if self.kafka is not None:
+                stream = kafka_stream(self.spark, self.kafka, root, c.per_batch)
+            else:
+                stream = (self.spark.readStream.schema(SCHEMA)
+                          .option("maxFilesPerTrigger", 1).json(str(root)))  # fmt: skip
             q = (stream.writeStream.foreachBatch(each).trigger(availableNow=True)
                  .option("checkpointLocation", str(work / "ck")).start())  # fmt: skip
             q.awaitTermination()
@@ -303,14 +323,21 @@ class Runs:
 
         return job
 
-    def _ft(self, name: str, pipeline: str, root: Path, work: Path, c: Cadence,
+    def _ft(self, name: str, pipeline: str, root: Any, work: Path, c: Cadence,
             failing: bool) -> Callable[[], Any]:  # fmt: skip
         from pyspark.sql import functions as F  # noqa: N812
 
         out = str(work / "out")
         ft = FaultTolerance(FTConfig(namespace=f"so-{uuid.uuid4().hex[:8]}", redis_url=self.url))
-        files = FileSource("json", str(root), SCHEMA, maxFilesPerTrigger=1)
-        p = ft.pipeline(source=0, reads=files, name="stream-overhead")
+        if self.kafka is not None:
+            reads: Any = KafkaSource(self.kafka, [root], startingOffsets="earliest",
+                                     maxOffsetsPerTrigger=c.per_batch)  # fmt: skip
+        else:
+            reads = FileSource("json", str(root), SCHEMA, maxFilesPerTrigger=1)
+        p = ft.pipeline(source=0, reads=reads, name="stream-overhead")
+        if self.kafka is not None:  # Kafka rows -> the events' columns, as the plain job
+            p = p.transform(df_events) if pipeline == "df" else p.map_batches(arrow_events,
+                                                                                SCHEMA)
         if pipeline == "df":
             p = (p.transform(df_enrich(self.lookup)).partition_by(["key"], PARTITIONS)
                  .transform(df_vat, failed=(F.rand() < FAIL_RATE) if failing else None,
@@ -350,7 +377,10 @@ class Runs:
     def _check(self, out: str, dead: pa.Table | None, c: Cadence) -> None:
         """Every event id once, in the table or in the dead letters."""
         written = self.spark.read.parquet(out).select("id").toArrow().column(0).to_numpy()
-        dead_ids = dead.column("id").to_numpy() if dead is not None and dead.num_rows else []
+        dead_ids: Any = []
+        if dead is not None and dead.num_rows:
+            dead_ids = (dead.column("id").to_numpy() if "id" in dead.column_names else
+                        np.array([json.loads(v)["id"] for v in dead.column("value").to_pylist()]))
         counts = np.bincount(np.concatenate([written, dead_ids]).astype(np.int64),
                              minlength=c.events)  # fmt: skip
         assert len(counts) == c.events, f"ids beyond {c.events}: {len(counts) - 1}"
@@ -385,18 +415,30 @@ def fit_per_batch(per: dict[str, Any], rounds: PairedRounds, cadences: list[Cade
 
 
 def run(cadences: list[Cadence], pipelines: list[str], width: int, repeat: int, warmup: int,
-        url: str | None, source_pairs: int = 5) -> dict[str, Any]:  # fmt: skip
+        url: str | None, source_pairs: int = 5,
+        source: str = "files") -> dict[str, Any]:  # fmt: skip
     spark = spark_session()
     tmp = Path(tempfile.mkdtemp(prefix="ftbench-stream-"))
+    broker = contextlib.ExitStack()
     pairs = {f"{p}:{c.name}:{v}": f"{p}:{c.name}:plain" for c in cadences for p in pipelines
              for v in ("ft_on", "ft_on_failing")}  # fmt: skip
     try:
-        with redis_for_benchmark(url) as client:
-            inputs = {}
+        with redis_for_benchmark(url) as client, broker:
+            inputs: dict[str, Any] = {}
+            kafka = None
+            if source == "kafka":
+                from ftlayer.spark.kafka.broker import LocalKafka
+
+                kafka = broker.enter_context(LocalKafka())
             for c in cadences:
-                inputs[c.name] = tmp / f"in-{c.name}"
-                write_events(inputs[c.name], c.events, width, c.batches)
-            runs = Runs(spark, client, url_of(client, url), tmp, inputs)
+                if kafka is not None:
+                    inputs[c.name] = f"events-{c.name}"
+                    produce_events(kafka, inputs[c.name], c.events, width)
+                else:
+                    inputs[c.name] = tmp / f"in-{c.name}"
+                    write_events(inputs[c.name], c.events, width, c.batches)
+            runs = Runs(spark, client, url_of(client, url), tmp, inputs,
+                        kafka.bootstrap if kafka is not None else None)  # fmt: skip
             rounds = PairedRounds(pairs, warmup)
             for rnd in range(warmup + repeat):
                 t0 = time.perf_counter()
@@ -411,6 +453,10 @@ def run(cadences: list[Cadence], pipelines: list[str], width: int, repeat: int, 
     counted = {k: v[-repeat * (1 + k.endswith(":plain")):] for k, v in runs.progress.items()}
     r = result(rounds, counted, cadences, pipelines, width, repeat, warmup, redis_version)
     r["python_source_s_per_query"] = floor
+    r["source"] = source
+    if source == "kafka":
+        r["goals"].update({f"{c.name}:{p}:ft_on_redis_bytes_per_record":
+                           f"<= {GOAL_KAFKA_REDIS_BYTES}" for c in cadences for p in pipelines})
     redis_bytes(r, runs.sent, cadences, pipelines, repeat)
     med = statistics.median
     r["replays_read_back_entered"] = {k: [med(a for a, _ in v[-repeat:]),
@@ -566,14 +612,16 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5, help="counted rounds")
     ap.add_argument("--warmup", type=int, default=1, help="rounds run, not counted")
     ap.add_argument("--redis-url", default=None, help="default: an embedded redis-server")
+    ap.add_argument("--source", choices=["files", "kafka"], default="files",
+                    help="JSON files, or a Kafka topic on a throwaway broker")
     ap.add_argument("--source-pairs", type=int, default=5,
                     help="paired queries measuring a Python source's cost per query")
     args = parse_args(ap)
     cadences = [Cadence.parse(x) for x in args.cadences.split(",")]
     pipelines = [p for p in args.pipelines.split(",") if p]
     r = run(cadences, pipelines, args.payload_bytes, args.repeat, args.warmup, args.redis_url,
-            args.source_pairs)  # fmt: skip
-    save("stream_overhead", r)
+            args.source_pairs, args.source)  # fmt: skip
+    save("stream_overhead" if args.source == "files" else "stream_overhead_kafka", r)
     print(json.dumps(r) if args.json else text(r))
 
 

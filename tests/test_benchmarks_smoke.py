@@ -214,6 +214,24 @@ def test_stream_overhead_smoke(tmp_path: Path) -> None:
     assert r["goals"]["df:ft_ms_per_batch"] == "<= 30"
 
 
+@pytest.mark.slow
+def test_stream_overhead_kafka_smoke(tmp_path: Path) -> None:
+    """``--source kafka``, tiny: the DataFrame pipeline over a 4-partition topic on a
+    throwaway broker, plain (ftlayer's Kafka source) and through ftlayer (KafkaSource),
+    200 offsets a micro-batch; every run's output checked, the Redis bytes per record
+    judged against 16 (a reference a record: no payload)."""
+    r = _bench(tmp_path, "benchmarks.stream_overhead", "--source", "kafka", "--pipelines",
+               "df", "--cadences", "200x2,400x2", "--repeat", "1", "--warmup", "0",
+               "--payload-bytes", "100", "--source-pairs", "1", timeout=900,
+               saved_as="stream_overhead_kafka.json")  # fmt: skip
+    assert r["source"] == "kafka" and set(r["cadences"]) == {"200x2", "400x2"}
+    for name, cad in r["cadences"].items():
+        f = cad["df"]
+        assert f["plain_micro_batches"] == f["ft_on_micro_batches"] == cad["batches"]
+        assert f["ratio_stream_df_ft_on_vs_plain"] > 0
+        assert r["goals"][f"{name}:df:ft_on_redis_bytes_per_record"] == "<= 16"
+
+
 def test_ack_throughput_smoke(tmp_path: Path) -> None:
     r = _bench(tmp_path, "benchmarks.ack_throughput", "--records", "600", "--batch", "200",
                "--sweep", "100,200", "--repeat", "1")  # fmt: skip

@@ -11,6 +11,7 @@ from benchmarks.results_md.page import Page, common_facts, num
 def render_stream(page: Page) -> None:
     d = page.data
     common_facts(page)
+    page.fact("source", d.get("source", "files"))
     page.fact("attempts failing after the shuffle (failing runs)", d.get("fail_rate"))
     page.notes.append("Ratios: the plain query's time ÷ the ftlayer query's, the median of "
                       "per-round ratios (each ftlayer run beside a plain run of its own, "
@@ -44,6 +45,11 @@ def render_stream(page: Page) -> None:
             f = cadences[cname].get(p)
             if not isinstance(f, dict) or "ft_on_redis_bytes_per_record" not in f:
                 continue
+            key = f"{cname}:{p}:ft_on_redis_bytes_per_record"
+            if key in goals:  # Kafka: a reference a record, no payload
+                page.row(f"`{p}` Redis bytes per record, {cname} (no failures)",
+                         f["ft_on_redis_bytes_per_record"], goal=page.goal_of(key, "<=", goals),
+                         unit="B", goal_label=f"Redis bytes per record, `{p}` {cname}")  # fmt: skip
             if "ft_on_failing_redis_bytes_per_failure" not in f:
                 page.row(f"`{p}` failures that reached Redis, {cname} (retried in their "
                          "task otherwise; too few to measure their bytes)",
