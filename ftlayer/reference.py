@@ -383,7 +383,7 @@ def tables() -> list[Table]:
     meaning the code does not give."""
     from ftlayer.config import FTConfig
     from ftlayer.sinks import DeltaSink, PostgresSink
-    from ftlayer.spark import ErrorPolicy, FaultTolerance, FileSource, Pipeline
+    from ftlayer.spark import ErrorPolicy, FaultTolerance, FileSource, KafkaSource, Pipeline
     from ftlayer.spark.references import RateMicroBatchSource
 
     out: list[Table] = []
@@ -435,6 +435,9 @@ def tables() -> list[Table]:
                      "its row, which its replays read back.", ()))  # fmt: skip
     add(f"`{_call('FileSource', FileSource)}`", 3, _first(FileSource.__doc__),
         lambda: signature_rows(FileSource.__init__, [FileSource.__doc__], "FileSource"))
+    add(f"`{_call('KafkaSource', KafkaSource)}`", 3, _first(KafkaSource.__doc__),
+        lambda: signature_rows(KafkaSource.__init__, [KafkaSource.__doc__, KafkaSource],
+                               "KafkaSource"))  # fmt: skip
     add(f"`{_call('RateMicroBatchSource', RateMicroBatchSource)}`", 3,
         _first(RateMicroBatchSource.__doc__),
         lambda: dataclass_rows(RateMicroBatchSource, [RateMicroBatchSource.__doc__]))

@@ -105,3 +105,28 @@ def test_dataframe_stages_under_spark_connect(redis_server: Any) -> None:
     assert (copies["fresh"], copies["failed"], copies["drained"]) == (300, 10, True), copies
     assert copies["written"] == [i for i in range(300) if i % 30 != 4], copies
     assert copies["dead"] == never and copies["segments"] == 0
+
+
+def test_kafka_kept_by_reference_under_spark_connect(redis_server: Any, kafka: Any) -> None:
+    """A KafkaSource pipeline under Spark Connect: ftlayer's Kafka source registered
+    through the Connect session, rows failing once in a Python stage replayed by reading
+    their offsets back (in the server's Python process), each record written once, nothing
+    pending. Catches: a data source registered the classic way only, references read back
+    through the JVM, replays that never run under Connect."""
+    import uuid as _uuid
+
+    ns, topic = f"connectkafka{_uuid.uuid4().hex[:8]}", f"cev-{_uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 4)
+    kafka.produce(topic, ((None, json.dumps({"id": i, "key": i % 13}).encode())
+                          for i in range(800)), partition_of=lambda i: i % 4)  # fmt: skip
+    job = Path(__file__).with_name("connect_kafka_job.py")
+    proc = subprocess.run([sys.executable, str(job), redis_server.url, ns, kafka.bootstrap,
+                           topic], capture_output=True, text=True, timeout=600)  # fmt: skip
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    out = json.loads(lines[-1][len("RESULT ") :])
+    assert out["connect"].startswith("pyspark.sql.connect"), out["connect"]
+    assert out["stream_exception"] is None, out["stream_exception"]
+    written = Counter(out["written"])
+    assert set(written) == set(range(800)) and max(written.values()) == 1, out
+    assert out["read_back"] == 40 and out["pending"] == 0, out

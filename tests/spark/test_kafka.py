@@ -219,3 +219,49 @@ def test_a_topic_read_by_another_pipeline_is_refused(
         with pytest.raises(Exception, match=r"belongs to pipeline \[orders @ .* @ kafka:") as e:
             run(name, topics, f"ck-{name}-{topics[0]}")
         assert isinstance(e.value, ConfigError) or "ConfigError" in str(e.value)
+
+
+def test_a_records_reference_is_sparks_hash_of_its_topic_partition_and_its_offset(
+    spark: SparkSession, kafka: Any
+) -> None:
+    """Spark is the oracle: the location a KafkaSource gives a row in the JVM
+    (``xxhash64("<topic>-<partition>")``) is the id Python computes for its topic and
+    partition, for every partition, found without asking Kafka; the position is the
+    offset. The rows of Spark's own Kafka connector have the same columns, so the same
+    expression gives them the same references. Catches: a replay whose location maps to no
+    partition (never read back) or to another one."""
+    from ftlayer.spark.kafka.source import _PARTITIONS, FORMAT, partition_location, register
+    from ftlayer.spark.references import with_references
+
+    topic = _topic(kafka, 200, partitions=6)
+    source = KafkaSource(kafka.bootstrap, [topic])
+    register(spark)
+    rows = with_references(source, spark.read.format(FORMAT)
+                           .option("kafka.bootstrap.servers", kafka.bootstrap)
+                           .option("subscribe", topic).load()).collect()  # fmt: skip
+    assert len(rows) == 200 and {r["partition"] for r in rows} == set(range(6))
+    for r in rows:
+        assert r["__ft_loc"] == partition_location(topic, r["partition"])
+        assert r["__ft_pos"] == r["offset"]
+    _PARTITIONS.clear()
+    source.remember(spark, [rows[0]["__ft_loc"]])  # computed from the topic's name
+    assert _PARTITIONS[rows[0]["__ft_loc"]] == (topic, rows[0]["partition"])
+    assert source.location_name(rows[0]["__ft_loc"]) == (
+        f"Kafka topic {topic!r} partition {rows[0]['partition']}")
+
+
+def test_sparks_kafka_connector_reads_replays_back_by_partition_ranges() -> None:
+    """``connector="spark"`` (Spark's own Kafka source, where its jar is installed: not on
+    this project's machines) reads replays back with one range per partition, from the
+    smallest wanted offset to past the largest, gone offsets left out instead of failing
+    the batch. Catches: an ending offset that drops the last wanted record, a range that
+    fails on an offset gone by retention."""
+    from ftlayer.spark.kafka.source import spark_read_options
+
+    opts = spark_read_options({"ev": {"3": [17, 5, 900], "0": [2]}, "other": {"1": [40]}})
+    assert json.loads(opts["assign"]) == {"ev": [0, 3], "other": [1]}
+    assert json.loads(opts["startingOffsets"]) == {"ev": {"3": 5, "0": 2}, "other": {"1": 40}}
+    assert json.loads(opts["endingOffsets"]) == {"ev": {"3": 901, "0": 3}, "other": {"1": 41}}
+    assert opts["failOnDataLoss"] == "false"
+    with pytest.raises(Exception, match="connector is 'ftlayer' or 'spark'"):
+        KafkaSource("b:9092", ["ev"], connector="jvm")

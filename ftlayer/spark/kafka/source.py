@@ -26,11 +26,17 @@ from ftlayer.spark.vector_plan import LOC_COL, POS_COL
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["FORMAT", "KafkaSource"]
+__all__ = ["FORMAT", "KafkaSource", "partition_location", "register", "spark_read_options"]
 
 _PARTITIONS: dict[int, tuple[str, int]] = {}
 """Location id -> (topic, partition), of every topic-partition a KafkaSource met."""
+_SCANNED: set[str] = set()
+"""Topics whose first MAX_PARTITIONS partitions' location ids are in _PARTITIONS."""
 _registered: set[int] = set()
+
+MAX_PARTITIONS = 10_000
+"""Partitions per topic whose location ids a source finds without asking Kafka (the ids of
+a named topic are a hash of its name and the partition number: computed, not listed)."""
 
 
 def register(spark: SparkSession) -> None:
@@ -57,15 +63,29 @@ class KafkaSource:
     ``failOnDataLoss``) and ``kafka.*`` settings of the client (librdkafka's names)."""
 
     bootstrap_servers: str
+    """The brokers, ``host:port`` comma-separated (Spark's ``kafka.bootstrap.servers``)."""
     topics: tuple[str, ...] = ()
+    """The topics read (Spark's ``subscribe``)."""
     pattern: str | None = None
+    """A regex of the topics read (Spark's ``subscribePattern``), instead of ``topics``."""
     options: Mapping[str, str] = field(default_factory=dict)
+    """Spark's Kafka source options (``startingOffsets``, ``maxOffsetsPerTrigger``,
+    ``includeHeaders``, ``failOnDataLoss``, ``assign``) and ``kafka.*`` client settings,
+    given as keyword arguments."""
+    connector: str = "ftlayer"
+    """``ftlayer``: ftlayer's own Kafka source (``confluent-kafka``); ``spark``: Spark's
+    Kafka connector, where its jar is installed (the same columns, so the same
+    references; replays read back with ``spark.read.format("kafka")``)."""
 
     def __init__(self, bootstrap_servers: str, topics: Sequence[str] | str = (), *,
-                 pattern: str | None = None, **options: Any) -> None:  # fmt: skip
+                 pattern: str | None = None, connector: str = "ftlayer",
+                 **options: Any) -> None:  # fmt: skip
         names = (topics,) if isinstance(topics, str) else tuple(topics)
         if bool(names) + bool(pattern) + ("assign" in options) != 1:
             raise ConfigError("a KafkaSource reads topics=, pattern= or assign=: exactly one")
+        if connector not in ("ftlayer", "spark"):
+            raise ConfigError(f"connector is 'ftlayer' or 'spark', not {connector!r}")
+        object.__setattr__(self, "connector", connector)
         object.__setattr__(self, "bootstrap_servers", bootstrap_servers)
         object.__setattr__(self, "topics", names)
         object.__setattr__(self, "pattern", pattern)
@@ -86,6 +106,8 @@ class KafkaSource:
         return opts
 
     def stream(self, spark: SparkSession) -> DataFrame:
+        if self.connector == "spark":
+            return spark.readStream.format("kafka").options(**self._reader_options()).load()
         register(spark)
         return spark.readStream.format(FORMAT).options(**self._reader_options()).load()
 
@@ -97,9 +119,24 @@ class KafkaSource:
 
     def remember(self, spark: SparkSession, locations: Sequence[int]) -> None:
         if any(loc not in _PARTITIONS for loc in locations):
-            self._list_partitions()
+            self._find_partitions()
 
-    def _list_partitions(self) -> None:
+    def _named_topics(self) -> list[str]:
+        return list(self.topics) or list(json.loads(self.options.get("assign", "{}")))
+
+    def _find_partitions(self) -> None:
+        """Location ids of this source's partitions: computed for the topics it names
+        (their first MAX_PARTITIONS partitions), listed from Kafka for a pattern."""
+        for topic in self._named_topics():
+            if topic not in _SCANNED:
+                for p in range(MAX_PARTITIONS):
+                    partition_location(topic, p)
+                _SCANNED.add(topic)
+        if self.pattern is None:
+            return
+        if self.connector == "spark":
+            raise ConfigError("connector='spark' keeps Kafka by reference for topics= or "
+                              "assign=, not a pattern (no client to list its topics)")  # fmt: skip
         from ftlayer.spark.kafka import client as kc
 
         c = kc.consumer(self._reader_options())
@@ -131,8 +168,23 @@ class KafkaSource:
                 offsets.setdefault(tp[0], {}).setdefault(str(tp[1]), []).append(row[POS_COL])
         if not offsets:
             return None
-        register(spark)
         opts = {k: v for k, v in self._reader_options().items()
-                if k not in ("startingOffsets", "maxOffsetsPerTrigger")}  # fmt: skip
+                if k not in ("startingOffsets", "maxOffsetsPerTrigger", "subscribe",
+                             "subscribePattern", "assign")}  # fmt: skip
+        if self.connector == "spark":
+            return spark.read.format("kafka").options(**opts, **spark_read_options(offsets)).load()
+        register(spark)
         reader = spark.read.format(FORMAT).options(**opts)
         return reader.option("wanted", json.dumps(offsets)).load()
+
+
+def spark_read_options(offsets: Mapping[str, Mapping[str, Sequence[int]]]) -> dict[str, str]:
+    """The options of Spark's Kafka connector's batch read holding the ``offsets`` (topic
+    -> partition -> wanted offsets): those partitions (``assign``), each from its smallest
+    to past its largest wanted offset; an offset that is gone is left out, not an error
+    (``failOnDataLoss``: its record is dead-lettered, named)."""
+    parts = {t: sorted(int(p) for p in ps) for t, ps in offsets.items()}
+    start = {t: {p: min(o) for p, o in ps.items()} for t, ps in offsets.items()}
+    end = {t: {p: max(o) + 1 for p, o in ps.items()} for t, ps in offsets.items()}
+    return {"assign": json.dumps(parts), "startingOffsets": json.dumps(start),
+            "endingOffsets": json.dumps(end), "failOnDataLoss": "false"}  # fmt: skip
