@@ -221,10 +221,10 @@ def test_stream_overhead_kafka_smoke(tmp_path: Path) -> None:
     200 offsets a micro-batch; every run's output checked, the Redis bytes per record
     judged against 16 (a reference a record: no payload)."""
     r = _bench(tmp_path, "benchmarks.stream_overhead", "--source", "kafka", "--pipelines",
-               "df", "--cadences", "200x2,400x2", "--repeat", "1", "--warmup", "0",
+               "df", "--cadences", "200x2", "--repeat", "1", "--warmup", "0",
                "--payload-bytes", "100", "--source-pairs", "1", timeout=900,
                saved_as="stream_overhead_kafka.json")  # fmt: skip
-    assert r["source"] == "kafka" and set(r["cadences"]) == {"200x2", "400x2"}
+    assert r["source"] == "kafka" and set(r["cadences"]) == {"200x2"}
     for name, cad in r["cadences"].items():
         f = cad["df"]
         assert f["plain_micro_batches"] == f["ft_on_micro_batches"] == cad["batches"]
