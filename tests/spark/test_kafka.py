@@ -83,6 +83,21 @@ def test_the_stream_reads_each_offset_once_with_sparks_kafka_columns(
     assert sorted(json.loads(r["value"])["id"] for r in again) == list(range(1000, 1500))
 
 
+def _parse(b: pa.RecordBatch) -> pa.RecordBatch:
+    """Kafka rows -> ``id, key`` (their JSON values)."""
+    rows = [json.loads(v) for v in b.column("value").to_pylist()]
+    return pa.RecordBatch.from_pylist(rows, schema=pa.schema([("id", pa.int64()),
+                                                              ("key", pa.int64())]))
+
+
+class _Sink:
+    def __init__(self, probe: Probe) -> None:
+        self.probe = probe
+
+    def __call__(self, b: pa.RecordBatch) -> None:
+        self.probe.write([{"id": i} for i in b.column("id").to_pylist()])
+
+
 def _failing_once(probe: Probe, tag: str, every: int) -> Any:
     def stage(b: pa.RecordBatch) -> Outcome:
         ids = b.column("id").to_numpy()
@@ -106,25 +121,28 @@ def test_records_failing_before_the_shuffle_replay_by_offset(
     source = KafkaSource(kafka.bootstrap, [topic], startingOffsets="earliest",
                          maxOffsetsPerTrigger=700)  # fmt: skip
 
-    def parse(b: pa.RecordBatch) -> pa.RecordBatch:
-        rows = [json.loads(v) for v in b.column("value").to_pylist()]
-        return pa.RecordBatch.from_pylist(rows, schema=pa.schema([("id", pa.int64()),
-                                                                  ("key", pa.int64())]))
-
-    def sink(b: pa.RecordBatch) -> None:
-        probe.write([{"id": i} for i in b.column("id").to_pylist()])
-
     pipeline = (ft.pipeline(source=0, reads=source, name="kafka-replays",
                             immediate_replays=0)  # failures queue: no retry in the task
-                .map_batches(parse, "id long, key long")
+                .map_batches(_parse, "id long, key long")
                 .map_batches(_failing_once(probe, "s1", 20), "id long, key long")
                 .partition_by(["key"], 3)
-                .sink_batches(sink))  # fmt: skip
-    query = (pipeline.stream(spark).writeStream.foreachBatch(pipeline)
+                .sink_batches(_Sink(probe)))  # fmt: skip
+    held: list[Any] = []
+
+    def each(df: DataFrame, batch_id: int) -> None:
+        pipeline(df, batch_id)
+        for shard in ft.layer.keyspace.shards:  # what a queued replay holds
+            for item in ft.layer.client.lrange(shard.replay(0), 0, -1):
+                frame = ft.layer.persistence.get(int.from_bytes(item[:8], "big"))
+                if frame is not None:
+                    held.append(frame.decode())
+
+    query = (pipeline.stream(spark).writeStream.foreachBatch(each)
              .trigger(availableNow=True).option("checkpointLocation", str(tmp_path / "ck"))
              .start())  # fmt: skip
     query.awaitTermination()
     assert query.exception() is None
+    assert held and all(set(h) == {"__ft_loc", "__ft_pos"} for h in held), held[:3]
     got = Counter(int(x) for x in probe.r.lrange(f"{probe.prefix}:sink", 0, -1))
     assert set(got) == set(range(n)) and max(got.values()) == 1, "lost or duplicated"
     read_back = sum(r.read_back for r in ft.results)
@@ -149,18 +167,10 @@ def test_a_replay_whose_offset_is_gone_is_a_dead_letter_naming_it(
     source = KafkaSource(kafka.bootstrap, [topic], startingOffsets="earliest")
     failing = {i for i in range(n) if i % 50 == 3}
 
-    def parse(b: pa.RecordBatch) -> pa.RecordBatch:
-        rows = [json.loads(v) for v in b.column("value").to_pylist()]
-        return pa.RecordBatch.from_pylist(rows, schema=pa.schema([("id", pa.int64()),
-                                                                  ("key", pa.int64())]))
-
-    def sink(b: pa.RecordBatch) -> None:
-        probe.write([{"id": i} for i in b.column("id").to_pylist()])
-
     pipeline = (ft.pipeline(source=0, reads=source, name="kafka-gone", immediate_replays=0)
-                .map_batches(parse, "id long, key long")
+                .map_batches(_parse, "id long, key long")
                 .map_batches(_failing_once(probe, "s1", 50), "id long, key long")
-                .sink_batches(sink))  # fmt: skip
+                .sink_batches(_Sink(probe)))  # fmt: skip
 
     def each(df: DataFrame, batch_id: int) -> None:
         pipeline(df, batch_id)
