@@ -30,7 +30,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from ftlayer.spark.kafka import client as kc
+import ftlayer.spark.kafka.client as kc
 from ftlayer.spark.kafka.offsets import Offsets, TopicPartition, dump, limited, load, runs
 
 __all__ = ["FORMAT", "KafkaDataSource", "SEEK_GAP"]

@@ -137,11 +137,11 @@ class KafkaSource:
         if self.connector == "spark":
             raise ConfigError("connector='spark' keeps Kafka by reference for topics= or "
                               "assign=, not a pattern (no client to list its topics)")  # fmt: skip
-        from ftlayer.spark.kafka import client as kc
+        from ftlayer.spark.kafka.client import consumer, topic_partitions
 
-        c = kc.consumer(self._reader_options())
+        c = consumer(self._reader_options())
         try:
-            for topic, p in kc.topic_partitions(c, self._reader_options()):
+            for topic, p in topic_partitions(c, self._reader_options()):
                 partition_location(topic, p)
         finally:
             c.close()
