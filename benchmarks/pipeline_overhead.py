@@ -99,7 +99,8 @@ KEYED = ["ft_on_keyed", "ft_on_keyed_failing"]
 PAIRED = [*FT_VARIANTS, *KEYED, "arrow_idcol"]  # each run beside an arrow run of its own
 KEPT = ("wide_events", "ratio_stream_failing_late_vs_arrow", "redis_bytes_per_record",
         "dataframe_stages", "ratio_df_ft_on_vs_dataframe",
-        "ratio_df_ft_on_failing_vs_dataframe", "ratio_df_parquet_vs_plain")
+        "ratio_df_ft_on_failing_vs_dataframe", "ratio_df_ft_on_failing_late_vs_dataframe",
+        "ratio_df_parquet_vs_plain")
 """Figures other runs merged into pipeline_overhead.json (the wide events', the DataFrame
 stages'): a narrow run keeps them."""
 

@@ -26,7 +26,7 @@ from serialization.stored import STORED_DTYPE, STORED_HEADER_SIZE
 __all__ = [
     "ACK_VALUE_LUA", "ENTRY_BYTES", "ENTRY_LUA", "FAIL_HEAD", "FAIL_HEAD_LUA", "ID_LUA",
     "NOFRAME", "PERSIST_DTYPE", "PERSIST_HEAD", "PERSIST_HEAD_LUA", "QUEUE_ENTRY",
-    "QUEUE_ENTRY_LUA", "REASON_CODES", "SEGMENT_FAILED_LUA", "SEGMENT_LUA",
+    "QUEUE_ENTRY_LUA", "REASON_CODES", "SEGMENT_ERROR_LUA", "SEGMENT_FAILED_LUA", "SEGMENT_LUA",
     "SEGMENT_PENDING_LUA", "STORED_HEAD_LUA", "STORED_LEN_LUA", "STORED_QUEUE_LUA",
     "STORED_U16_LUA", "XOR_BYTES", "XOR_LUA", "BatchSummary", "SegmentEntry", "lua_constants",
     "pack_segments",
@@ -117,26 +117,36 @@ SegmentEntry = tuple[str, int, list[tuple[bytes, str, int]], list[tuple[bytes, b
 """(member, rows, failed rows as (unit, error, attempts used), pending rows as (unit, ack
 value), failed attempts its task replayed at once); a unit is a source id then a stored
 record."""
-SEGMENT_LUA = ">Hc0I4I4I4I4"
-"""A segment: its member (u16 length, bytes), rows, failed, pending, replayed at once."""
-SEGMENT_FAILED_LUA = ">I4c0I2Hc0"
-"""Each failed row: its unit (u32 length, bytes), attempts used, its error (u16 length)."""
+SEGMENT_LUA = ">Hc0I4I4I4I4I4"
+"""A segment: its member (u16 length, bytes), rows, failed, pending, replayed at once, and
+how many distinct error texts its failed rows have."""
+SEGMENT_ERROR_LUA = ">Hc0"
+"""Each distinct error text of a segment's failed rows (u16 length), once: rows that fail
+alike (a downstream that is down) send their text once, not once a row."""
+SEGMENT_FAILED_LUA = ">I4c0I2I4"
+"""Each failed row: its unit (u32 length, bytes), attempts used, its error's index among
+the segment's error texts (from 0)."""
 SEGMENT_PENDING_LUA = ">I4c0c8"
 """Each pending row: its unit (u32 length, bytes), its ack value (8 bytes)."""
 _U32, _U16 = struct.Struct(">I"), struct.Struct(">H")
-_SEGMENT_COUNTS, _FAILED_TAIL = struct.Struct(">IIII"), struct.Struct(">HH")
+_SEGMENT_COUNTS, _FAILED_TAIL = struct.Struct(">IIIII"), struct.Struct(">HI")
 
 
 def pack_segments(segments: list[SegmentEntry], max_error: int) -> bytes:
-    """The segments argument of lua/segment_settle.lua (errors cut to ``max_error`` bytes)."""
+    """The segments argument of lua/segment_settle.lua (errors cut to ``max_error`` bytes,
+    each distinct text of a segment sent once)."""
     out: list[bytes] = []
     for member, rows, failed, pending, immediate in segments:
         m = member.encode()
-        counts = _SEGMENT_COUNTS.pack(rows, len(failed), len(pending), immediate)
+        texts: dict[bytes, int] = {}
+        index = [texts.setdefault(err.encode("utf-8", "replace")[:max_error], len(texts))
+                 for _, err, _ in failed]  # fmt: skip
+        counts = _SEGMENT_COUNTS.pack(rows, len(failed), len(pending), immediate, len(texts))
         out.append(_U16.pack(len(m)) + m + counts)
-        for unit, err, attempts in failed:
-            e = err.encode("utf-8", "replace")[:max_error]
-            out += (_U32.pack(len(unit)), unit, _FAILED_TAIL.pack(attempts, len(e)), e)
+        for text in texts:
+            out += (_U16.pack(len(text)), text)
+        for (unit, _, attempts), i in zip(failed, index, strict=True):
+            out += (_U32.pack(len(unit)), unit, _FAILED_TAIL.pack(attempts, i))
         for unit, value in pending:
             out += (_U32.pack(len(unit)), unit, value)
     return b"".join(out)
@@ -161,6 +171,7 @@ def lua_constants() -> list[str]:
         f"local QUEUE_ENTRY = '{QUEUE_ENTRY_LUA}'",
         f"local PERSIST_HEAD = '{PERSIST_HEAD_LUA}'",
         f"local SEGMENT = '{SEGMENT_LUA}'",
+        f"local SEGMENT_ERROR = '{SEGMENT_ERROR_LUA}'",
         f"local SEGMENT_FAILED = '{SEGMENT_FAILED_LUA}'",
         f"local SEGMENT_PENDING = '{SEGMENT_PENDING_LUA}'",
         *_stored_constants(),

@@ -139,12 +139,16 @@ def test_dataframe_overhead_smoke(tmp_path: Path) -> None:
     r = _bench(tmp_path, "benchmarks.dataframe_overhead", "--records", "3000", "--repeat", "1",
                "--warmup", "0", "--payload-bytes", "100", saved_as="dataframe_overhead_100.json",
                timeout=600)  # fmt: skip
-    assert set(r["records_per_s"]) == {"dataframe", "parquet", "df_ft_on",
-                                       "df_ft_on_failing", "df_parquet"}  # fmt: skip
+    assert set(r["records_per_s"]) == {"dataframe", "parquet", "df_ft_on", "df_ft_on_failing",
+                                       "df_ft_on_failing_late", "df_parquet"}  # fmt: skip
     assert all(v > 0 for v in r["records_per_s"].values())
     for k in ("ratio_df_ft_on_vs_dataframe", "ratio_df_ft_on_failing_vs_dataframe",
-              "ratio_df_parquet_vs_plain"):  # fmt: skip
+              "ratio_df_ft_on_failing_late_vs_dataframe", "ratio_df_parquet_vs_plain"):  # fmt: skip
         assert r[k] > 0, k
+    # failing before the shuffle reads its rows back from the files; after it, they enter
+    # at their stage and no file is read again
+    assert r["failing_replays"]["read_back"] > 0 == r["failing_replays"]["entered"]
+    assert r["failing_late_replays"]["entered"] > 0 == r["failing_late_replays"]["read_back"]
     assert r["redis_bytes_per_record"] > 0 and r["records"] == 3000
     assert not {"dataframe_stages", "wide_events", "stale_figure"} & set(r)
     merged = json.loads((tmp_path / "pipeline_overhead.json").read_text())  # where goals are read

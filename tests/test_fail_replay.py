@@ -195,11 +195,15 @@ def test_a_dead_letter_before_a_replay_in_one_bucket_does_not_move_the_replay(
     store.put(0, member, b"segment", token, b"", 7, store.batch_prefix(0, "b1"))
     frames = frames_of_rows(table, np.arange(4), shard=shard, source=0, partition=0,
                             max_replays=3, max_payload=cfg.max_record_bytes)  # fmt: skip
-    fails = [(frames[0], "bad key", 1 | DEAD_NOW), (frames[1], "bad key", 1 | DEAD_NOW),
+    fails = [(frames[0], "bad key", 1 | DEAD_NOW), (frames[1], "no key", 1 | DEAD_NOW),
              (frames[2], "failed once", 1), (frames[3], "failed once", 1)]  # fmt: skip
     tally = store.settle(shard, [(member, 4, fails, [], 0)], [], salt=7)
     assert (tally.segments, tally.completed, tally.replayed, tally.dead_lettered) == (1, 0, 2, 2)
     assert sorted(tally.dead_ids) == sorted(int.from_bytes(f[:8], "big") for f in frames[:2])
+    # each row keeps its own error (a segment sends each distinct text once)
+    errors = {d.source_id: d.history[-1].error for d in layer.persistence.dead_letters()}
+    assert errors == {int.from_bytes(frames[0][:8], "big"): "bad key",
+                      int.from_bytes(frames[1][:8], "big"): "no key"}
     again = store.settle(shard, [(member, 4, fails, [], 0)], [], salt=7)
     assert again.skipped == 1 and again.skipped_members == [member] and not again.dead_ids
     claimed = layer.claim_replays(0, 10)

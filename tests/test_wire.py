@@ -76,10 +76,14 @@ TWINS = {  # the name a script knows a layout by -> (its Python twin's width per
     "PERSIST_HEAD": [wire.PERSIST_HEAD.size],
     "FAIL_HEAD": [wire.FAIL_HEAD.size],
     "QUEUE_ENTRY": [wire.QUEUE_ENTRY.itemsize],
-    # what pack_segments writes: a member, then per failed row a unit and its error, per
-    # pending row a unit; the fixed runs' widths are its bytes less those strings'
+    # what pack_segments writes: a member, then each distinct error text once, per failed
+    # row a unit and its text's index, per pending row a unit; the fixed runs' widths are
+    # its bytes less those strings'
     "SEGMENT": [HEAD],
-    "SEGMENT_FAILED": [segment_bytes([(UNIT, ERR, 1)], []) - HEAD - 1 - len(UNIT) - len(ERR)],
+    "SEGMENT_ERROR": [segment_bytes([(UNIT, ERR, 1), (UNIT, ERR.upper(), 1)], [])
+                      - segment_bytes([(UNIT, ERR, 1), (UNIT, ERR, 1)], []) - len(ERR)],
+    "SEGMENT_FAILED": [segment_bytes([(UNIT, ERR, 1), (UNIT, ERR, 1)], [])
+                       - segment_bytes([(UNIT, ERR, 1)], []) - len(UNIT)],
     "SEGMENT_PENDING": [segment_bytes([], [(UNIT, b"v" * 8)]) - HEAD - 1 - len(UNIT)],
     "STORED_HEAD_FIELDS": [span(STORED_DTYPE, "payload_len", "max_replays")],
     "STORED_LEN": [STORED_DTYPE["payload_len"].itemsize],
@@ -87,8 +91,8 @@ TWINS = {  # the name a script knows a layout by -> (its Python twin's width per
     "STORED_U16": [STORED_DTYPE["source"].itemsize, STORED_DTYPE["max_replays"].itemsize],
 }
 """A twin with several widths: a layout read at more than one place (each the same width)."""
-VARIABLE = {"SEGMENT": 1, "SEGMENT_FAILED": 2, "SEGMENT_PENDING": 1}
-"""Variable-length fields (c0) of a layout: its member; a row's unit and error; its unit."""
+VARIABLE = {"SEGMENT": 1, "SEGMENT_ERROR": 1, "SEGMENT_FAILED": 1, "SEGMENT_PENDING": 1}
+"""Variable-length fields (c0) of a layout: its member; a text; a row's unit; its unit."""
 
 
 def handed_to_lua() -> dict[str, str]:

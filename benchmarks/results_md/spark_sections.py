@@ -85,6 +85,7 @@ def render_pipeline(page: Page) -> None:
 MERGED_TOP = {
     "ratio_df_ft_on_vs_dataframe": "dataframe_stages",
     "ratio_df_ft_on_failing_vs_dataframe": "dataframe_stages",
+    "ratio_df_ft_on_failing_late_vs_dataframe": "dataframe_stages",
     "ratio_df_parquet_vs_plain": "dataframe_stages",
     "ratio_stream_failing_late_vs_arrow": "wide_events",
     "redis_bytes_per_record": "wide_events",
@@ -174,7 +175,7 @@ def render_wide(page: Page) -> None:
 
 
 DATAFRAME_PAIRS = {"df_ft_on": "dataframe", "df_ft_on_failing": "dataframe",
-                   "df_parquet": "parquet"}  # fmt: skip
+                   "df_ft_on_failing_late": "dataframe", "df_parquet": "parquet"}  # fmt: skip
 SINK_CASES = ("append", "merge", "merge_10x")
 
 

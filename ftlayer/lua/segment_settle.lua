@@ -5,9 +5,11 @@
 -- idempotency token of this work, so a retried call is a no-op for it.
 -- ARGV: interval_ms, buckets, max_replays, reason ('explicit'|'timeout'), run salt,
 --       segments: repeated [member_len u16][member][rows u32][failed u32][pending u32]
---                          [immediate u32: failed attempts its task replayed at once],
---         then each failed row  [len u32][source id 8][stored][attempts u16][err_len u16][err]
---              -> replay queue (or dead letters past the budget),
+--                          [immediate u32: failed attempts its task replayed at once]
+--                          [errors u32: distinct error texts of its failed rows],
+--         then each error text once [err_len u16][err],
+--         then each failed row  [len u32][source id 8][stored][attempts u16][error u32:
+--              its text's index, from 0] -> replay queue (or dead letters past the budget),
 --         then each pending row [len u32][source id 8][stored][value 8]
 --         (len counts the id and the stored record, serialization/stored.py)
 --              -> pending with a live timeout, value as its ack value,
@@ -36,13 +38,16 @@ local done = {0, 0, 0, 0, 0, 0}
 local skipped = {}
 local segs, pos = ARGV[6], 1
 while pos <= #segs do
-  local member, rows, nf, np, immediate
-  member, rows, nf, np, immediate, pos = sunpack(SEGMENT, segs, pos)
-  local failed, pending = {}, {}
+  local member, rows, nf, np, immediate, ne
+  member, rows, nf, np, immediate, ne, pos = sunpack(SEGMENT, segs, pos)
+  local errors, failed, pending = {}, {}, {}
+  for i = 1, ne do
+    errors[i], pos = sunpack(SEGMENT_ERROR, segs, pos)
+  end
   for i = 1, nf do
-    local frame, attempts, err
-    frame, attempts, err, pos = sunpack(SEGMENT_FAILED, segs, pos)
-    failed[i] = {frame, err, attempts}
+    local frame, attempts, e
+    frame, attempts, e, pos = sunpack(SEGMENT_FAILED, segs, pos)
+    failed[i] = {frame, errors[e + 1], attempts}
   end
   for i = 1, np do
     local frame, value

@@ -112,14 +112,34 @@ class RowSink:
 
 
 def main() -> None:
+    """Argv: one argument a run, ``"url ns [keyed]"`` or ``"kafka url ns bootstrap topic"``
+    (connect_kafka_job.py) -- in turn on one Connect server (started once: its JVM
+    start is most of a run's time), one RESULT line each."""
+    import connect_kafka_job  # this script's directory is on sys.path
+    from pyspark import cloudpickle
     from pyspark.sql import SparkSession
 
-    url, ns = sys.argv[1], sys.argv[2]
-    record_key = "id" if sys.argv[3:] == ["keyed"] else None  # no __ft_src column
+    # its classes go to the server's Python processes by value, as this script's do (no
+    # such module there)
+    cloudpickle.register_pickle_by_value(connect_kafka_job)
+
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     # local[2,4]: Spark retries a failed task up to 4 times (local[2] fails the job)
     spark = (SparkSession.builder.remote("local[2,4]")
              .config("spark.sql.shuffle.partitions", "4").getOrCreate())  # fmt: skip
+    for spec in sys.argv[1:]:
+        words = spec.split()
+        if words[0] == "kafka":
+            out = connect_kafka_job.run(spark, *words[1:5])
+        else:
+            out = run(spark, words[0], words[1], words[2:] == ["keyed"])
+        print("RESULT " + json.dumps(out), flush=True)
+    spark.stop()
+
+
+def run(spark: Any, url: str, ns: str, keyed: bool) -> dict[str, Any]:
+    """One run: on the Redis at ``url``; ``keyed``: ``record_key="id"``, no __ft_src."""
+    record_key = "id" if keyed else None
     out: dict[str, Any] = {"connect": type(spark).__module__}
     ft = FaultTolerance(FTConfig(namespace=ns, redis_url=url, timeout_s=2, max_replays=3))
     tmp = tempfile.mkdtemp()
@@ -174,8 +194,7 @@ def main() -> None:
                failed_explicit=st.failed_explicit, failed_timeout=st.failed_timeout,
                sink=sink, crashed=bool(connect(url).get(f"{ns}:raised:crashed")))  # fmt: skip
     ft.close()
-    spark.stop()
-    print("RESULT " + json.dumps(out))
+    return out
 
 
 if __name__ == "__main__":

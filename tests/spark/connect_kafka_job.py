@@ -1,6 +1,5 @@
-"""Kafka kept by reference under Spark Connect, run as its own process by test_connect.py.
-
-    python connect_kafka_job.py <redis_url> <namespace> <bootstrap> <topic>
+"""Kafka kept by reference under Spark Connect: a run of connect_job.py (one Connect
+server for every run of test_connect.py).
 
 The topic holds 800 JSON events (``id``, ``key``) in 4 partitions. A pipeline over
 ``KafkaSource`` (ftlayer's Kafka source registered through the Connect session) parses
@@ -12,9 +11,6 @@ one JSON object: the ids written, the replays read back, what is pending.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import tempfile
 from typing import Any
 
@@ -45,14 +41,10 @@ class FailOnce:
                        errors="first attempt fails")  # fmt: skip
 
 
-def main() -> None:
-    from pyspark.sql import SparkSession
+def run(spark: Any, url: str, ns: str, bootstrap: str, topic: str) -> dict[str, Any]:
+    """The run on the Connect session ``spark``: its RESULT."""
     from pyspark.sql import functions as F  # noqa: N812
 
-    url, ns, bootstrap, topic = sys.argv[1:5]
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.remote("local[2,4]")
-             .config("spark.sql.shuffle.partitions", "4").getOrCreate())  # fmt: skip
     out: dict[str, Any] = {"connect": type(spark).__module__}
     ft = FaultTolerance(FTConfig(namespace=ns, redis_url=url, timeout_s=2, max_replays=2))
     events = KafkaSource(bootstrap, [topic], startingOffsets="earliest",
@@ -79,10 +71,5 @@ def main() -> None:
     out.update(read_back=sum(b.get("read_back", 0) for b in batches),
                written=[r["id"] for r in spark.read.parquet(dest).select("id").collect()],
                pending=ft.layer.stats().pending)  # type: ignore[union-attr]  # fmt: skip
-    print("RESULT " + json.dumps(out), flush=True)
     ft.close()
-    spark.stop()
-
-
-if __name__ == "__main__":
-    main()
+    return out

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,24 +27,50 @@ from ftlayer.connection import connect
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("spark-connect")]
 
 
-@pytest.mark.parametrize("backend", ["single", "cluster", "keyed"])
+BACKENDS = ("single", "cluster", "keyed")
+
+
+@pytest.fixture(scope="module")
+def connect_runs(request: pytest.FixtureRequest,
+                 kafka: Any) -> Iterator[dict[str, tuple[str, str, Any]]]:  # fmt: skip
+    """connect_job.py's run on each backend and the Kafka run (connect_kafka_job.py), all
+    on one Connect server (its start is most of a run's time): run -> (Redis URL,
+    namespace, RESULT)."""
+    specs, args = {}, []
+    for backend in BACKENDS:
+        fixture = "redis_cluster" if backend == "cluster" else "redis_server"
+        url = request.getfixturevalue(fixture).url
+        specs[backend] = (url, f"connect{uuid.uuid4().hex[:8]}")
+        args.append(f"{url} {specs[backend][1]}{' keyed' if backend == 'keyed' else ''}")
+    topic = f"cev-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 4)
+    kafka.produce(topic, ((None, json.dumps({"id": i, "key": i % 13}).encode())
+                          for i in range(800)), partition_of=lambda i: i % 4)  # fmt: skip
+    url = request.getfixturevalue("redis_server").url
+    specs["kafka"] = (url, f"connectkafka{uuid.uuid4().hex[:8]}")
+    args.append(f"kafka {url} {specs['kafka'][1]} {kafka.bootstrap} {topic}")
+    job = Path(__file__).with_name("connect_job.py")
+    proc = subprocess.run([sys.executable, str(job), *args], capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert proc.returncode == 0 and len(lines) == len(specs), proc.stderr[-4000:]
+    results = [json.loads(x[len("RESULT ") :]) for x in lines]
+    yield {b: (*specs[b], out) for b, out in zip(specs, results, strict=True)}
+    for url, ns in specs.values():
+        r = connect(url)
+        for key in r.scan_iter(match=f"*{ns}*"):
+            r.delete(key)
+        r.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_every_failure_kind_under_spark_connect(
-    backend: str, request: pytest.FixtureRequest
+    backend: str, connect_runs: dict[str, tuple[str, str, Any]]
 ) -> None:
     """On one Redis and on the 3-master cluster (keys of one script call in one slot, the
     settle and claim calls per shard), and (keyed) with ``record_key="id"``: failures past
     the shuffle found by their key."""
-    fixture = "redis_cluster" if backend == "cluster" else "redis_server"
-    url = request.getfixturevalue(fixture).url
-    ns = f"connect{uuid.uuid4().hex[:8]}"
-    job = Path(__file__).with_name("connect_job.py")
-    proc = subprocess.run(
-        [sys.executable, str(job), url, ns, *(["keyed"] if backend == "keyed" else [])],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    out = json.loads(lines[-1][len("RESULT ") :])
+    url, ns, out = connect_runs[backend]
     r = connect(url)
     try:
         assert out["connect"].startswith("pyspark.sql.connect"), out["connect"]
@@ -70,8 +97,6 @@ def test_every_failure_kind_under_spark_connect(
         assert out["drained"] and out["pending"] == 0 and out["dead_letters"] == 0
         assert not list(r.scan_iter(match=f"ft:{{{ns}:*:seg:*"))
     finally:
-        for key in r.scan_iter(match=f"*{ns}*"):
-            r.delete(key)
         r.close()
 
 
@@ -107,24 +132,15 @@ def test_dataframe_stages_under_spark_connect(redis_server: Any) -> None:
     assert copies["dead"] == never and copies["segments"] == 0
 
 
-def test_kafka_kept_by_reference_under_spark_connect(redis_server: Any, kafka: Any) -> None:
+def test_kafka_kept_by_reference_under_spark_connect(
+    connect_runs: dict[str, tuple[str, str, Any]]
+) -> None:
     """A KafkaSource pipeline under Spark Connect: ftlayer's Kafka source registered
     through the Connect session, rows failing once in a Python stage replayed by reading
     their offsets back (in the server's Python process), each record written once, nothing
     pending. Catches: a data source registered the classic way only, references read back
     through the JVM, replays that never run under Connect."""
-    import uuid as _uuid
-
-    ns, topic = f"connectkafka{_uuid.uuid4().hex[:8]}", f"cev-{_uuid.uuid4().hex[:8]}"
-    kafka.create_topic(topic, 4)
-    kafka.produce(topic, ((None, json.dumps({"id": i, "key": i % 13}).encode())
-                          for i in range(800)), partition_of=lambda i: i % 4)  # fmt: skip
-    job = Path(__file__).with_name("connect_kafka_job.py")
-    proc = subprocess.run([sys.executable, str(job), redis_server.url, ns, kafka.bootstrap,
-                           topic], capture_output=True, text=True, timeout=600)  # fmt: skip
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    out = json.loads(lines[-1][len("RESULT ") :])
+    out = connect_runs["kafka"][2]
     assert out["connect"].startswith("pyspark.sql.connect"), out["connect"]
     assert out["stream_exception"] is None, out["stream_exception"]
     written = Counter(out["written"])

@@ -38,9 +38,16 @@ HOLDS = [("b0", "s1", 1), ("b1", "s1", 1), ("b1", "s2", 2)]  # (batch, stage, pa
 HOLD_CAP_S = 20  # a held attempt gives up after this long (then the tests fail)
 
 
+@pytest.fixture(scope="module")
+def spark_cluster() -> Iterator[StandaloneCluster]:
+    """One standalone cluster for both runs (each its own application on it)."""
+    with StandaloneCluster(workers=2, cores=1) as cluster:
+        yield cluster
+
+
 @pytest.fixture(scope="module", params=["single", "cluster"])
 def run(
-    request: pytest.FixtureRequest, redis_server: EmbeddedRedis
+    request: pytest.FixtureRequest, redis_server: EmbeddedRedis, spark_cluster: StandaloneCluster
 ) -> Iterator[dict[str, Any]]:
     """The job's RESULT, with its records indexed (see speculation_job.py): its FT layer on
     one Redis, or on the 3-master Redis Cluster (the job's own records stay on the one)."""
@@ -50,16 +57,16 @@ def run(
     ft_url = (redis_server.url if request.param == "single"
               else request.getfixturevalue("redis_cluster").url)  # fmt: skip
     try:
-        with StandaloneCluster(workers=2, cores=1) as cluster:
-            proc = subprocess.run(
-                [sys.executable, str(job), cluster.url, redis_server.url, ns, str(HOLD_CAP_S),
-                 ft_url],
-                capture_output=True, text=True, timeout=300, env=cluster.env(),
-            )  # fmt: skip
-            lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-            if proc.returncode != 0 or not lines:
-                pytest.fail(f"job failed ({proc.returncode}):\n{proc.stderr[-6000:]}\n"
-                            + cluster.log_tails())  # fmt: skip
+        cluster = spark_cluster
+        proc = subprocess.run(
+            [sys.executable, str(job), cluster.url, redis_server.url, ns, str(HOLD_CAP_S),
+             ft_url],
+            capture_output=True, text=True, timeout=300, env=cluster.env(),
+        )  # fmt: skip
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+        if proc.returncode != 0 or not lines:
+            pytest.fail(f"job failed ({proc.returncode}):\n{proc.stderr[-6000:]}\n"
+                        + cluster.log_tails())  # fmt: skip
         out: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
         out["status"] = {t["tid"]: t for t in out["tasks"]}
         out["batch"] = {res["batch_id"]: res for res in out["results"]}
