@@ -134,49 +134,44 @@ def test_demo_postgres_sink_without_a_server_says_so() -> None:
 
 
 @pytest.mark.slow
-def test_demo_reads_like_a_report_and_shows_logs_only_when_asked() -> None:
-    """Catches: Spark's JVM noise, progress bar or INFO lines in the default output (it
-    was a wall of log lines), a report without its table or verdict (-v that shows
-    nothing more: test_demo_json_loses_nothing)."""
-    small = ["demo", "--records", "1500", "--batches", "2", "--timeout-s", "1.5"]
-    out = _run([*CLI, *small])
-    assert out.returncode == 0, out.stderr[-3000:]
-    text = out.stdout + out.stderr
-    for noise in ("INFO", "WARN", "log4j", "[Stage", "Traceback", "NativeCodeLoader"):
-        assert noise not in text, (noise, text[-3000:])
-    assert "ftlayer demo report" in out.stdout and "lost" in out.stdout
-    assert re.search(r"^OK: 1,500 records, 0 lost, \d+ replayed, 0 dead-lettered, \d+ crashed "
-                     r"tasks? recovered \([\d.]+ s\)$", out.stdout, re.M), out.stdout  # fmt: skip
-    assert re.search(r"^micro-batch 2/2: 1,500 records in", out.stdout, re.M), out.stdout
-    assert re.search(r"^draining: \d+ pending$", out.stdout, re.M), out.stdout
-
-
-@pytest.mark.slow
-def test_demo_serve_keeps_the_status_page_up_until_interrupted() -> None:
-    """Catches: --serve that tears the sidecar down with the report (nothing to look at),
-    a page that does not show the demo's records, and Ctrl-C that does not end it."""
+def test_demo_reads_like_a_report_and_serve_keeps_the_status_page_up() -> None:
+    """The default output is a report: its table, its progress lines and its verdict, and
+    none of Spark's JVM noise, progress bar or INFO lines (it was a wall of log lines;
+    -v shows them: test_demo_json_loses_nothing). With --serve the report comes first,
+    then the sidecar's status page stays up, showing the demo's records, until Ctrl-C.
+    Catches: --serve that tears the sidecar down with the report (nothing to look at), a
+    page that does not show the demo's records, and Ctrl-C that does not end it."""
     import signal
     import urllib.request
 
-    cmd = [*CLI, "demo", "--records", "800", "--batches", "1", "--serve"]
+    cmd = [*CLI, "demo", "--records", "1000", "--batches", "2", "--timeout-s", "1.5",
+           "--serve"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # fmt: skip
     try:
-        assert proc.stdout is not None
-        page, verdict = None, None
+        assert proc.stdout is not None and proc.stderr is not None
+        page, lines = None, []
         for line in proc.stdout:
+            lines.append(line)
             if m := re.search(r"status page: (http://\S+)", line):
                 page = m.group(1)
-            verdict = verdict or (line if line.startswith("OK: 800 records") else None)
             if "stays up" in line:
                 break
+        report = "".join(lines)
         assert page, "no status page URL printed"
-        assert verdict, "the report comes before the wait, not after Ctrl-C"
+        assert "ftlayer demo report" in report and "lost" in report, report
+        assert re.search(r"^OK: 1,000 records, 0 lost, \d+ replayed, 0 dead-lettered, \d+ "
+                         r"crashed tasks? recovered \([\d.]+ s\)$", report, re.M), report
+        assert re.search(r"^micro-batch 2/2: 1,000 records in", report, re.M), report
+        assert re.search(r"^draining: \d+ pending$", report, re.M), report
         with urllib.request.urlopen(page + "api/status", timeout=10) as reply:
             status = json.load(reply)
-        assert status["totals"]["completed"] == 800 and status["totals"]["pending"] == 0
+        assert status["totals"]["completed"] == 1000 and status["totals"]["pending"] == 0
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
+        text = report + proc.stdout.read() + proc.stderr.read()
+        for noise in ("INFO", "WARN", "log4j", "[Stage", "Traceback", "NativeCodeLoader"):
+            assert noise not in text, (noise, text[-3000:])
     finally:
         if proc.poll() is None:  # and its Redis, sidecar and JVM: none outlives a failure
             os.killpg(proc.pid, signal.SIGKILL)

@@ -75,3 +75,40 @@ def test_the_package_docstring_points_at_the_map() -> None:
     doc = ftlayer.__doc__ or ""
     assert "docs/architecture.md" in doc
     assert not re.search(r"``[\w/]+\.(?:py|lua)``", doc), "a second module map in ftlayer/__init__"
+
+
+LONGEST_CLASS, LONGEST_FUNCTION = 250, 60
+"""The batch engine's size limits (ftlayer/spark/: one module a phase, short parts)."""
+
+
+def too_long(root: Path) -> list[str]:
+    """Classes over LONGEST_CLASS lines and functions over LONGEST_FUNCTION (docstrings
+    and comments included) under ``root``, as ``file:line name: lines``."""
+    import ast
+
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                limit = LONGEST_CLASS
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                limit = LONGEST_FUNCTION
+            else:
+                continue
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1
+            if lines > limit:
+                out.append(f"{path.relative_to(root).as_posix()}:{node.lineno} {node.name}: "
+                           f"{lines}")  # fmt: skip
+    return out
+
+
+def test_the_spark_engine_has_no_long_class_or_function() -> None:
+    """Catches: a phase growing back into one long class or function."""
+    found = too_long(ROOT / "ftlayer" / "spark")
+    assert not found, found
+
+
+def test_the_length_check_finds_a_long_function(tmp_path: Path) -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(LONGEST_FUNCTION))
+    (tmp_path / "m.py").write_text(f"def f():\n{body}\n\n\ndef g():\n    pass\n")
+    assert too_long(tmp_path) == [f"m.py:1 f: {LONGEST_FUNCTION + 1}"]

@@ -141,15 +141,7 @@ class Observations:
                 "ftlayer cannot know what it wrote: write it with df.write (or collect, "
                 "toArrow, count); df.foreach/foreachPartition and df.rdd do not report "
                 "to Spark's observations")  # fmt: skip
-        ran: list[int] = []
-        before_first = 0  # replays the first observation counted (they entered before it)
-        first_segment = self.segment_of.get(self.observed[0][0], len(run.plan.segments))
-        seen = [(e, watched.metrics()) for e, watched in self.replays_seen]
-        for entry, ids in [*((e, [int(x) & U64 for x in (got.get("ids") or "").split(",") if x])
-                             for e, got in seen if got is not None),
-                           *self.entered.items()]:  # fmt: skip
-            ran += ids
-            before_first += len(ids) if entry <= first_segment else 0
+        ran, before_first = self._ran(run)
         r = run.result
         r.replayed = len(ran)
         fresh: dict[tuple[int | None, int], Failure] = {}
@@ -190,6 +182,21 @@ class Observations:
             if n > 1:  # lose the others; the record replays from its source
                 fresh[ident] = fresh[ident]._replace(kept=None)
         return self._residues(run, set(ran), fresh, replays, copies)
+
+    def _ran(self, run: BatchRun) -> tuple[list[int], int]:
+        """The source ids of the replays the job ran (read from their source, or entered
+        at their stage), and how many of them the first observation counted (they
+        entered before it)."""
+        ran: list[int] = []
+        before_first = 0
+        first_segment = self.segment_of.get(self.observed[0][0], len(run.plan.segments))
+        seen = [(e, watched.metrics()) for e, watched in self.replays_seen]
+        for entry, ids in [*((e, [int(x) & U64 for x in (got.get("ids") or "").split(",") if x])
+                             for e, got in seen if got is not None),
+                           *self.entered.items()]:  # fmt: skip
+            ran += ids
+            before_first += len(ids) if entry <= first_segment else 0
+        return ran, before_first
 
     def fail_everything(self, run: BatchRun, text: str, copies: bool) -> Residues:
         """The sink raised: every record of the batch fails with its error (the source's

@@ -152,27 +152,12 @@ def read_range(client: Any, tp: TopicPartition, first: int, until: int,
     KafkaReadError when ``fail_on_data_loss`` (a stream's range: records ftlayer never
     saw), not for ``wanted`` reads (a replay whose record is gone: its caller dead-letters
     it, naming it)."""
-    from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka import TopicPartition as TP  # noqa: N817
 
-    _GONE = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,  # noqa: N806
-             KafkaError._UNKNOWN_TOPIC}  # fmt: skip
-    try:
-        low, high = watermarks(client, [tp])[tp]
-    except KafkaException as e:
-        if wanted is None or e.args[0].code() not in _GONE:
-            raise
-        log.error("Kafka %s-%d is gone (%s): its replays' records are not there", *tp, e)
+    span = _readable(client, tp, first, until, wanted is None, fail_on_data_loss)
+    if span is None:
         return
-    if first < low and wanted is None:
-        text = (f"Kafka {tp[0]}-{tp[1]}: offsets {first}..{min(low, until) - 1} are gone "
-                "(retention or compaction) before they were read")  # fmt: skip
-        if fail_on_data_loss:
-            raise KafkaReadError(text + "; set failOnDataLoss=false to go on without them")
-        log.warning("%s: skipped (failOnDataLoss=false)", text)
-    start, until = max(first, low), min(until, high)
-    if start >= until:
-        return
+    start, until = span
     keep = None if wanted is None else set(wanted)
     client.assign([TP(tp[0], tp[1], start)])
     cols: dict[str, list[Any]] = {f: [] for f in ("key", "value", "offset", "ts", "tst", "h")}
@@ -186,32 +171,67 @@ def read_range(client: Any, tp: TopicPartition, first: int, until: int,
                                      f"for {STALL_S:.0f}s (range ends at {until})")  # fmt: skip
             continue
         stalled = time.monotonic()
-        for m in msgs:
-            err = m.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    nxt = until  # the rest of the range is gone
-                    break
-                raise KafkaReadError(f"Kafka {tp[0]}-{tp[1]} at offset {nxt}: {err}")
-            off = m.offset()
-            if off >= until:
-                nxt = until
-                break
-            nxt = off + 1
-            if keep is not None and off not in keep:
-                continue
-            ts_type, ts = m.timestamp()
-            cols["key"].append(m.key())
-            cols["value"].append(m.value())
-            cols["offset"].append(off)
-            cols["ts"].append(ts * 1000 if ts >= 0 else None)
-            cols["tst"].append(ts_type - 1 if ts_type > 0 else None)
-            if headers:
-                cols["h"].append([{"key": k, "value": v} for k, v in (m.headers() or [])])
+        nxt = _take(msgs, tp, nxt, until, keep, cols, headers)
         if len(cols["offset"]) >= BATCH_ROWS:
             yield _batch(tp, cols, headers)
     if cols["offset"]:
         yield _batch(tp, cols, headers)
+
+
+def _readable(client: Any, tp: TopicPartition, first: int, until: int, stream: bool,
+              fail_on_data_loss: bool) -> tuple[int, int] | None:  # fmt: skip
+    """The part of ``first..until`` that ``tp`` still holds, as (start, end); None:
+    nothing, or (a replay's read, not a ``stream``'s) the topic is gone. A stream's
+    range starting below the low watermark raises KafkaReadError when
+    ``fail_on_data_loss``."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    gone = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
+            KafkaError._UNKNOWN_TOPIC}  # fmt: skip
+    try:
+        low, high = watermarks(client, [tp])[tp]
+    except KafkaException as e:
+        if stream or e.args[0].code() not in gone:
+            raise
+        log.error("Kafka %s-%d is gone (%s): its replays' records are not there", *tp, e)
+        return None
+    if first < low and stream:
+        text = (f"Kafka {tp[0]}-{tp[1]}: offsets {first}..{min(low, until) - 1} are gone "
+                "(retention or compaction) before they were read")  # fmt: skip
+        if fail_on_data_loss:
+            raise KafkaReadError(text + "; set failOnDataLoss=false to go on without them")
+        log.warning("%s: skipped (failOnDataLoss=false)", text)
+    start, end = max(first, low), min(until, high)
+    return (start, end) if start < end else None
+
+
+def _take(msgs: list[Any], tp: TopicPartition, nxt: int, until: int, keep: set[int] | None,
+          cols: dict[str, list[Any]], headers: bool) -> int:  # fmt: skip
+    """Append the records of ``msgs`` (those in ``keep``, when given) to ``cols``; the next
+    offset to read (``until``: the range is done, or the rest of it is gone)."""
+    from confluent_kafka import KafkaError
+
+    for m in msgs:
+        err = m.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                return until  # the rest of the range is gone
+            raise KafkaReadError(f"Kafka {tp[0]}-{tp[1]} at offset {nxt}: {err}")
+        off = m.offset()
+        if off >= until:
+            return until
+        nxt = off + 1
+        if keep is not None and off not in keep:
+            continue
+        ts_type, ts = m.timestamp()
+        cols["key"].append(m.key())
+        cols["value"].append(m.value())
+        cols["offset"].append(off)
+        cols["ts"].append(ts * 1000 if ts >= 0 else None)
+        cols["tst"].append(ts_type - 1 if ts_type > 0 else None)
+        if headers:
+            cols["h"].append([{"key": k, "value": v} for k, v in (m.headers() or [])])
+    return nxt
 
 
 def _batch(tp: TopicPartition, cols: dict[str, list[Any]], headers: bool) -> pa.RecordBatch:
