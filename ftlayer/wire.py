@@ -138,13 +138,13 @@ def pack_segments(segments: list[SegmentEntry], max_error: int) -> bytes:
     out: list[bytes] = []
     for member, rows, failed, pending, immediate in segments:
         m = member.encode()
-        texts: dict[bytes, int] = {}
-        index = [texts.setdefault(err.encode("utf-8", "replace")[:max_error], len(texts))
-                 for _, err, _ in failed]  # fmt: skip
+        texts: dict[str, int] = {}  # each distinct text encoded once, not once a row
+        index = [texts.setdefault(err, len(texts)) for _, err, _ in failed]
         counts = _SEGMENT_COUNTS.pack(rows, len(failed), len(pending), immediate, len(texts))
         out.append(_U16.pack(len(m)) + m + counts)
         for text in texts:
-            out += (_U16.pack(len(text)), text)
+            e = text.encode("utf-8", "replace")[:max_error]
+            out += (_U16.pack(len(e)), e)
         for (unit, _, attempts), i in zip(failed, index, strict=True):
             out += (_U32.pack(len(unit)), unit, _FAILED_TAIL.pack(attempts, i))
         for unit, value in pending:
