@@ -1,0 +1,61 @@
+"""A batch that ``query.stop()`` interrupts, told to Spark in a few words.
+
+When ``query.stop()`` lands while ``foreachBatch`` waits in a JVM call (a Spark job, a
+write), py4j raises ``Py4JJavaError`` for the stream thread's ``InterruptedException``,
+and its text carries the whole Java stack trace (about 10 KB). Spark tells its own stop
+from a failure by matching that text against ``StreamExecution.PROXY_ERROR``, a pattern
+with ``(.|\\r\\n|\\r|\\n)*`` that Java's matcher walks by recursing once per character: on
+10 KB it overflows the stream thread's stack, and the thread dies on a
+``StackOverflowError`` (about 75 KB of trace on stderr) instead of stopping quietly. Plain
+PySpark ``foreachBatch`` does the same on Spark 4.
+
+:func:`stop_text` finds that case; the pipeline then raises :class:`BatchInterruptedError`,
+whose message ends with the same call and exception name in under a hundred characters,
+so Spark's pattern matches it at once and the query stops as a stop.
+
+Invariant: nothing is settled for an interrupted batch. Its records stay pending, time
+out and replay (never acked, never dropped).
+"""
+
+from __future__ import annotations
+
+from ftlayer.errors import FTLayerError
+
+# the exceptions StreamExecution.isInterruptionException counts as its own stop
+INTERRUPTIONS = frozenset({
+    "java.lang.InterruptedException",
+    "java.io.InterruptedIOException",
+    "java.nio.channels.ClosedByInterruptException",
+})
+
+
+class BatchInterruptedError(FTLayerError):
+    """``query.stop()`` interrupted this micro-batch; its records replay after the
+    timeout. The message ends with the py4j call and the Java exception name, the text
+    Spark recognises as its stop."""
+
+    def __init__(self, batch_id: object, text: str) -> None:
+        super().__init__(f"micro-batch {batch_id} stopped mid-way by the query's stop; its "
+                         f"records stay pending and replay after the timeout: {text}")  # fmt: skip
+
+
+def stop_text(exc: BaseException, depth: int = 8) -> str | None:
+    """``"py4j.protocol.Py4JJavaError: An error occurred while calling oN.m:
+    java.lang.InterruptedException"`` when ``exc`` is a py4j error whose Java exception,
+    or one of its first ``depth`` causes, is an interruption; else None (also when the
+    JVM cannot be asked: the original error is then raised as it is)."""
+    java = getattr(exc, "java_exception", None)
+    call = getattr(exc, "errmsg", None)
+    if java is None or not isinstance(call, str):
+        return None
+    try:
+        for _ in range(depth):
+            if java is None:
+                return None
+            name = str(java.getClass().getName())
+            if name in INTERRUPTIONS:
+                return f"py4j.protocol.Py4JJavaError: {call.strip().rstrip('.')}: {name}"
+            java = java.getCause()
+    except Exception:  # noqa: BLE001 -- a JVM that cannot answer: keep the original error
+        return None
+    return None
