@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 import xxhash
 
+from ftlayer.spark import jvm_args
 from ftlayer.spark.plan import Segment
 
 if TYPE_CHECKING:
@@ -98,16 +99,19 @@ def plan_entries(segments: tuple[Segment, ...], inputs: tuple[pa.Schema, ...], f
 
 def walk(entries: tuple[Entry, ...], segments: tuple[Segment, ...], out: DataFrame,
          run_segment: Callable[[int, DataFrame], DataFrame],
-         enter: Callable[[Entry, DataFrame], DataFrame] | None = None) -> DataFrame:  # fmt: skip
+         enter: Callable[[Entry, DataFrame], DataFrame] | None = None,
+         cache: dict[Any, Any] | None = None) -> DataFrame:  # fmt: skip
     """``out`` -- segment 0's input, the source's rows (fresh and replayed) -- through
     every segment: before segment ``k > 0`` the rows entering there (``enter``; None:
-    none), then the shuffle that feeds it, then the segment (``run_segment(k, df)``)."""
+    none), then the shuffle that feeds it, then the segment (``run_segment(k, df)``).
+    ``cache``: the query's, where the shuffles' JVM arguments are kept (jvm_args)."""
     for entry in entries:
         k = entry.segment
         if k:
             if enter is not None:
                 out = enter(entry, out)
             prev = segments[k - 1]
-            out = out.repartition(prev.shuffle_n, *prev.shuffle_cols)
+            out = (out.repartition(prev.shuffle_n, *prev.shuffle_cols) if cache is None else
+                   jvm_args.repartition(out, prev.shuffle_n, prev.shuffle_cols, cache))
         out = run_segment(k, out)
     return out

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ftlayer.errors import ConfigError, FTLayerError
 from ftlayer.limits import DEAD_NOW
+from ftlayer.spark import jvm_args
 from ftlayer.spark.frame_entries import FULL_SHARE, Kept, kept_column, kept_rows, share_after
 from ftlayer.spark.frame_tasks import FAILED_COL
 from ftlayer.spark.identity import U64, is_replay
@@ -80,7 +81,7 @@ class Observations:
         self.observed.append(("", Watched(obs, ("rows",), 1)))
         if "count" not in self.columns:
             self.columns["count"] = F.count(F.lit(1)).alias("rows")
-        return df.observe(obs, self.columns["count"])
+        return jvm_args.observe(df, obs, [self.columns["count"]], self.columns, "count")
 
     def replay_ids(self, replays: DataFrame, entry: int) -> DataFrame:
         """``replays`` (entering before segment ``entry``) with an observation of their
@@ -93,18 +94,21 @@ class Observations:
         if "replay_ids" not in self.columns:
             ids = F.array_join(F.collect_list(F.col(POS_COL).cast("string")), ",")
             self.columns["replay_ids"] = [F.count(F.lit(1)).alias("n"), ids.alias("ids")]
-        return replays.observe(obs, *self.columns["replay_ids"])
+        return jvm_args.observe(replays, obs, self.columns["replay_ids"], self.columns,
+                                "replay_ids")  # fmt: skip
 
-    def stage(self, out: DataFrame, label: str, error: Column, dead: Column,
-              attempts: Column, key: Any = None, segment: int = 0,
-              kept: Kept | None = None) -> DataFrame:  # fmt: skip
+    def stage(self, out: DataFrame, label: str,
+              answer: Callable[[], tuple[Column, Column, Column]], key: Any = None,
+              segment: int = 0, kept: Kept | None = None) -> DataFrame:  # fmt: skip
         """Observe the rows ``__ft_failed`` marks (their identity, error, whether they go
         straight to the dead letters, the attempts they used) and the stage's count;
         leave the others. The flag
         is a column, observed, then filtered: the observation also keeps Spark from
         pushing the filter below the stage's projection (which would compute it twice).
         ``key``: the stage's columns are built once under it (its error and dead-letter
-        Columns are then the same in every batch). ``segment``: the stage's; ``kept``:
+        Columns are then the same in every batch); ``answer()`` builds them: the error
+        text, whether the row goes straight to the dead letters, the attempts it used.
+        ``segment``: the stage's; ``kept``:
         the stage also keeps its failed rows' segment input (frame_entries). The caller
         drops ``__ft_failed``."""
         from pyspark.sql import Observation
@@ -121,13 +125,13 @@ class Observations:
             key = (key, kept, share)
         built = self.columns.get(key) if key is not None else None
         if built is None:
-            built = _observed_columns(error, dead, attempts)
+            built = _observed_columns(*answer())
             if kept is not None:
                 built = ([*built[0], kept_column(kept, F.col(FAILED_COL), share)], built[1])
             if key is not None:
                 self.columns[key] = built
         aggregates, keep = built
-        return out.observe(obs, *aggregates).filter(keep)
+        return jvm_args.observe(out, obs, aggregates, self.columns, key).filter(keep)
 
     def residues(self, run: BatchRun, sink: str, copies: bool) -> Residues:
         """Read the observations (the counts, the failed rows, the replays read): the

@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from ftlayer.errors import ConfigError
+from ftlayer.spark import jvm_args
 from ftlayer.spark.batch_plan import arrow_schema, plan_frames, spark_schema
 from ftlayer.spark.batch_run import BatchRun, OfRun
 from ftlayer.spark.entries import Entry, walk
@@ -176,7 +178,7 @@ class FrameRun(OfRun):
         out = self._enter(plan.entries[0], out)
         self.seen.plain_source = out
         if key and partitions:
-            out = out.repartition(partitions, *key)
+            out = jvm_args.repartition(out, partitions, key, self.run.columns)
         known: pa.Schema | None = plan.inputs[0]  # the user columns, while known
 
         def segment(i: int, out: DataFrame) -> DataFrame:
@@ -201,7 +203,7 @@ class FrameRun(OfRun):
                     out, kept = out.drop(*kept.copies), None
             return out
 
-        return walk(plan.entries, plan.segments, out, segment, self._enter)
+        return walk(plan.entries, plan.segments, out, segment, self._enter, self.run.columns)
 
     def _enter(self, entry: Entry, out: DataFrame) -> DataFrame:
         """``out`` with the batch's stage rows that enter before segment ``entry``
@@ -248,7 +250,6 @@ class FrameRun(OfRun):
         segment's input ``kept`` for them, where its output still carries it) and
         filtered out. Its identity columns are checked before they are used (its
         ``failed=``, the next Python stage, the sink: ``last``)."""
-        from pyspark.sql import functions as F  # noqa: N812
 
         out = stage.fn(df)
         if not hasattr(out, "sparkSession") or not hasattr(out, "columns"):
@@ -256,20 +257,17 @@ class FrameRun(OfRun):
         self.unchecked.append((label, out))
         if stage.failed is not None or last:
             check_identity(self.unchecked)
-        failed = _column(stage.failed, out)
-        if failed is None:
+        flag = _flag(self.run.columns, stage, out)
+        if flag is None:
             return out
         if kept is not None and not still_carried(out, kept):
             kept = None  # the stage dropped or recomputed a copy: its rows go to the source
-        errors = stage.errors
-        text = F.lit(label) if errors is None else F.concat_ws(
-            ": ", F.lit(label), F.lit(errors) if isinstance(errors, str) else errors)  # fmt: skip
-        out = out.withColumn(FAILED_COL, F.coalesce(failed, F.lit(False)))
+        answer = partial(_frame_answer, label, stage.errors)
+        out = out.withColumn(FAILED_COL, flag)
         key = ("frame", label, id(stage))
         self.run.columns.setdefault(("stage", id(stage)), stage)  # its id stays its own
-        out = self.seen.stage(out, label, F.coalesce(text, F.lit(label)), F.lit(False),
-                              F.lit(1), key, segment, kept)  # fmt: skip
-        return out.drop(FAILED_COL)
+        out = self.seen.stage(out, label, answer, key, segment, kept)
+        return jvm_args.drop(out, (FAILED_COL,), self.run.columns)
 
     def _python(self, df: DataFrame, label: str, stage: BatchStage, output: pa.Schema | None,
                 inputs: pa.Schema | None, segment: int | None = None) -> DataFrame:  # fmt: skip
@@ -277,7 +275,6 @@ class FrameRun(OfRun):
         outputs and its failed rows (ftlayer.spark.frame_tasks), observed and filtered.
         ``inputs``: its user columns, when known without asking Spark (after the source or
         a Python stage; after a DataFrame stage, None: Spark's analysis says)."""
-        from pyspark.sql import functions as F  # noqa: N812
         from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import StructType
 
@@ -295,9 +292,9 @@ class FrameRun(OfRun):
         out = map_in_arrow(df, key, lambda run: (replace(step, run=run),
                                                  answer_type(step, IDENTITY)),
                            RunFields.of(self.plan), self.run.columns)  # fmt: skip
-        out = self.seen.stage(out, label, F.col(ERROR_COL), F.col(DEAD_COL),
-                              F.col(ATTEMPTS_COL), "python", where)  # fmt: skip
-        return out.drop(FAILED_COL, ERROR_COL, DEAD_COL, ATTEMPTS_COL)
+        out = self.seen.stage(out, label, _python_answer, "python", where)
+        return jvm_args.drop(out, (FAILED_COL, ERROR_COL, DEAD_COL, ATTEMPTS_COL),
+                             self.run.columns)  # fmt: skip
 
     # -- running and settling ----------------------------------------------------------
     def write(self, out: DataFrame, batch_id: Any) -> Residues:
@@ -312,7 +309,8 @@ class FrameRun(OfRun):
             out = with_lineage(out, seg.sink_lineage, self.plan, self.layer is not None,
                                self.run.replays)  # fmt: skip
         if seg.sink_per == "dataframe":
-            given = out if seg.sink_ids else out.drop(LOC_COL, POS_COL)
+            given = out if seg.sink_ids else jvm_args.drop(out, (LOC_COL, POS_COL),
+                                                           self.run.columns)  # fmt: skip
             name = f"sink_dataframe {stage_name(user_sink)}"
 
             def write() -> None:
@@ -336,6 +334,39 @@ class FrameRun(OfRun):
             return self.seen.fail_everything(self.run, text, self.copies)
         return self.seen.residues(self.run, name, self.copies)
 
+
+
+def _flag(cache: dict[Any, Any], stage: FrameStage, out: DataFrame) -> Column | None:
+    """A DataFrame stage's ``coalesce(failed, false)`` (None: no ``failed=``), built once
+    unless ``failed=`` is a function of the stage's output."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    key = ("flag", id(stage))
+    if key in cache:
+        return cache[key]
+    failed = _column(stage.failed, out)
+    if failed is None:
+        return None
+    flag = F.coalesce(failed, F.lit(False))
+    if not (callable(stage.failed) and type(stage.failed).__name__ != "Column"):
+        cache[key] = flag
+    return flag
+
+
+def _frame_answer(label: str, errors: Any) -> tuple[Column, Column, Column]:
+    """A DataFrame stage's failed rows: their error text, not dead now, one attempt."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    why = F.lit(errors) if isinstance(errors, str) else errors
+    text = F.lit(label) if errors is None else F.concat_ws(": ", F.lit(label), why)
+    return F.coalesce(text, F.lit(label)), F.lit(False), F.lit(1)
+
+
+def _python_answer() -> tuple[Column, Column, Column]:
+    """A Python stage's failed rows: the error, dead-now and attempts columns it answers."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    return F.col(ERROR_COL), F.col(DEAD_COL), F.col(ATTEMPTS_COL)
 
 
 def _column(spec: Any, df: DataFrame) -> Column | None:
@@ -375,4 +406,5 @@ def fresh_rows(run: BatchRun, df: DataFrame, streamed: bool) -> tuple[DataFrame,
     else:  # FT off: nothing to name
         rows = rows.select(*names, F.lit(None).cast("long").alias(LOC_COL),
                            F.lit(0).cast("long").alias(POS_COL))  # fmt: skip
-    return rows.select(*names, *identity_columns(run.columns)), copies
+    cols = [*names, *identity_columns(run.columns)]
+    return jvm_args.select(rows, cols, run.columns, ("fresh", tuple(names))), copies

@@ -6,7 +6,6 @@ batches (:class:`BatchRunner`), so builder and driver have no import circle.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -15,10 +14,8 @@ from ftlayer.errors import ConfigError
 from ftlayer.limits import MAX_REPLAYS
 from ftlayer.spark.plan import BatchStage, FrameStage, Op, RowFn, Segment
 from ftlayer.spark.policy import DEFAULT_POLICY, ErrorPolicy
-from ftlayer.spark.stopping import BatchInterruptedError, stop_text
+from ftlayer.spark.stopping import stop_told
 from partitioners import HashPartitioner
-
-log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -290,18 +287,9 @@ class Pipeline:
         return _ending(self, sink=fn, sink_per=per, sink_errors=errors, sink_lineage=name)
 
     def __call__(self, df: DataFrame, batch_id: Any) -> None:
-        """Run one micro-batch (the ``foreachBatch`` function). A batch that
-        ``query.stop()`` interrupts raises :class:`BatchInterruptedError`, short enough for
-        Spark to recognise its stop (see ``ftlayer.spark.stopping``)."""
-        try:
+        """One micro-batch: the ``foreachBatch`` function (see ftlayer.spark.stopping)."""
+        with stop_told(batch_id):
             self.ft.run_batch(self, df, batch_id)
-        except Exception as e:
-            text = stop_text(e)
-            if text is None:
-                raise
-            log.warning("micro-batch %s interrupted by the query's stop: its records stay "
-                        "pending and replay after the timeout", batch_id)  # fmt: skip
-            raise BatchInterruptedError(batch_id, text) from None
 
 
 _KINDS = {"batches": "batch", "frame": "DataFrame"}

@@ -19,7 +19,13 @@ out and replay (never acked, never dropped).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from ftlayer.errors import FTLayerError
+
+log = logging.getLogger(__name__)
 
 # the exceptions StreamExecution.isInterruptionException counts as its own stop
 INTERRUPTIONS = frozenset({
@@ -37,6 +43,21 @@ class BatchInterruptedError(FTLayerError):
     def __init__(self, batch_id: object, text: str) -> None:
         super().__init__(f"micro-batch {batch_id} stopped mid-way by the query's stop; its "
                          f"records stay pending and replay after the timeout: {text}")  # fmt: skip
+
+
+@contextmanager
+def stop_told(batch_id: object) -> Iterator[None]:
+    """Around a micro-batch: an interruption by the query's stop raised as
+    :class:`BatchInterruptedError` (and logged), any other error as it is."""
+    try:
+        yield
+    except Exception as e:
+        text = stop_text(e)
+        if text is None:
+            raise
+        log.warning("micro-batch %s interrupted by the query's stop: its records stay "
+                    "pending and replay after the timeout", batch_id)  # fmt: skip
+        raise BatchInterruptedError(batch_id, text) from None
 
 
 def stop_text(exc: BaseException, depth: int = 8) -> str | None:

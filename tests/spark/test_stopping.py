@@ -96,7 +96,7 @@ def test_a_query_stopped_mid_batch_says_so_and_keeps_its_records(
             time.sleep(0.1)
         time.sleep(1.0)  # inside the next batch's 3-second stage
     finally:
-        with caplog.at_level(logging.WARNING, logger="ftlayer.spark.pipeline"):
+        with caplog.at_level(logging.WARNING, logger="ftlayer.spark.stopping"):
             query.stop()
     assert query.exception() is None
     said = [r.getMessage() for r in caplog.records if "interrupted by the query's stop" in
