@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ftlayer.spark import jvm_args
 from ftlayer.spark.identity import IDENTITY
 from ftlayer.spark.intake import BODY_COL, HASH_COL
 from ftlayer.spark.vector_plan import LOC_COL, POS_COL, SRC_COL
@@ -129,7 +130,7 @@ def carry(df: DataFrame, entry: Entry, cache: dict[Any, Any], key: Any) -> tuple
                 for f, c in zip(schema.fields, copies, strict=True)]  # fmt: skip
         cache[key] = (kept, cols)
     kept, cols = cache[key]
-    return df.select("*", *cols), kept
+    return jvm_args.select(df, ["*", *cols], cache, ("carry", key)), kept
 
 
 def still_carried(out: DataFrame, kept: Kept) -> bool:
@@ -200,7 +201,8 @@ def entering(out: DataFrame, table: pa.Table, cache: dict[Any, Any],
     if not rows.num_rows:
         return None, bad
     raw = out.sparkSession.createDataFrame(rows.select([BODY_COL, SRC_COL]))
-    return raw.select(shape, SRC_COL).select(*cols), bad
+    parsed = jvm_args.select(raw, [shape, SRC_COL], cache, ("parsed", key))
+    return jvm_args.select(parsed, cols, cache, ("entering", key)), bad
 
 
 def rows_ids(table: pa.Table, bad: list[tuple[RecordId, str]]) -> list[int]:

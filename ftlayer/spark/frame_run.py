@@ -200,7 +200,7 @@ class FrameRun(OfRun):
                                        i)  # fmt: skip
                     known = output
                 if kept is not None and j == keep_to:
-                    out, kept = out.drop(*kept.copies), None
+                    out, kept = jvm_args.drop(out, kept.copies, self.run.columns), None
             return out
 
         return walk(plan.entries, plan.segments, out, segment, self._enter, self.run.columns)
