@@ -28,7 +28,7 @@ failed fresh row is stored either way (as a stage row, or as its source row).
 
 from __future__ import annotations
 
-import base64
+import binascii
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -174,7 +174,7 @@ def kept_rows(values: str, kept: Kept) -> dict[tuple[int | None, int], StageRow]
     for value in values.split(";") if values else ():
         loc_text, pos_text, body = value.split(",", 2)
         loc = int(loc_text) if loc_text else None
-        out[(loc, int(pos_text))] = kept.row(loc, int(pos_text), base64.b64decode(body))
+        out[(loc, int(pos_text))] = kept.row(loc, int(pos_text), binascii.a2b_base64(body))
     return out
 
 

@@ -172,8 +172,11 @@ class Observations:
                 if is_replay(loc, pos):
                     replays.setdefault(pos & U64, why)
                 else:
-                    times[(loc, pos)] += 1
-                    fresh.setdefault((loc, pos), why._replace(kept=rows_kept.get((loc, pos))))
+                    ident = (loc, pos)
+                    times[ident] += 1
+                    if ident not in fresh:  # (a NamedTuple built whole: _replace is slow)
+                        fresh[ident] = Failure(why.error, why.attempts, why.stage,
+                                               rows_kept.get(ident))  # fmt: skip
             rows = int(m["rows"])
             if label == self.sink_label:  # a Python sink answers its failed rows only
                 rows = r.written
