@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from ftlayer.connection import is_cluster
 from ftlayer.errors import ConfigError
+from ftlayer.spark import jvm_args
 from ftlayer.spark.batch_plan import arrow_schema, plan_batch, spark_schema, with_replay_columns
 from ftlayer.spark.batch_run import BatchRun, OfRun
 from ftlayer.spark.entries import Entry, walk
@@ -148,7 +149,8 @@ class VectorRun(OfRun):
                     source_df = with_replay_columns(source_df).unionByName(
                         replays, allowMissingColumns=True)  # fmt: skip
         if pipeline.key and pipeline.partitions:
-            source_df = source_df.repartition(pipeline.partitions, *pipeline.key)
+            source_df = jvm_args.repartition(source_df, pipeline.partitions, pipeline.key,
+                                             self.run.columns)  # fmt: skip
         # what a segment's function is, once per query: the pipeline (kept: its id stays
         # its own) and the schemas (the rest of the plan is the pipeline's)
         self.run.columns.setdefault(("pipeline", id(pipeline)), pipeline)
@@ -159,7 +161,8 @@ class VectorRun(OfRun):
                 partial(run_vector_task, query.for_run(run), i), self._out_schema(i)),
                 RunFields.of(plan), self.run.columns)  # fmt: skip
 
-        return walk(plan.entries, plan.segments, source_df, segment, self._enter)
+        return walk(plan.entries, plan.segments, source_df, segment, self._enter,
+                    self.run.columns)  # fmt: skip
 
     def _enter(self, entry: Entry, out: DataFrame) -> DataFrame:
         """``out`` with the batch's stage rows that enter before segment ``entry``

@@ -99,8 +99,8 @@ def plan_entries(segments: tuple[Segment, ...], inputs: tuple[pa.Schema, ...], f
 
 def walk(entries: tuple[Entry, ...], segments: tuple[Segment, ...], out: DataFrame,
          run_segment: Callable[[int, DataFrame], DataFrame],
-         enter: Callable[[Entry, DataFrame], DataFrame] | None = None,
-         cache: dict[Any, Any] | None = None) -> DataFrame:  # fmt: skip
+         enter: Callable[[Entry, DataFrame], DataFrame] | None,
+         cache: dict[Any, Any]) -> DataFrame:  # fmt: skip
     """``out`` -- segment 0's input, the source's rows (fresh and replayed) -- through
     every segment: before segment ``k > 0`` the rows entering there (``enter``; None:
     none), then the shuffle that feeds it, then the segment (``run_segment(k, df)``).
@@ -111,7 +111,6 @@ def walk(entries: tuple[Entry, ...], segments: tuple[Segment, ...], out: DataFra
             if enter is not None:
                 out = enter(entry, out)
             prev = segments[k - 1]
-            out = (out.repartition(prev.shuffle_n, *prev.shuffle_cols) if cache is None else
-                   jvm_args.repartition(out, prev.shuffle_n, prev.shuffle_cols, cache))
+            out = jvm_args.repartition(out, prev.shuffle_n, prev.shuffle_cols, cache)
         out = run_segment(k, out)
     return out

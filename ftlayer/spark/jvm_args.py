@@ -79,8 +79,9 @@ def repartition(df: DataFrame, n: int, names: Sequence[str],
     """``df.repartition(n, *names)``."""
     if not _classic(df) or not names:
         return df.repartition(n, *names)
-    cols = [col(cache, c) for c in names]
-    return _frame(df._jdf.repartition(n, _seq(cache, ("repartition", *names), df, cols)), df)
+    key = ("repartition", *names)
+    cols = [] if key in cache else [col(cache, c) for c in names]
+    return _frame(df._jdf.repartition(n, _seq(cache, key, df, cols)), df)
 
 
 def observe(df: DataFrame, obs: Any, exprs: Sequence[Column], cache: dict[Any, Any],
