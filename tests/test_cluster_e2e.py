@@ -25,23 +25,27 @@ ROOT = Path(__file__).resolve().parents[1]
 OURS = ("redis-server", "org.apache.spark.deploy", "ftlayer.cli serve")
 
 
-def _processes() -> dict[int, str]:
+def _processes(tmp_path: Path) -> dict[int, str]:
     """pid → command line of every process of the kinds the run starts (the driver's JVM,
-    ``org.apache.spark.deploy.SparkSubmit``, among them)."""
+    ``org.apache.spark.deploy.SparkSubmit``, among them) that inherited this run's marker
+    from ``_run``: another test's processes (a parallel worker's) are not this run's. The
+    wait for every kind to appear proves each kind carries the marker."""
+    marker = f"FTLAYER_TEST_RUN={tmp_path}\0".encode()
     out = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
                 cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                if any(k in cmd for k in OURS) and marker in (d / "environ").read_bytes():
+                    out[int(d.name)] = cmd
             except OSError:
                 continue
-            if any(k in cmd for k in OURS):
-                out[int(d.name)] = cmd
     return out
 
 
 def _run(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "FTLAYER_BENCH_RESULTS": str(tmp_path)}
+    env = {**os.environ, "FTLAYER_BENCH_RESULTS": str(tmp_path),
+           "FTLAYER_TEST_RUN": str(tmp_path)}  # fmt: skip
     return subprocess.Popen(
         [sys.executable, "-m", "benchmarks.cluster_e2e", *args, "--logs", str(tmp_path)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -85,7 +89,7 @@ def test_three_kill_9s_while_records_flow_and_nothing_is_lost(
 def test_ctrl_c_stops_everything_it_started(tmp_path: Path, moment: str) -> None:
     """Ctrl-C exits 130 and leaves no process behind, wherever it lands: also while the
     driver's JVM starts (py4j turns an interrupt inside a gateway call into a Py4JError)."""
-    before = set(_processes())
+    before = set(_processes(tmp_path))
     proc = _run(tmp_path, "--records", "2000", "--batches", "40", "--faults", "")
     deadline = time.monotonic() + 180
     # driver_starting: the driver's JVM (SparkSubmit) has just appeared;
@@ -93,7 +97,7 @@ def test_ctrl_c_stops_everything_it_started(tmp_path: Path, moment: str) -> None
     # then 5 s more for the driver to run batches
     wanted = ("SparkSubmit",) if moment == "driver_starting" else OURS
     while time.monotonic() < deadline:
-        mine = {p: c for p, c in _processes().items() if p not in before}
+        mine = {p: c for p, c in _processes(tmp_path).items() if p not in before}
         if all(any(k in c for c in mine.values()) for k in wanted):
             break
         assert proc.poll() is None, proc.communicate()[1][-3000:]
@@ -108,7 +112,7 @@ def test_ctrl_c_stops_everything_it_started(tmp_path: Path, moment: str) -> None
     assert "interrupted" in err
     end = time.monotonic() + 30
     while time.monotonic() < end:
-        left = {p: c for p, c in _processes().items() if p not in before}
+        left = {p: c for p, c in _processes(tmp_path).items() if p not in before}
         if not left:
             break
         time.sleep(0.5)
