@@ -22,6 +22,10 @@ from ftlayer.embedded import EmbeddedCluster, find_redis_server
 from ftlayer.errors import EmbeddedRedisError
 from tests.faults import ScriptCalls
 
+# every Spark JVM the tests start (this process's and their subprocesses') reads
+# tests/jvm/spark-defaults.conf: quick-starting JVM flags (see that file)
+os.environ.setdefault("SPARK_CONF_DIR", os.path.join(os.path.dirname(__file__), "jvm"))
+
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[EmbeddedRedis]:

@@ -15,7 +15,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,17 +54,46 @@ def _run(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize(("sink", "moment"), [("delta", "settle"), ("postgres", "batch")])
+KILLS = [("delta", "settle"), ("postgres", "batch")]
+
+
+@pytest.fixture(scope="module")
+def kill_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[tuple[str, str], Any]]:
+    """Both runs of the test below, started side by side (each waits on failovers and
+    restarts for much of its time: alone one keeps about half of two cores busy), their
+    output in files (a pipe nobody reads yet would stall a run)."""
+    runs = {}
+    for sink, moment in KILLS:
+        tmp = tmp_path_factory.mktemp(f"kill-{sink}")
+        out, err = (tmp / "stdout").open("w"), (tmp / "stderr").open("w")
+        env = {**os.environ, "FTLAYER_BENCH_RESULTS": str(tmp)}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.cluster_e2e", "--records", "3000", "--batches",
+             "10", "--sink", sink, "--master-kill-at", moment, "--json", "--logs", str(tmp)],
+            cwd=ROOT, env=env, stdout=out, stderr=err, text=True)  # fmt: skip
+        runs[(sink, moment)] = (proc, tmp, out, err)
+    yield runs
+    for proc, _, out, err in runs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        out.close()
+        err.close()
+
+
+@pytest.mark.parametrize(("sink", "moment"), KILLS)
 def test_three_kill_9s_while_records_flow_and_nothing_is_lost(
-    tmp_path: Path, sink: str, moment: str
+    kill_runs: dict[tuple[str, str], Any], sink: str, moment: str
 ) -> None:
     """Through an idempotent sink: ``lost`` and ``duplicates`` are counted from the Delta
     / PostgreSQL table. ``settle``: the Redis master dies as the driver begins settling a
     micro-batch, so the driver's own writes meet the failover and must wait it out.
     Catches: records lost or written twice by a crash, a failover ending the query."""
-    proc = _run(tmp_path, "--records", "3000", "--batches", "10", "--sink", sink,
-                "--master-kill-at", moment, "--json")  # fmt: skip
-    out, err = proc.communicate(timeout=600)
+    proc, tmp_path, *_ = kill_runs[(sink, moment)]
+    proc.wait(timeout=900)
+    out, err = (tmp_path / "stdout").read_text(), (tmp_path / "stderr").read_text()
     assert proc.returncode == 0, err[-4000:]
     r = json.loads(out.strip().splitlines()[-1])
     assert r["source_records"] == 3000 and r["micro_batches"] == 10

@@ -1,4 +1,5 @@
-"""DataFrame stages under Spark Connect, run as its own process by test_connect.py.
+"""DataFrame stages under Spark Connect: one run of connect_job.py (``"frames url ns"``,
+on its Connect server), or alone::
 
     python connect_frames_job.py <redis_url> <namespace>
 
@@ -30,12 +31,19 @@ N = 600
 
 def main() -> None:
     from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F  # noqa: N812
 
-    url, ns = sys.argv[1], sys.argv[2]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (SparkSession.builder.remote("local[2,4]")
              .config("spark.sql.shuffle.partitions", "4").getOrCreate())  # fmt: skip
+    out = run(spark, sys.argv[1], sys.argv[2])
+    spark.stop()
+    print("RESULT " + json.dumps(out))
+
+
+def run(spark: Any, url: str, ns: str) -> dict[str, Any]:
+    """The run on the Redis at ``url``, namespace ``ns``: its RESULT."""
+    from pyspark.sql import functions as F  # noqa: N812
+
     out: dict[str, Any] = {"connect": type(spark).__module__}
     ft = FaultTolerance(FTConfig(namespace=ns, redis_url=url, timeout_s=2, max_replays=1))
     tmp = tempfile.mkdtemp()
@@ -88,8 +96,7 @@ def main() -> None:
         "segments": ft.layer.stats().unsettled_segments,  # type: ignore[union-attr]
     }
     ft.close()
-    spark.stop()
-    print("RESULT " + json.dumps(out))
+    return out
 
 
 if __name__ == "__main__":

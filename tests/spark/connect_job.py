@@ -112,16 +112,19 @@ class RowSink:
 
 
 def main() -> None:
-    """Argv: one argument a run, ``"url ns [keyed]"`` or ``"kafka url ns bootstrap topic"``
-    (connect_kafka_job.py) -- in turn on one Connect server (started once: its JVM
-    start is most of a run's time), one RESULT line each."""
-    import connect_kafka_job  # this script's directory is on sys.path
+    """Argv: one argument a run, ``"url ns [keyed]"``, ``"kafka url ns bootstrap topic"``
+    (connect_kafka_job.py) or ``"frames url ns"`` (connect_frames_job.py) -- in turn on
+    one Connect server (started once: its JVM start is most of a run's time), one RESULT
+    line each."""
+    import connect_frames_job  # this script's directory is on sys.path
+    import connect_kafka_job
     from pyspark import cloudpickle
     from pyspark.sql import SparkSession
 
-    # its classes go to the server's Python processes by value, as this script's do (no
-    # such module there)
+    # their classes go to the server's Python processes by value, as this script's do
+    # (no such modules there)
     cloudpickle.register_pickle_by_value(connect_kafka_job)
+    cloudpickle.register_pickle_by_value(connect_frames_job)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     # local[2,4]: Spark retries a failed task up to 4 times (local[2] fails the job)
@@ -131,6 +134,8 @@ def main() -> None:
         words = spec.split()
         if words[0] == "kafka":
             out = connect_kafka_job.run(spark, *words[1:5])
+        elif words[0] == "frames":
+            out = connect_frames_job.run(spark, *words[1:3])
         else:
             out = run(spark, words[0], words[1], words[2:] == ["keyed"])
         print("RESULT " + json.dumps(out), flush=True)

@@ -33,9 +33,9 @@ BACKENDS = ("single", "cluster", "keyed")
 @pytest.fixture(scope="module")
 def connect_runs(request: pytest.FixtureRequest,
                  kafka: Any) -> Iterator[dict[str, tuple[str, str, Any]]]:  # fmt: skip
-    """connect_job.py's run on each backend and the Kafka run (connect_kafka_job.py), all
-    on one Connect server (its start is most of a run's time): run -> (Redis URL,
-    namespace, RESULT)."""
+    """connect_job.py's run on each backend, the Kafka run (connect_kafka_job.py) and the
+    DataFrame stages' run (connect_frames_job.py), all on one Connect server (its start is
+    most of a run's time): run -> (Redis URL, namespace, RESULT)."""
     specs, args = {}, []
     for backend in BACKENDS:
         fixture = "redis_cluster" if backend == "cluster" else "redis_server"
@@ -49,6 +49,8 @@ def connect_runs(request: pytest.FixtureRequest,
     url = request.getfixturevalue("redis_server").url
     specs["kafka"] = (url, f"connectkafka{uuid.uuid4().hex[:8]}")
     args.append(f"kafka {url} {specs['kafka'][1]} {kafka.bootstrap} {topic}")
+    specs["frames"] = (url, f"connectdf{uuid.uuid4().hex[:8]}")
+    args.append(f"frames {url} {specs['frames'][1]}")
     job = Path(__file__).with_name("connect_job.py")
     proc = subprocess.run([sys.executable, str(job), *args], capture_output=True, text=True,
                           timeout=900)  # fmt: skip
@@ -100,20 +102,16 @@ def test_every_failure_kind_under_spark_connect(
         r.close()
 
 
-def test_dataframe_stages_under_spark_connect(redis_server: Any) -> None:
+def test_dataframe_stages_under_spark_connect(
+    connect_runs: dict[str, tuple[str, str, Any]]
+) -> None:
     """DataFrame stages and a ``df.write.parquet`` sink under Spark Connect (the batch
     function runs in the server's Python process: Connect DataFrames and Observations):
     rows failing once land after their replay, rows failing every time are dead letters
     with their error, each written row once, ftlayer's columns not in the output.
     Catches: observations read the classic way (blocking for ever, or empty), identity
     checks that need the JVM, replays that never run under Connect."""
-    ns = f"connectdf{uuid.uuid4().hex[:8]}"
-    job = Path(__file__).with_name("connect_frames_job.py")
-    proc = subprocess.run([sys.executable, str(job), redis_server.url, ns],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    out = json.loads(lines[-1][len("RESULT ") :])
+    out = connect_runs["frames"][2]
     assert out["connect"].startswith("pyspark.sql.connect"), out["connect"]
     assert out["stream_exception"] is None, out["stream_exception"]
     bad = {i for i in range(600) if i % 50 == 3}
