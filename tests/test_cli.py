@@ -8,8 +8,10 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -22,6 +24,31 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _run(args: list[str], **kw) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, capture_output=True, text=True, timeout=300, **kw)
+
+
+Started = tuple[subprocess.Popen[str], IO[str], IO[str]]
+"""A process started with its output in temporary files: (process, stdout, stderr)."""
+
+
+def _start(args: list[str]) -> Started:
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    return subprocess.Popen(args, stdout=out, stderr=err, text=True), out, err
+
+
+def _ended(started: Started) -> subprocess.CompletedProcess[str]:
+    """What ``_run`` returns, of a started process once it has ended (killed after 300 s,
+    as ``_run`` would)."""
+    proc, *files = started
+    try:
+        proc.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    texts = []
+    for f in files:
+        f.seek(0)
+        texts.append(f.read())
+    return subprocess.CompletedProcess(proc.args, proc.returncode, *texts)
 
 
 def test_help_lists_commands_and_env_vars() -> None:
@@ -99,10 +126,33 @@ def test_demo_json_loses_nothing() -> None:
     assert r["dead_in_sink"] == 0, "the list holds confirmed writes only"
 
 
+IDEMPOTENT = [("delta", "kafka"), ("postgres", "files")]
+
+
+@pytest.fixture(scope="module")
+def idempotent_demos(postgres: Any) -> Iterator[dict[tuple[str, str], Started]]:
+    """The demo runs of the test below, started side by side (a demo waits on timeouts
+    much of its time)."""
+    runs = {}
+    for sink, source in IDEMPOTENT:
+        extra = ["--sink-url", postgres.url] if sink == "postgres" else []
+        runs[(sink, source)] = _start(
+            [*CLI, "--log-level", "WARNING", "demo", "--records", "2000", "--batches", "2",
+             "--drop-rate", "0.3", "--timeout-s", "1.5", "--sink", sink, "--source", source,
+             *extra, "--json"])  # fmt: skip
+    yield runs
+    for proc, *files in runs.values():  # a run no test waited for (deselected) ends here
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for f in files:
+            f.close()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("sink", "source"), [("delta", "kafka"), ("postgres", "files")])
+@pytest.mark.parametrize(("sink", "source"), IDEMPOTENT)
 def test_demo_into_an_idempotent_table_counts_from_it(
-    sink: str, source: str, postgres: Any
+    sink: str, source: str, idempotent_demos: dict[tuple[str, str], Started]
 ) -> None:
     """``--sink delta`` / ``--sink postgres``: the orders also go through ftlayer's
     idempotent sink, the unconfirmed writes too (their rows landed): records are written
@@ -112,10 +162,7 @@ def test_demo_into_an_idempotent_table_counts_from_it(
     become duplicates in the table, a report counted from the Redis list instead of the
     table, a record in the table and dead-lettered counted twice, Kafka replays lost or
     read back as other records."""
-    extra = ["--sink-url", postgres.url] if sink == "postgres" else []
-    out = _run([*CLI, "--log-level", "WARNING", "demo", "--records", "2000",
-                "--batches", "2", "--drop-rate", "0.3", "--timeout-s", "1.5", "--sink", sink,
-                "--source", source, *extra, "--json"])  # fmt: skip
+    out = _ended(idempotent_demos[(sink, source)])
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout)
     assert r["sink"] == sink and r["source"] == source
