@@ -42,6 +42,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -233,6 +234,10 @@ def print_table(r: dict[str, Any]) -> None:
     print(verdict(r)[1])
 
 
+def _terminated(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.cluster_e2e",
                                  description=__doc__.split("\n\n")[0])  # fmt: skip
@@ -269,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep:
         moments = [("batch", 0.0), *(("settle", d) for d in SWEEP_DELAYS_S)]
     results = []
+    # SIGTERM (a supervisor's stop, `timeout`) stops a run as Ctrl-C does: the workers,
+    # Redis nodes and sidecars it started are stopped too (Python's default for SIGTERM
+    # would leave the standalone cluster's JVMs running)
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         for i in range(args.repeat):
             at, delay = moments[i % len(moments)]

@@ -27,21 +27,41 @@ ROOT = Path(__file__).resolve().parents[1]
 OURS = ("redis-server", "org.apache.spark.deploy", "ftlayer.cli serve")
 
 
-def _processes(tmp_path: Path) -> dict[int, str]:
+def _parent(pid: int) -> int:
+    try:  # /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may hold spaces
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _processes(tmp_path: Path, root: int, seen: dict[int, str]) -> dict[int, str]:
     """pid → command line of every process of the kinds the run starts (the driver's JVM,
-    ``org.apache.spark.deploy.SparkSubmit``, among them) that inherited this run's marker
-    from ``_run``: another test's processes (a parallel worker's) are not this run's. The
-    wait for every kind to appear proves each kind carries the marker."""
+    ``org.apache.spark.deploy.SparkSubmit``, among them) that is the run's: a descendant
+    of ``root`` (the run's process), one that inherited the run's marker from ``_run``
+    (a daemon, not a descendant), or one seen as the run's before (``seen``, same
+    command line: orphaned when the run ended; redis-server rewrites its environment with
+    its process title, so the marker is not found there). Another test's processes (a
+    parallel worker's) are not the run's."""
     marker = f"FTLAYER_TEST_RUN={tmp_path}\0".encode()
     out = {}
     for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                if any(k in cmd for k in OURS) and marker in (d / "environ").read_bytes():
-                    out[int(d.name)] = cmd
-            except OSError:
+        if not d.name.isdigit():
+            continue
+        pid = int(d.name)
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if not any(k in cmd for k in OURS):
                 continue
+            if seen.get(pid) == cmd or marker in (d / "environ").read_bytes():
+                out[pid] = cmd
+                continue
+        except OSError:
+            continue
+        up = _parent(pid)
+        while up > 1 and up != root:
+            up = _parent(up)
+        if up == root:
+            out[pid] = cmd
     return out
 
 
@@ -116,19 +136,23 @@ def test_three_kill_9s_while_records_flow_and_nothing_is_lost(
     assert json.loads((tmp_path / "cluster_e2e.json").read_text()) == r
 
 
-@pytest.mark.parametrize("moment", ["driver_starting", "batches_running"])
-def test_ctrl_c_stops_everything_it_started(tmp_path: Path, moment: str) -> None:
+@pytest.mark.parametrize(("moment", "sig"), [("driver_starting", signal.SIGINT),
+                                             ("batches_running", signal.SIGTERM)])
+def test_ctrl_c_stops_everything_it_started(tmp_path: Path, moment: str, sig: int) -> None:
     """Ctrl-C exits 130 and leaves no process behind, wherever it lands: also while the
-    driver's JVM starts (py4j turns an interrupt inside a gateway call into a Py4JError)."""
-    before = set(_processes(tmp_path))
+    driver's JVM starts (py4j turns an interrupt inside a gateway call into a Py4JError).
+    SIGTERM stops it the same way (Python's default would leave the standalone cluster's
+    JVMs running: seen when a test run was stopped)."""
     proc = _run(tmp_path, "--records", "2000", "--batches", "40", "--faults", "")
+    seen: dict[int, str] = {}
     deadline = time.monotonic() + 180
     # driver_starting: the driver's JVM (SparkSubmit) has just appeared;
     # batches_running: every kind of process is up (workers, Redis nodes, sidecars),
     # then 5 s more for the driver to run batches
     wanted = ("SparkSubmit",) if moment == "driver_starting" else OURS
     while time.monotonic() < deadline:
-        mine = {p: c for p, c in _processes(tmp_path).items() if p not in before}
+        mine = _processes(tmp_path, proc.pid, seen)
+        seen.update(mine)
         if all(any(k in c for c in mine.values()) for k in wanted):
             break
         assert proc.poll() is None, proc.communicate()[1][-3000:]
@@ -137,13 +161,14 @@ def test_ctrl_c_stops_everything_it_started(tmp_path: Path, moment: str) -> None
         raise AssertionError("the run never had all its processes up")
     if moment == "batches_running":
         time.sleep(5)
-    proc.send_signal(signal.SIGINT)
+    seen.update(_processes(tmp_path, proc.pid, seen))
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
     assert "interrupted" in err
     end = time.monotonic() + 30
     while time.monotonic() < end:
-        left = {p: c for p, c in _processes(tmp_path).items() if p not in before}
+        left = _processes(tmp_path, proc.pid, seen)
         if not left:
             break
         time.sleep(0.5)
