@@ -59,18 +59,21 @@ def frames_of_rows(
     ftlayer.stage_rows) --, the id in ``shard`` (low 16 bits; the rows share
     buckets), the lineage id its batch gave it (the segment's LINEAGE_META says how)."""
     codecs = arrow_codecs(table.schema)
-    payloads = [encode_record(rec, codecs) for rec in table.take(rows).to_pylist()]
-    for i, payload in enumerate(kept):
-        if payload is not None:
-            payloads[i] = payload
+    payloads: list[bytes | None] = list(kept) or [None] * len(rows)
+    own = [i for i, payload in enumerate(payloads) if payload is None]  # the source rows
+    if own:  # (a row with a kept payload is not read: most of a late stage's failures)
+        picked = rows if len(own) == len(rows) else np.asarray(rows)[own]
+        for i, rec in zip(own, table.take(picked).to_pylist(), strict=True):
+            payloads[i] = encode_record(rec, codecs)
+    done = cast("list[bytes]", payloads)  # every one filled in
     lineages = segment_lineage(table, rows, source, partition)
-    heads = encode_stored_many(payloads, 0, source, partitions=partition,
+    heads = encode_stored_many(done, 0, source, partitions=partition,
                                max_replays=max_replays, max_payload=max_payload,
                                lineages=lineages)  # fmt: skip
     ids = persisted_ids(heads["payload_len"].astype(np.int64) + STORED_HEADER_SIZE, shard)
-    unit = np.empty(len(payloads), [("id", ">u8"), ("head", STORED_DTYPE)])
+    unit = np.empty(len(done), [("id", ">u8"), ("head", STORED_DTYPE)])
     unit["id"], unit["head"] = ids, heads
-    return [u + p for u, p in zip(unit.view(f"V{unit.itemsize}").tolist(), payloads,
+    return [u + p for u, p in zip(unit.view(f"V{unit.itemsize}").tolist(), done,
                                   strict=True)]  # fmt: skip
 
 
