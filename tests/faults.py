@@ -147,17 +147,20 @@ class TcpProxy:
                 return
 
 
+def stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after "pid (comm)" -- state, ppid, pgrp,
+    session, ... -- (comm may hold spaces); None once the process has exited."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def session_pids(sid: int) -> list[int]:
     """The processes whose session id is ``sid`` (Linux ``/proc``)."""
     pids = []
     for name in os.listdir("/proc"):  # not Path.glob: it stats entries that may vanish
-        if not name.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the process exited meanwhile
-            continue
-        if int(fields[3]) == sid:  # after "pid (comm)": state, ppid, pgrp, session
+        if name.isdigit() and (fields := stat_fields(name)) and int(fields[3]) == sid:
             pids.append(int(name))
     return pids
 

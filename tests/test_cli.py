@@ -8,47 +8,21 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
 from ftlayer.scripts import SCRIPTS
 from tests.faults import session_pids
-from tests.toolkit import CLI
+from tests.toolkit import CLI, Started, ended, start, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(args: list[str], **kw) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, capture_output=True, text=True, timeout=300, **kw)
-
-
-Started = tuple[subprocess.Popen[str], IO[str], IO[str]]
-"""A process started with its output in temporary files: (process, stdout, stderr)."""
-
-
-def _start(args: list[str]) -> Started:
-    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-    return subprocess.Popen(args, stdout=out, stderr=err, text=True), out, err
-
-
-def _ended(started: Started) -> subprocess.CompletedProcess[str]:
-    """What ``_run`` returns, of a started process once it has ended (killed after 300 s,
-    as ``_run`` would)."""
-    proc, *files = started
-    try:
-        proc.wait(timeout=300)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    texts = []
-    for f in files:
-        f.seek(0)
-        texts.append(f.read())
-    return subprocess.CompletedProcess(proc.args, proc.returncode, *texts)
 
 
 def test_help_lists_commands_and_env_vars() -> None:
@@ -136,17 +110,13 @@ def idempotent_demos(postgres: Any) -> Iterator[dict[tuple[str, str], Started]]:
     runs = {}
     for sink, source in IDEMPOTENT:
         extra = ["--sink-url", postgres.url] if sink == "postgres" else []
-        runs[(sink, source)] = _start(
+        runs[(sink, source)] = start(
             [*CLI, "--log-level", "WARNING", "demo", "--records", "2000", "--batches", "2",
              "--drop-rate", "0.3", "--timeout-s", "1.5", "--sink", sink, "--source", source,
              *extra, "--json"])  # fmt: skip
     yield runs
-    for proc, *files in runs.values():  # a run no test waited for (deselected) ends here
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for f in files:
-            f.close()
+    for started in runs.values():
+        stop(started)
 
 
 @pytest.mark.slow
@@ -162,7 +132,7 @@ def test_demo_into_an_idempotent_table_counts_from_it(
     become duplicates in the table, a report counted from the Redis list instead of the
     table, a record in the table and dead-lettered counted twice, Kafka replays lost or
     read back as other records."""
-    out = _ended(idempotent_demos[(sink, source)])
+    out = ended(idempotent_demos[(sink, source)], 300)
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout)
     assert r["sink"] == sink and r["source"] == source

@@ -12,14 +12,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from tests.faults import stat_fields
+from tests.toolkit import Started, ended, start, stop
 
 pytestmark = pytest.mark.slow
 
@@ -28,10 +29,8 @@ OURS = ("redis-server", "org.apache.spark.deploy", "ftlayer.cli serve")
 
 
 def _parent(pid: int) -> int:
-    try:  # /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may hold spaces
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
+    fields = stat_fields(pid)
+    return int(fields[1]) if fields else 0
 
 
 def _processes(tmp_path: Path, root: int, seen: dict[int, str]) -> dict[int, str]:
@@ -65,13 +64,11 @@ def _processes(tmp_path: Path, root: int, seen: dict[int, str]) -> dict[int, str
     return out
 
 
-def _run(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+def _run(tmp_path: Path, *args: str) -> Started:
     env = {**os.environ, "FTLAYER_BENCH_RESULTS": str(tmp_path),
            "FTLAYER_TEST_RUN": str(tmp_path)}  # fmt: skip
-    return subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.cluster_e2e", *args, "--logs", str(tmp_path)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    return start([sys.executable, "-m", "benchmarks.cluster_e2e", *args, "--logs",
+                  str(tmp_path)], cwd=ROOT, env=env)  # fmt: skip
 
 
 KILLS = [("delta", "settle"), ("postgres", "batch")]
@@ -80,41 +77,31 @@ KILLS = [("delta", "settle"), ("postgres", "batch")]
 @pytest.fixture(scope="module")
 def kill_runs(
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[dict[tuple[str, str], Any]]:
+) -> Iterator[dict[tuple[str, str], tuple[Started, Path]]]:
     """Both runs of the test below, started side by side (each waits on failovers and
-    restarts for much of its time: alone one keeps about half of two cores busy), their
-    output in files (a pipe nobody reads yet would stall a run)."""
+    restarts for much of its time: alone one keeps about half of two cores busy)."""
     runs = {}
     for sink, moment in KILLS:
         tmp = tmp_path_factory.mktemp(f"kill-{sink}")
-        out, err = (tmp / "stdout").open("w"), (tmp / "stderr").open("w")
-        env = {**os.environ, "FTLAYER_BENCH_RESULTS": str(tmp)}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.cluster_e2e", "--records", "3000", "--batches",
-             "10", "--sink", sink, "--master-kill-at", moment, "--json", "--logs", str(tmp)],
-            cwd=ROOT, env=env, stdout=out, stderr=err, text=True)  # fmt: skip
-        runs[(sink, moment)] = (proc, tmp, out, err)
+        runs[(sink, moment)] = (_run(tmp, "--records", "3000", "--batches", "10", "--sink", sink,
+                                     "--master-kill-at", moment, "--json"), tmp)  # fmt: skip
     yield runs
-    for proc, _, out, err in runs.values():
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        out.close()
-        err.close()
+    for started, _ in runs.values():
+        stop(started)
 
 
 @pytest.mark.parametrize(("sink", "moment"), KILLS)
 def test_three_kill_9s_while_records_flow_and_nothing_is_lost(
-    kill_runs: dict[tuple[str, str], Any], sink: str, moment: str
+    kill_runs: dict[tuple[str, str], tuple[Started, Path]], sink: str, moment: str
 ) -> None:
     """Through an idempotent sink: ``lost`` and ``duplicates`` are counted from the Delta
     / PostgreSQL table. ``settle``: the Redis master dies as the driver begins settling a
     micro-batch, so the driver's own writes meet the failover and must wait it out.
     Catches: records lost or written twice by a crash, a failover ending the query."""
-    proc, tmp_path, *_ = kill_runs[(sink, moment)]
-    proc.wait(timeout=900)
-    out, err = (tmp_path / "stdout").read_text(), (tmp_path / "stderr").read_text()
-    assert proc.returncode == 0, err[-4000:]
+    started, tmp_path = kill_runs[(sink, moment)]
+    done = ended(started, 900)
+    out, err = done.stdout, done.stderr
+    assert done.returncode == 0, err[-4000:]
     r = json.loads(out.strip().splitlines()[-1])
     assert r["source_records"] == 3000 and r["micro_batches"] == 10
     assert r["lost"] == 0 and r["pending"] == 0, r
@@ -143,7 +130,8 @@ def test_ctrl_c_stops_everything_it_started(tmp_path: Path, moment: str, sig: in
     driver's JVM starts (py4j turns an interrupt inside a gateway call into a Py4JError).
     SIGTERM stops it the same way (Python's default would leave the standalone cluster's
     JVMs running: seen when a test run was stopped)."""
-    proc = _run(tmp_path, "--records", "2000", "--batches", "40", "--faults", "")
+    started = _run(tmp_path, "--records", "2000", "--batches", "40", "--faults", "")
+    proc = started[0]
     seen: dict[int, str] = {}
     deadline = time.monotonic() + 180
     # driver_starting: the driver's JVM (SparkSubmit) has just appeared;
@@ -155,7 +143,7 @@ def test_ctrl_c_stops_everything_it_started(tmp_path: Path, moment: str, sig: in
         seen.update(mine)
         if all(any(k in c for c in mine.values()) for k in wanted):
             break
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert proc.poll() is None, ended(started, 1).stderr[-3000:]
         time.sleep(0.2)
     else:
         raise AssertionError("the run never had all its processes up")
@@ -163,7 +151,7 @@ def test_ctrl_c_stops_everything_it_started(tmp_path: Path, moment: str, sig: in
         time.sleep(5)
     seen.update(_processes(tmp_path, proc.pid, seen))
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=120)
+    err = ended(started, 120).stderr
     assert proc.returncode == 130, err[-3000:]
     assert "interrupted" in err
     end = time.monotonic() + 30

@@ -12,13 +12,15 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import IO, Any
 
 from ftlayer import EmbeddedRedis
 
-__all__ = ["CLI", "chromium", "cli", "replica_linked", "source_df", "until"]
+__all__ = ["CLI", "Started", "chromium", "cli", "ended", "replica_linked", "source_df",
+           "start", "stop", "until"]
 
 CLI = [sys.executable, "-m", "ftlayer.cli"]
 """``ftlayer`` as a user runs it, in this interpreter."""
@@ -98,3 +100,40 @@ def source_df(spark: Any, n: int, keys: int = 29, parts: int = 3) -> Any:
     return (spark.range(n)
             .select("id", (F.col("id") % keys).alias("key"), (F.col("id") % 100).alias("amount"))
             .repartition(parts))  # fmt: skip
+
+
+Started = tuple[subprocess.Popen[str], IO[str], IO[str]]
+"""A process started with its output in temporary files: (process, stdout, stderr)."""
+
+
+def start(args: list[str], **kw: Any) -> Started:
+    """Start ``args`` with its output in temporary files (a pipe nobody reads yet would
+    stall it): for runs started side by side, each read once it has ended."""
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    return subprocess.Popen(args, stdout=out, stderr=err, text=True, **kw), out, err
+
+
+def ended(started: Started, timeout: float) -> subprocess.CompletedProcess[str]:
+    """A started process's outcome once it has ended (killed after ``timeout`` seconds),
+    as ``subprocess.run(..., capture_output=True)`` gives it."""
+    proc, *files = started
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    texts = []
+    for f in files:
+        f.seek(0)
+        texts.append(f.read())
+    return subprocess.CompletedProcess(proc.args, proc.returncode, *texts)
+
+
+def stop(started: Started) -> None:
+    """Kill a started process if it still runs (no test waited for it) and close its files."""
+    proc, *files = started
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for f in files:
+        f.close()
