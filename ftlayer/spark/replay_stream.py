@@ -1,7 +1,8 @@
 """Replays as a Spark streaming source: a quiet stream still replays.
 
 ``pipeline.with_replays(stream)`` unions the user's stream with this source (Spark's
-Python data source API, format ``ftlayer-replays``), so Spark runs a micro-batch whenever
+Python data source API, format ``ftlayer-replays``, or ``ftlayer-replay-offsets`` when the
+batch reads its claims itself), so Spark runs a micro-batch whenever
 replays of the pipeline's source are queued, whether or not new input arrived -- the way
 Storm's spout re-emits failed tuples on its own.
 
@@ -48,6 +49,7 @@ from pyspark.sql.types import StructType
 from ftlayer.config import FTConfig
 from ftlayer.spark.batch_plan import arrow_schema, spark_schema
 from ftlayer.spark.replay_rows import replay_schema, stored_schema
+from ftlayer.spark.source_launcher import register_source
 from ftlayer.spark.worker import worker_layer
 
 if TYPE_CHECKING:
@@ -55,11 +57,12 @@ if TYPE_CHECKING:
 
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["FORMAT", "replay_stream"]
+__all__ = ["FORMAT", "OFFSETS_FORMAT", "replay_stream"]
 
 log = logging.getLogger(__name__)
 
 FORMAT = "ftlayer-replays"
+OFFSETS_FORMAT = "ftlayer-replay-offsets"
 
 
 class ReplayPartition(InputPartition):
@@ -211,7 +214,17 @@ class ReplaySource(DataSource):
         return ReplayReader(_options(self.options))
 
 
-_registered: set[int] = set()
+class ReplayOffsets(ReplaySource):
+    """The replay source whose micro-batches hold no rows (``rows`` "0"), only the
+    offsets of the claims the batch reads itself: its reader starts quickly
+    (ftlayer.spark.source_launcher), as no task of it runs on an executor."""
+
+    @classmethod
+    def name(cls) -> str:
+        return OFFSETS_FORMAT
+
+
+_registered: set[tuple[int, str]] = set()
 
 
 FAILOVER_S = 60.0
@@ -253,12 +266,13 @@ def replay_stream(
     ``carries_rows`` False: its micro-batches hold no rows, only the offsets of the
     claims the batch reads itself (kept by reference, DataFrame stages). Registers the
     data source with the session once."""
-    key = id(spark)
+    source_cls = ReplaySource if carries_rows else ReplayOffsets
+    key = (id(spark), source_cls.name())
     if key not in _registered:
-        spark.dataSource.register(ReplaySource)
+        register_source(spark, source_cls, quick_start=not carries_rows)
         _registered.add(key)
     return (
-        spark.readStream.format(FORMAT)
+        spark.readStream.format(source_cls.name())
         .option("config", json.dumps(asdict(config)))
         .option("source", str(source))
         .option("schema", schema.json())

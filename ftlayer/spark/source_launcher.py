@@ -1,0 +1,128 @@
+"""A quick start for the replay stream's reader: its process imports PySpark's compiled code.
+
+Spark runs a Python streaming source's reader (its offsets, its commits) in a Python
+process of its own, started on the driver for every run of a query
+(``PythonStreamingSourceRunner``, through ``PythonWorkerFactory.createSimpleWorker``), with
+Spark's ``python/lib/pyspark.zip`` first on that process's ``PYTHONPATH``. Python compiles
+a module imported from a zip each time: starting the reader costs a query about a second,
+where the same imports from the installed package, whose bytecode is cached, take a
+third of that.
+
+When PySpark is a pip install, ``SPARK_HOME`` is the installed ``pyspark`` package and
+the zip inside it holds the same files. Then ftlayer registers its replay source with a
+launcher as the source's Python: a shell script that puts a private directory first on
+``PYTHONPATH``, holding links to that same ``pyspark`` package (and to ``py4j`` when its
+version is the zip's), and runs the Python Spark would have run (``spark.pyspark.python``
+or ``PYSPARK_PYTHON``, as the context resolved it).
+
+Invariants:
+
+* The same interpreter and the same PySpark files run: only where they are imported from
+  changes. When anything is unclear (Spark Connect, a Spark distribution whose
+  ``python/`` is not the installed package, a platform without ``/bin/sh``) the source is
+  registered the way ``spark.dataSource.register`` does it.
+* Only for sources whose tasks read nothing (``partitions()`` returns none): Spark also
+  runs a source's read tasks with its Python, on executors, where the launcher, a file on
+  the driver, does not exist.
+* The launcher's directory is made once per driver process (``tempfile.mkdtemp``: private
+  to its user) and removed when the process exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shlex
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["launcher", "register_source"]
+
+_made: dict[tuple[str, str], str] = {}
+
+_UDS = "org.apache.spark.sql.execution.datasources.v2.python.UserDefinedPythonDataSource"
+
+
+def register_source(spark: SparkSession, source: type, quick_start: bool) -> None:
+    """Register the Python data source class ``source`` with ``spark`` under its
+    ``name()``; ``quick_start`` (its tasks read nothing): through the launcher, when one
+    applies."""
+    python = launcher(spark) if quick_start else None
+    if python is None:
+        spark.dataSource.register(source)
+        return
+    from pyspark.core.rdd import _prepare_for_python_RDD
+
+    sc = spark.sparkContext
+    command, broadcasts, env, includes = _prepare_for_python_RDD(sc, source)
+    jvm: Any = sc._jvm
+    function = jvm.SimplePythonFunction(bytearray(command), env, includes, python,
+                                        sc.pythonVer, broadcasts, sc._javaAccumulator)  # fmt: skip
+    spark._jsparkSession.dataSource().registerPython(
+        source.name(), getattr(jvm, _UDS)(function))  # type: ignore[attr-defined]
+
+
+def launcher(spark: SparkSession) -> str | None:
+    """The launcher's path for ``spark``'s driver, or None where it does not apply."""
+    if os.name != "posix" or not Path("/bin/sh").exists():
+        return None
+    if getattr(spark, "_jsparkSession", None) is None:  # Spark Connect: no JVM here
+        return None
+    sc = spark.sparkContext
+    home = sc._jvm.java.lang.System.getenv("SPARK_HOME")  # type: ignore[union-attr]
+    package = _pip_package(home)
+    if package is None:
+        return None
+    key = (str(package), sc.pythonExec)
+    if key not in _made:
+        _made[key] = _make(package, sc.pythonExec)
+    return _made[key]
+
+
+def _pip_package(home: str | None) -> Path | None:
+    """``home`` when it is an installed ``pyspark`` package holding Spark's zip."""
+    if not home:
+        return None
+    package = Path(home)
+    zipped = package / "python" / "lib" / "pyspark.zip"
+    if package.name != "pyspark" or not (package / "__init__.py").is_file():
+        return None
+    return package if zipped.is_file() else None
+
+
+def _py4j(package: Path) -> Path | None:
+    """The installed ``py4j`` beside ``package`` when its version is that of Spark's
+    ``py4j-<version>-src.zip``."""
+    zips = list((package / "python" / "lib").glob("py4j-*-src.zip"))
+    installed = package.parent / "py4j"
+    if len(zips) != 1 or not (installed / "version.py").is_file():
+        return None
+    wanted = zips[0].name[len("py4j-"):-len("-src.zip")]
+    found = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", (installed / "version.py").read_text())
+    return installed if found and found.group(1) == wanted else None
+
+
+def _make(package: Path, python: str) -> str:
+    """A private directory with the links and the launcher script; its script's path."""
+    home = Path(tempfile.mkdtemp(prefix="ftlayer-source-"))
+    atexit.register(shutil.rmtree, home, True)
+    os.symlink(package, home / "pyspark")
+    py4j = _py4j(package)
+    if py4j is not None:
+        os.symlink(py4j, home / "py4j")
+    script = home / "python"
+    script.write_text(
+        "#!/bin/sh\n"
+        "# ftlayer: Spark's Python, importing PySpark from its installed package\n"
+        f'PYTHONPATH={shlex.quote(str(home))}"${{PYTHONPATH:+:$PYTHONPATH}}"\n'
+        "export PYTHONPATH\n"
+        f'exec {shlex.quote(python)} "$@"\n'
+    )
+    script.chmod(0o700)
+    return str(script)

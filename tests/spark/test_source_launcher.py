@@ -1,0 +1,123 @@
+"""The replay stream's reader starts with PySpark's cached bytecode
+(ftlayer.spark.source_launcher): real Spark (local[2]), real Redis, a real file stream,
+the reader process Spark itself starts, seen in ``/proc``.
+
+Each test names, in its docstring, the product breaks it catches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark import cloudpickle
+from pyspark.sql import SparkSession
+
+from ftlayer.spark import FileSource
+from ftlayer.spark.source_launcher import launcher
+from tests.faults import stat_fields
+from tests.toolkit import until
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = pytest.mark.spark
+
+RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
+
+
+def spark_python_path(spark: SparkSession) -> str:
+    """The PYTHONPATH Spark gives the Python processes it starts: its zips first."""
+    home = spark.sparkContext._jvm.java.lang.System.getenv("SPARK_HOME")  # type: ignore[union-attr]
+    lib = Path(home, "python", "lib")
+    return os.pathsep.join(str(p) for p in [lib / "pyspark.zip", *lib.glob("py4j-*-src.zip")])
+
+
+def imported_from(python: str, env_path: str) -> list[str]:
+    """Where ``python``, started as Spark starts it, imports pyspark and py4j from."""
+    out = subprocess.run(
+        [python, "-c", "import pyspark, py4j; print(pyspark.__file__); print(py4j.__file__)"],
+        env={**os.environ, "PYTHONPATH": env_path}, capture_output=True, text=True,
+        check=True, timeout=60)  # fmt: skip
+    return out.stdout.split()
+
+
+def test_the_launcher_imports_the_same_pyspark_from_its_package_not_the_zip(
+    spark: SparkSession,
+) -> None:
+    """Started with the PYTHONPATH Spark gives it, the launcher's Python imports pyspark
+    (and py4j) from the installed package Spark's zip came with, where plain Python
+    imports them from the zip. Catches: a launcher that no longer applies to a pip
+    install (every query's start back to compiling PySpark), one importing another
+    PySpark than Spark's own (a path to a different package)."""
+    python = launcher(spark)
+    assert python is not None, "no launcher for a pip-installed PySpark"
+    path = spark_python_path(spark)
+    plain = imported_from(sys.executable, path)
+    assert all(".zip" in p for p in plain), plain  # what Spark alone does
+    quick = imported_from(python, path)
+    assert not any(".zip" in p for p in quick), quick
+    home = spark.sparkContext._jvm.java.lang.System.getenv("SPARK_HOME")  # type: ignore[union-attr]
+    assert Path(quick[0]).resolve().parent == Path(home).resolve()
+    assert launcher(spark) == python, "a second launcher for the same driver"
+
+
+def reader_paths() -> list[list[str]]:
+    """The PYTHONPATH of each streaming source reader started by this process's JVM."""
+    mine, found = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if RUNNER.encode() not in cmd or not _descends(int(name), mine):
+            continue
+        env = dict(e.decode().split("=", 1) for e in environ if b"=" in e)
+        found.append(env.get("PYTHONPATH", "").split(os.pathsep))
+    return found
+
+
+def _descends(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        fields = stat_fields(pid)
+        if fields is None:
+            return False
+        pid = int(fields[1])
+        if pid == ancestor:
+            return True
+    return False
+
+
+def test_a_by_reference_streams_reader_runs_through_the_launcher(
+    spark: SparkSession, make_ft: Any, tmp_path: Path
+) -> None:
+    """A by-reference stream's replay source (its batches read their claims themselves):
+    the reader Spark starts for the query has the launcher's directory first on its
+    PYTHONPATH. Catches: the replay source registered the plain way (every query's start
+    paying about a second), the launcher used but not the one the session made."""
+    ft = make_ft()
+    root = tmp_path / "in"
+    root.mkdir()
+    (root / "a.json").write_text("".join(json.dumps({"id": i, "key": i % 7}) + "\n"
+                                         for i in range(50)))  # fmt: skip
+    files = FileSource("json", str(root), "id long, key long")
+    pipeline = (ft.pipeline(source=0, reads=files).map_batches(lambda b: b, "id long, key long")
+                .sink_batches(lambda b: None))  # fmt: skip
+    query = (pipeline.stream(spark).writeStream.foreachBatch(pipeline)
+             .trigger(processingTime="200 milliseconds")
+             .option("checkpointLocation", str(tmp_path / "ck")).start())  # fmt: skip
+    try:
+        until(lambda: query.lastProgress is not None, "the query's first batch", 60)
+        paths = reader_paths()
+    finally:
+        query.stop()
+    python = launcher(spark)
+    assert python is not None
+    assert paths, "no streaming source reader found under this process"
+    assert all(p[0] == str(Path(python).parent) for p in paths), paths
