@@ -242,9 +242,11 @@ def test_a_files_location_id_is_sparks_hash_of_its_path(
 ) -> None:
     """Spark is the oracle: ``location_id`` of each path ``inputFiles`` lists equals what
     the JVM computes for its rows (``xxhash64(_metadata.file_path)``), names with spaces,
-    percent signs and subdirectories included. Catches: a listing spelling paths another
-    way (``file:///`` beside ``file:/``, or unescaped), so replays would not find their
-    files and dead-letter."""
+    percent signs and subdirectories included; and so does the location of every row's
+    reference (``FileSource.reference``, from ``input_file_name()``). Catches: a listing
+    spelling paths another way (``file:///`` beside ``file:/``, or unescaped), so replays
+    would not find their files and dead-letter; a reference whose location changed
+    spelling (stored references and the lineage ids made of them no longer matching)."""
     from pyspark.sql import functions as F  # noqa: N812
 
     write_json(tmp_path / "in" / "a.json", range(0, 3))
@@ -253,6 +255,16 @@ def test_a_files_location_id_is_sparks_hash_of_its_path(
     listed = {location_id(p) for p in df.inputFiles()}
     rows = df.select(F.xxhash64(F.col("_metadata.file_path")).alias("h")).distinct().collect()
     assert listed == {r.h for r in rows} and len(listed) == 2
+    for fmt in ("json", "parquet"):  # the reference's location: the same hash, every row
+        if fmt == "parquet":
+            write_parquet(tmp_path / "pq" / "sub dir" / "c 100%.parquet", range(6, 9))
+        root = tmp_path / ("in" if fmt == "json" else "pq")
+        source = FileSource(fmt, str(root), SCHEMA, recursiveFileLookup="true")
+        read = spark.read.format(fmt).schema(SCHEMA).option("recursiveFileLookup", "true")
+        loc, _ = source.reference(read.load(str(root)))
+        pairs = read.load(str(root)).select(
+            loc.alias("loc"), F.xxhash64(F.col("_metadata.file_path")).alias("h")).collect()
+        assert pairs and all(r.loc == r.h for r in pairs), pairs
 
 
 def test_a_parquet_rows_position_is_its_index_whatever_the_splits(
