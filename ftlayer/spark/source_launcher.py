@@ -25,16 +25,20 @@ Invariants:
   runs a source's read tasks with its Python, on executors, where the launcher, a file on
   the driver, does not exist.
 * The launcher's directory is made once per driver process (``tempfile.mkdtemp``: private
-  to its user) and removed when the process exits.
+  to its user) and removed when the process exits; the launcher is run once before it is
+  used (a temporary directory mounted ``noexec`` leaves the source registered as Spark
+  does).
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import re
 import shlex
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,7 +48,9 @@ if TYPE_CHECKING:
 
 __all__ = ["launcher", "register_source"]
 
-_made: dict[tuple[str, str], str] = {}
+log = logging.getLogger(__name__)
+
+_made: dict[tuple[str, str], str | None] = {}
 
 _UDS = "org.apache.spark.sql.execution.datasources.v2.python.UserDefinedPythonDataSource"
 
@@ -81,8 +87,20 @@ def launcher(spark: SparkSession) -> str | None:
         return None
     key = (str(package), sc.pythonExec)
     if key not in _made:
-        _made[key] = _make(package, sc.pythonExec)
+        _made[key] = _checked(_make(package, sc.pythonExec))
     return _made[key]
+
+
+def _checked(script: str) -> str | None:
+    """``script`` if it runs (a temporary directory mounted ``noexec``, or a Python that
+    is not there, would stop every query's start); None, logged, if not."""
+    try:
+        subprocess.run([script, "-c", ""], check=True, capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("the replay source's reader starts the slow way: its launcher %s "
+                    "does not run (%s)", script, e)  # fmt: skip
+        return None
+    return script
 
 
 def _pip_package(home: str | None) -> Path | None:

@@ -19,7 +19,7 @@ from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
 from ftlayer.spark import FileSource
-from ftlayer.spark.source_launcher import launcher
+from ftlayer.spark.source_launcher import _checked, launcher
 from tests.faults import stat_fields
 from tests.toolkit import until
 
@@ -121,3 +121,18 @@ def test_a_by_reference_streams_reader_runs_through_the_launcher(
     assert python is not None
     assert paths, "no streaming source reader found under this process"
     assert all(p[0] == str(Path(python).parent) for p in paths), paths
+
+
+def test_a_launcher_that_cannot_run_is_not_used(tmp_path: Path, caplog: Any) -> None:
+    """A launcher the system will not execute (as in a temporary directory mounted
+    ``noexec``) is found out before any query uses it: the source is then registered
+    the way Spark does it, with a warning. Catches: every query of the session failing
+    to start its replay source's reader."""
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    script.chmod(0o600)  # not executable, even by root
+    with caplog.at_level("WARNING"):
+        assert _checked(str(script)) is None
+    assert "does not run" in caplog.text
+    script.chmod(0o700)
+    assert _checked(str(script)) == str(script)
