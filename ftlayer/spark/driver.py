@@ -202,7 +202,7 @@ class FaultTolerance:
             stream = pipeline.reads.stream(spark)
             schema = stream.schema
             if self.layer is not None:
-                stream = with_references(pipeline.reads, stream)
+                stream = with_references(pipeline.reads, stream, scanned=True)
         else:
             schema = stream.schema
         if not stream.isStreaming:

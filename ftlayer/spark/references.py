@@ -120,10 +120,15 @@ class FileSource:
         reader = spark.readStream.format(self.format).schema(self.schema)
         return reader.options(**self.options).load(self.path)
 
-    def reference(self, df: DataFrame) -> tuple[Column, Column]:
+    def reference(self, df: DataFrame, scanned: bool = False) -> tuple[Column, Column]:
+        """``scanned``: ``df`` is this source's own read, nothing between it and the scan
+        (its stream, a read back): the file's path then comes from ``input_file_name()``
+        (:func:`file_path`); otherwise from ``_metadata.file_path``, which Spark refuses
+        to resolve where it could not name the file (after a shuffle, say), where
+        ``input_file_name()`` would be empty."""
         from pyspark.sql import functions as F  # noqa: N812
 
-        loc = F.xxhash64(file_path())
+        loc = F.xxhash64(file_path() if scanned else F.col("_metadata.file_path"))
         if self.format == "parquet":  # a row's index in its file: stable, and no hash
             return loc, F.col("_metadata.row_index")
         cols = [c for c in df.columns if c not in (LOC_COL, POS_COL)]
@@ -187,11 +192,13 @@ _FILES: dict[int, str] = {}
 
 def file_path() -> Column:
     """The path of the file a row was read from, spelled as ``_metadata.file_path`` spells
-    it (``file:/x``), from ``input_file_name()`` (``file:///x``): asking a row-based
-    reader (JSON, CSV, text) for a ``_metadata`` column makes it copy every row once more
-    to append it (measured: a 1 KB event read 0.5 us slower), where ``input_file_name()``
-    reads the task's current file. The spelling keeps every location id, and the lineage
-    ids made of them, what they were when the path came from ``_metadata``."""
+    it (``file:/x``), from ``input_file_name()`` (``file:///x``), for a column computed
+    right over the file scan (it is empty where a task reads no file, or several, as
+    after a shuffle). Asking a row-based reader (JSON, CSV, text) for a ``_metadata``
+    column makes it copy every row once more to append it (measured: a 1 KB event read
+    0.5 us slower); ``input_file_name()`` reads the task's current file. The spelling
+    keeps every location id, and the lineage ids made of them, what they were when the
+    path came from ``_metadata``."""
     from pyspark.sql import functions as F  # noqa: N812
 
     name = F.input_file_name()
@@ -270,9 +277,14 @@ _STREAM_ONLY = {"maxFilesPerTrigger", "maxBytesPerTrigger", "latestFirst", "file
                 "maxFileAge", "cleanSource", "sourceArchiveDir"}  # fmt: skip
 
 
-def with_references(source: ReplayableSource, df: DataFrame) -> DataFrame:
-    """``df`` (rows of ``source``) with their references as ``__ft_loc`` / ``__ft_pos``."""
-    loc, pos = source.reference(df)
+def with_references(source: ReplayableSource, df: DataFrame, scanned: bool = False) -> DataFrame:
+    """``df`` (rows of ``source``) with their references as ``__ft_loc`` / ``__ft_pos``.
+    ``scanned``: ``df`` is the source's own read (its stream, a read back), which a
+    :class:`FileSource` references the cheap way."""
+    if scanned and isinstance(source, FileSource):
+        loc, pos = source.reference(df, scanned=True)
+    else:
+        loc, pos = source.reference(df)
     return df.select("*", loc.alias(LOC_COL), pos.alias(POS_COL))
 
 
@@ -298,7 +310,8 @@ def resolve(
         keys = spark.createDataFrame(wanted)
         back = source.read_back(spark, sorted(locations), keys.select(LOC_COL, POS_COL))
         if back is not None:
-            rows = with_references(source, back).join(F.broadcast(keys), [LOC_COL, POS_COL])
+            rows = with_references(source, back, scanned=True).join(F.broadcast(keys),
+                                                                    [LOC_COL, POS_COL])
             parts.append(rows.select(*names, *REPLAY_COLS))
     if not parts:
         return None

@@ -243,7 +243,8 @@ def test_a_files_location_id_is_sparks_hash_of_its_path(
     """Spark is the oracle: ``location_id`` of each path ``inputFiles`` lists equals what
     the JVM computes for its rows (``xxhash64(_metadata.file_path)``), names with spaces,
     percent signs and subdirectories included; and so does the location of every row's
-    reference (``FileSource.reference``, from ``input_file_name()``). Catches: a listing
+    reference (``FileSource.reference``, from ``input_file_name()`` over the source's own
+    scan, from ``_metadata`` otherwise). Catches: a listing
     spelling paths another way (``file:///`` beside ``file:/``, or unescaped), so replays
     would not find their files and dead-letter; a reference whose location changed
     spelling (stored references and the lineage ids made of them no longer matching)."""
@@ -261,10 +262,12 @@ def test_a_files_location_id_is_sparks_hash_of_its_path(
         root = tmp_path / ("in" if fmt == "json" else "pq")
         source = FileSource(fmt, str(root), SCHEMA, recursiveFileLookup="true")
         read = spark.read.format(fmt).schema(SCHEMA).option("recursiveFileLookup", "true")
-        loc, _ = source.reference(read.load(str(root)))
-        pairs = read.load(str(root)).select(
-            loc.alias("loc"), F.xxhash64(F.col("_metadata.file_path")).alias("h")).collect()
-        assert pairs and all(r.loc == r.h for r in pairs), pairs
+        scan = read.load(str(root))
+        quick, _ = source.reference(scan, scanned=True)
+        plain, _ = source.reference(scan)
+        pairs = scan.select(quick.alias("quick"), plain.alias("plain"),
+                            F.xxhash64(F.col("_metadata.file_path")).alias("h")).collect()
+        assert pairs and all(r.quick == r.h == r.plain for r in pairs), pairs
 
 
 def test_a_parquet_rows_position_is_its_index_whatever_the_splits(
