@@ -156,6 +156,19 @@ def stat_fields(pid: int | str) -> list[str] | None:
         return None
 
 
+def descends(pid: int, ancestor: int) -> bool:
+    """Whether process ``pid`` is a descendant of ``ancestor`` (its parent, its parent's
+    parent, ...; Linux ``/proc``); False once a process on the way has exited."""
+    while pid > 1:
+        fields = stat_fields(pid)
+        if fields is None:
+            return False
+        pid = int(fields[1])
+        if pid == ancestor:
+            return True
+    return False
+
+
 def session_pids(sid: int) -> list[int]:
     """The processes whose session id is ``sid`` (Linux ``/proc``)."""
     pids = []

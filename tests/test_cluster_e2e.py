@@ -19,18 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults import stat_fields
+from tests.faults import descends
 from tests.toolkit import Started, ended, start, stop
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ("redis-server", "org.apache.spark.deploy", "ftlayer.cli serve")
-
-
-def _parent(pid: int) -> int:
-    fields = stat_fields(pid)
-    return int(fields[1]) if fields else 0
 
 
 def _processes(tmp_path: Path, root: int, seen: dict[int, str]) -> dict[int, str]:
@@ -56,10 +51,7 @@ def _processes(tmp_path: Path, root: int, seen: dict[int, str]) -> dict[int, str
                 continue
         except OSError:
             continue
-        up = _parent(pid)
-        while up > 1 and up != root:
-            up = _parent(up)
-        if up == root:
+        if descends(pid, root):
             out[pid] = cmd
     return out
 

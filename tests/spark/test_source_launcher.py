@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 
 from ftlayer.spark import FileSource
 from ftlayer.spark.source_launcher import _checked, launcher
-from tests.faults import stat_fields
+from tests.faults import descends
 from tests.toolkit import until
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -76,22 +76,11 @@ def reader_paths() -> list[list[str]]:
             environ = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if RUNNER.encode() not in cmd or not _descends(int(name), mine):
+        if RUNNER.encode() not in cmd or not descends(int(name), mine):
             continue
         env = dict(e.decode().split("=", 1) for e in environ if b"=" in e)
         found.append(env.get("PYTHONPATH", "").split(os.pathsep))
     return found
-
-
-def _descends(pid: int, ancestor: int) -> bool:
-    while pid > 1:
-        fields = stat_fields(pid)
-        if fields is None:
-            return False
-        pid = int(fields[1])
-        if pid == ancestor:
-            return True
-    return False
 
 
 def test_a_by_reference_streams_reader_runs_through_the_launcher(
