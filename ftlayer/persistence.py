@@ -23,7 +23,6 @@ import numpy as np
 import xxhash
 
 from ftlayer.acker import AckEntry, pack_fails
-from ftlayer.connection import is_cluster
 from ftlayer.dlq_merge import merge_dead_letters
 from ftlayer.ids import RecordId, mix64, new_ids, shard_of
 from ftlayer.keys import ShardKeys
@@ -284,20 +283,14 @@ class RedisPersistenceLayer(NamespacePart):
         """The records ``token`` claimed on ``shard`` that are still pending (those that
         completed or failed since are gone), each with the current id it was inited with;
         records that no longer decode are dead-lettered alone. Pops nothing."""
-        reply = self._call(self.keyspace[shard], self._read_args(source, token))
-        return self._read_reply(source, token, shard, reply)
-
-    def _read_args(self, source: int, token: str) -> list[Any]:
-        return [source, 0, b"", self.config.interval_ms, self.config.buckets, token, 0, "read"]
-
-    def _read_reply(self, source: int, token: str, shard: int,
-                    reply: list[Any]) -> list[ClaimedRecord]:  # fmt: skip
+        keys = self.keyspace[shard]
+        args = [source, 0, b"", self.config.interval_ms, self.config.buckets, token, 0, "read"]
+        reply = self._call(keys, args)
         if not reply:
             return []
-        args = self._read_args(source, token)
         curs = stream_ids(token, shard, _claimed_count(reply, popped=True))
         args[2] = curs.astype(">u8").tobytes()
-        return self._claimed(self.keyspace[shard], args, reply)
+        return self._claimed(keys, args, reply)
 
     def read_open_streams(self, source: int) -> list[ClaimedRecord]:
         """``read_stream`` of every open claim of ``source`` on every shard: the replays
@@ -307,30 +300,9 @@ class RedisPersistenceLayer(NamespacePart):
         earlier query run left, which hold only what no batch settled since (a record
         settled or failed again is gone from its claim)."""
         members = cast(set[bytes], self.client.smembers(self.keyspace.stream_claims(source)))
-        work = [(t, k) for t in sorted(m.decode() for m in members)
-                for k in range(len(self.keyspace.shards))]  # fmt: skip
-        if not work:
-            return []
-        replies = self.retried(partial(self._read_all, source, work), "claim")
-        return [c for (t, k), reply in zip(work, replies, strict=True)
-                for c in self._read_reply(source, t, k, reply)]  # fmt: skip
-
-    def _read_all(self, source: int, work: list[tuple[str, int]]) -> list[Any]:
-        """The ``read`` replies of every (token, shard) in ``work``: one pipeline (a
-        cluster: one call each). Reading pops nothing: sending it again is safe."""
-        def call(token: str, shard: int, client: Any = None) -> Any:
-            keys = self.keyspace[shard].script_keys
-            return self.scripts.claim(keys=keys, args=self._read_args(source, token),
-                                      client=client)  # fmt: skip
-
-        if is_cluster(self.client) or len(work) == 1:
-            return [call(t, k) for t, k in work]
-
-        def fill(pipe: Any) -> None:
-            for t, k in work:
-                call(t, k, pipe)
-
-        return self.scripts.execute(fill)
+        return [c for t in sorted(m.decode() for m in members)
+                for k in range(len(self.keyspace.shards))
+                for c in self.read_stream(source, t, k)]  # fmt: skip
 
     def open_stream(self, source: int, token: str) -> None:
         """Note ``token`` as claimed and not yet committed (``stream_claimed``)."""
