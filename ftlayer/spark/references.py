@@ -280,7 +280,8 @@ _STREAM_ONLY = {"maxFilesPerTrigger", "maxBytesPerTrigger", "latestFirst", "file
 def with_references(source: ReplayableSource, df: DataFrame, scanned: bool = False) -> DataFrame:
     """``df`` (rows of ``source``) with their references as ``__ft_loc`` / ``__ft_pos``.
     ``scanned``: ``df`` is the source's own read (its stream, a read back), which a
-    :class:`FileSource` references the cheap way."""
+    :class:`FileSource` references the cheap way (asked by name: ``reference(df)`` of the
+    ReplayableSource protocol stays as users' own sources implement it)."""
     if scanned and isinstance(source, FileSource):
         loc, pos = source.reference(df, scanned=True)
     else:
