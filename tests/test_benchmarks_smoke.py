@@ -218,6 +218,17 @@ def test_stream_overhead_smoke(tmp_path: Path) -> None:
     assert r["goals"]["df:ft_ms_per_batch"] == "<= 30"
 
 
+def test_observation_cost_smoke(tmp_path: Path) -> None:
+    """The price of one observation per job (benchmarks.observation_cost), tiny: both
+    variants measured against their plain runs, per cadence."""
+    r = _bench(tmp_path, "benchmarks.observation_cost", "--cadences", "300", "--repeat", "1",
+               "--warmup", "1", "--payload-bytes", "100")  # fmt: skip
+    f = r["cadences"]["300"]
+    assert r["observations_per_job"] == 2 and f["plain_s"] > 0
+    for v in ("count", "stage"):
+        assert isinstance(f[f"ms_per_observation_{v}"], float) and f[f"ratio_{v}_vs_plain"] > 0
+
+
 @pytest.mark.slow
 def test_stream_overhead_kafka_smoke(tmp_path: Path) -> None:
     """``--source kafka``, tiny: the DataFrame pipeline over a 4-partition topic on a
