@@ -6,13 +6,14 @@ once per stage that can fail a row (ftlayer.spark.frame_observations); with no s
 once at the sink's input. This measures that price alone, in one local[2] session, on the
 job of ``stream_overhead``'s ``arrow`` pipeline over one micro-batch's input (a JSON file of
 W-byte events, parsed and enriched by ``mapInArrow``, a keyed shuffle into 4 partitions, a
-second ``mapInArrow``, appended as Parquet), written three ways, each run beside a plain
-run of its own in every round (paired rounds, alternating which goes first):
+second ``mapInArrow``, appended as Parquet). Each ``mapInArrow`` answers as a Python stage
+of ftlayer's does (its output and the outcome columns: identity, failed flag, error; no
+row fails), and its answer is, in the three variants, each run beside a plain run of its
+own in every round (paired rounds, alternating which goes first):
 
-* ``plain``: the job as is;
-* ``count``: each ``mapInArrow``'s output observed with one ``count(1)``;
-* ``stage``: each ``mapInArrow``'s output given ftlayer's outcome columns (none of the rows
-  failed) and observed and filtered exactly as ftlayer observes a stage's failed rows
+* ``plain``: filtered on the failed flag, not observed;
+* ``count``: observed with one ``count(1)``, then filtered;
+* ``stage``: observed and filtered exactly as ftlayer observes a stage's failed rows
   (``frame_observations._observed_columns``: its row count, the failed rows' count, their
   identities and their distinct errors).
 
@@ -34,40 +35,67 @@ import shutil
 import statistics
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import pyarrow as pa
 
 from benchmarks._common import parse_args, provenance, save
 from benchmarks._paired import PARTITIONS, PairedRounds, quartiles, spark_session
 from benchmarks._wide import SCHEMA, write_events
-from benchmarks.stream_overhead import ENRICHED, TAXED, _each, arrow_enrich, arrow_vat
+from benchmarks.stream_overhead import ENRICHED, TAXED, arrow_enrich, arrow_vat
+from ftlayer.spark.frame_tasks import outcome_fields
 
 OBSERVED = 2
 """Observations per job in the ``count`` and ``stage`` variants: one per ``mapInArrow``."""
 VARIANTS = ("count", "stage")
+_DDL = {pa.int64(): "long", pa.bool_(): "boolean", pa.string(): "string", pa.int32(): "int"}
 
 
 def observed(df: Any, variant: str) -> Any:
-    """``df`` observed as ``variant`` says (``plain``: as it is)."""
+    """``df`` (a ``mapInArrow`` answer carrying ftlayer's outcome columns) observed as
+    ``variant`` says, without the outcome columns (``plain``: not observed)."""
     from pyspark.sql import Observation
     from pyspark.sql import functions as F  # noqa: N812
 
     from ftlayer.spark.frame_observations import _observed_columns
     from ftlayer.spark.frame_tasks import ATTEMPTS_COL, DEAD_COL, ERROR_COL, FAILED_COL
-    from ftlayer.spark.vector_plan import LOC_COL, POS_COL
 
     name = f"bench-{uuid.uuid4().hex[:12]}"
-    if variant == "plain":
-        return df
+    outcome = [f.name for f in outcome_fields()]
     if variant == "count":
-        return df.observe(Observation(name), F.count(F.lit(1)).alias("rows"))
-    outcome = {LOC_COL: F.col("id"), POS_COL: F.col("key"), FAILED_COL: F.col("id") < 0,
-               ERROR_COL: F.lit(None).cast("string"), DEAD_COL: F.lit(False),
-               ATTEMPTS_COL: F.lit(1)}  # fmt: skip
-    df = df.withColumns(outcome)
-    aggregates, keep = _observed_columns(F.col(ERROR_COL), F.col(DEAD_COL), F.col(ATTEMPTS_COL))
-    return df.observe(Observation(name), *aggregates).filter(keep).drop(*outcome)
+        df = df.observe(Observation(name), F.count(F.lit(1)).alias("rows"))
+    elif variant == "stage":
+        aggregates, keep = _observed_columns(F.col(ERROR_COL), F.col(DEAD_COL),
+                                             F.col(ATTEMPTS_COL))  # fmt: skip
+        df = df.observe(Observation(name), *aggregates).filter(keep)
+    else:
+        df = df.filter(~F.col(FAILED_COL))
+    return df.drop(*outcome)
+
+
+def answering(fn: Callable[[pa.RecordBatch], pa.RecordBatch]) -> Callable[..., Any]:
+    """``fn`` as a ``mapInArrow`` function answering as a Python stage of ftlayer's does:
+    its output and the outcome columns (``ftlayer.spark.frame_tasks.outcome_fields``; no row
+    failed), in every variant alike."""
+    fields = outcome_fields()
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in batches:
+            out, n = fn(b), b.num_rows
+            ids = b.column(0)
+            yield pa.RecordBatch.from_arrays(
+                [*out.columns, ids, ids, pa.array(np.zeros(n, bool)), pa.nulls(n, pa.string()),
+                 pa.array(np.zeros(n, bool)), pa.array(np.ones(n, np.int32))],
+                schema=pa.schema([*out.schema, *fields]))  # fmt: skip
+
+    return run
+
+
+def _with_outcome(ddl: str) -> str:
+    return ddl + ", " + ", ".join(f"{f.name} {_DDL[f.type]}" for f in outcome_fields())
 
 
 def job(spark: Any, source: Path, out: Path, variant: str) -> Callable[[], None]:
@@ -75,8 +103,10 @@ def job(spark: Any, source: Path, out: Path, variant: str) -> Callable[[], None]
 
     def run() -> None:
         df = spark.read.schema(SCHEMA).json(str(source))
-        first = observed(df.mapInArrow(_each(arrow_enrich), ENRICHED), variant)
-        staged = first.repartition(PARTITIONS, "key").mapInArrow(_each(arrow_vat), TAXED)
+        first = observed(df.mapInArrow(answering(arrow_enrich), _with_outcome(ENRICHED)),
+                         variant)  # fmt: skip
+        staged = first.repartition(PARTITIONS, "key").mapInArrow(answering(arrow_vat),
+                                                                 _with_outcome(TAXED))
         observed(staged, variant).write.mode("append").parquet(str(out))
 
     return run
