@@ -8,12 +8,13 @@ job of ``stream_overhead``'s ``arrow`` pipeline over one micro-batch's input (a 
 W-byte events, parsed and enriched by ``mapInArrow``, a keyed shuffle into 4 partitions, a
 second ``mapInArrow``, appended as Parquet). Each ``mapInArrow`` answers as a Python stage
 of ftlayer's does (its output and the outcome columns: identity, failed flag, error; no
-row fails), and its answer is, in the three variants, each run beside a plain run of its
-own in every round (paired rounds, alternating which goes first):
+row fails) and is filtered on the failed flag; three variants, each observed variant
+beside a plain run of its own in every round (paired rounds, alternating which goes
+first):
 
-* ``plain``: filtered on the failed flag, not observed;
-* ``count``: observed with one ``count(1)``, then filtered;
-* ``stage``: observed and filtered exactly as ftlayer observes a stage's failed rows
+* ``plain``: not observed;
+* ``count``: observed with one ``count(1)``;
+* ``stage``: observed exactly as ftlayer observes a stage's failed rows
   (``frame_observations._observed_columns``: its row count, the failed rows' count, their
   identities and their distinct errors).
 
@@ -23,7 +24,7 @@ with quartiles; ``ratio_<count|stage>_vs_plain`` (plain time / variant time, the
 the per-round ratios). A cost that does not grow with the events is paid per micro-batch:
 what cutting observations out of a batch's plan would save. No goal rides on it.
 
-    python -m benchmarks.observation_cost [--cadences 5000,50000] [--repeat 9] [--warmup 2]
+    python -m benchmarks.observation_cost [--cadences 5000,50000] [--repeat 15] [--warmup 2]
         [--payload-bytes 1024] [--json] [--record | --results DIR]
 """
 
@@ -61,19 +62,17 @@ def observed(df: Any, variant: str) -> Any:
     from pyspark.sql import functions as F  # noqa: N812
 
     from ftlayer.spark.frame_observations import _observed_columns
-    from ftlayer.spark.frame_tasks import ATTEMPTS_COL, DEAD_COL, ERROR_COL, FAILED_COL
+    from ftlayer.spark.frame_tasks import ATTEMPTS_COL, DEAD_COL, ERROR_COL
 
     name = f"bench-{uuid.uuid4().hex[:12]}"
     outcome = [f.name for f in outcome_fields()]
+    aggregates, keep = _observed_columns(F.col(ERROR_COL), F.col(DEAD_COL),
+                                         F.col(ATTEMPTS_COL))  # fmt: skip
     if variant == "count":
         df = df.observe(Observation(name), F.count(F.lit(1)).alias("rows"))
     elif variant == "stage":
-        aggregates, keep = _observed_columns(F.col(ERROR_COL), F.col(DEAD_COL),
-                                             F.col(ATTEMPTS_COL))  # fmt: skip
-        df = df.observe(Observation(name), *aggregates).filter(keep)
-    else:
-        df = df.filter(~F.col(FAILED_COL))
-    return df.drop(*outcome)
+        df = df.observe(Observation(name), *aggregates)
+    return df.filter(keep).drop(*outcome)
 
 
 def answering(fn: Callable[[pa.RecordBatch], pa.RecordBatch]) -> Callable[..., Any]:
@@ -157,7 +156,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cadences", default="5000,50000", help="events per job, comma-separated")
     ap.add_argument("--payload-bytes", type=int, default=1024)
-    ap.add_argument("--repeat", type=int, default=9, help="counted rounds")
+    ap.add_argument("--repeat", type=int, default=15, help="counted rounds")
     ap.add_argument("--warmup", type=int, default=2, help="rounds run, not counted")
     args = parse_args(ap)
     r = run([int(x) for x in args.cadences.split(",")], args.payload_bytes, args.repeat,
