@@ -23,7 +23,7 @@ from benchmarks.results_md.spark_sections import (
     render_sink,
     render_wide,
 )
-from benchmarks.results_md.stream_sections import render_stream
+from benchmarks.results_md.stream_sections import render_observation_cost, render_stream
 
 
 def render_generic(page: Page) -> None:
@@ -49,6 +49,7 @@ RENDERERS: tuple[tuple[str, Renderer, str], ...] = (
     (r"dataframe_overhead_\d+", render_dataframe, ""),
     (r"flush_cost(_.+)?", render_flush_cost, ""),
     (r"layout_candidates(_.+)?", render_layout, ""),
+    (r"observation_cost(_.+)?", render_observation_cost, ""),
     (r"pending_memory(_.+)?", render_pending_memory, ""),
     (r"pipeline_overhead_(wide|stream)_\d+", render_wide,
      "This file: the `--payload-bytes W` run: events with a W-byte JSON payload read from "

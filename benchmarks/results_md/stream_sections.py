@@ -1,7 +1,8 @@
-"""Section renderer of the streaming yardstick (``stream_overhead.json``): per cadence and
+"""Section renderers of the streaming yardstick (``stream_overhead.json``: per cadence and
 pipeline, each ftlayer query's seconds per micro-batch beside the plain query's (paired),
 the median ratio and its quartiles, then the cost per query (measured) and the per-batch and
-per-record costs fitted over the cadences."""
+per-record costs fitted over the cadences) and of what an observation costs a micro-batch's
+job (``observation_cost.json``)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,24 @@ def render_stream(page: Page) -> None:
             page.row(f"`{p}` `{key}` (fitted over the cadences)", f.get(key),
                      goal=page.goal_of(f"{p}:{key}", "<=", goals), unit=unit,
                      goal_label=f"`{p}` `{key}`")  # fmt: skip
+
+
+def render_observation_cost(page: Page) -> None:
+    """Per cadence and variant: the observed job's seconds beside the plain job's (paired),
+    the ratio and its quartiles, and the milliseconds per observation with theirs."""
+    d = page.data
+    common_facts(page)
+    page.fact("observations per job", d.get("observations_per_job"))
+    page.notes.append("Ratios: the plain job's time ÷ the observed job's, the median of "
+                      "per-round ratios; milliseconds per observation: the median of the "
+                      "per-round extra times over the job's observations.")  # fmt: skip
+    cadences = d.get("cadences") or {}
+    for events in sorted(cadences, key=int):
+        f = cadences[events]
+        for v in ("count", "stage"):
+            page.row(f"`{v}` job, {num(int(events))} events", f.get(f"{v}_s"),
+                     f.get("plain_s"), "plain job", f.get(f"ratio_{v}_vs_plain"),
+                     f.get(f"ratio_{v}_vs_plain_quartiles"), unit="s")  # fmt: skip
+            page.row(f"`{v}`: extra per observation, {num(int(events))} events",
+                     f.get(f"ms_per_observation_{v}"), q=f.get(f"ms_per_observation_{v}_quartiles"),
+                     unit="ms")  # fmt: skip
