@@ -222,7 +222,7 @@ def test_observation_cost_smoke(tmp_path: Path) -> None:
     """The price of one observation per job (benchmarks.observation_cost), tiny: both
     variants measured against their plain runs, per cadence."""
     r = _bench(tmp_path, "benchmarks.observation_cost", "--cadences", "300", "--repeat", "1",
-               "--warmup", "1", "--payload-bytes", "100")  # fmt: skip
+               "--warmup", "0", "--payload-bytes", "100")  # fmt: skip
     f = r["cadences"]["300"]
     assert r["observations_per_job"] == 2 and f["plain_s"] > 0
     for v in ("count", "stage"):
