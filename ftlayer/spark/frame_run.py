@@ -135,7 +135,11 @@ class FrameRun(OfRun):
 
     def execute(self, df: DataFrame, pipeline: Pipeline, replay_limit: int,
                 fresh: bool) -> Residues | None:  # fmt: skip
-        """Run the batch's job (the sink's write); its residues (None: no rows at all)."""
+        """Run the batch's job (the sink's write); its residues (None: no rows at all).
+        A micro-batch that holds no fresh rows (:func:`holds_no_rows`: a trigger for the
+        replays alone) is planned as a drain's batch is: its replays only, entering where
+        they come in, without the source's branch of the plan."""
+        fresh = fresh and not holds_no_rows(df)
         out = self.frame(df, pipeline.key, pipeline.partitions, replay_limit, fresh)
         return None if out is None else self.write(out, self.result.batch_id)
 
@@ -379,6 +383,25 @@ def _column(spec: Any, df: DataFrame) -> Column | None:
     if callable(spec) and not type(spec).__name__ == "Column":
         return spec(df)
     return spec
+
+
+def holds_no_rows(df: DataFrame) -> bool:
+    """Whether ``df`` is a micro-batch (what ``foreachBatch`` hands over: its executed
+    plan's RDD) of no partitions at all: no source had new data, and the replay stream
+    whose batches read their claims themselves (``ftlayer-replay-offsets``) has no
+    partitions. A few py4j calls, no Spark job; False when it cannot tell (another
+    DataFrame, Spark Connect)."""
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:
+        return False
+    try:
+        logical = jdf.queryExecution().logical()
+        if logical.getClass().getSimpleName() != "LogicalRDD":
+            return False
+        return bool(logical.rdd().getNumPartitions() == 0)
+    except Exception:  # an internal Spark changed: plan the fresh rows as ever
+        log.debug("could not tell whether the micro-batch is empty", exc_info=True)
+        return False
 
 
 def fresh_rows(run: BatchRun, df: DataFrame, streamed: bool) -> tuple[DataFrame, bool]:

@@ -22,6 +22,7 @@ from pyspark.sql import functions as F  # noqa: N812
 
 from ftlayer.errors import ConfigError
 from ftlayer.spark import FaultTolerance, FileSource, StageCounts
+from ftlayer.spark.frame_run import holds_no_rows
 from tests.toolkit import until
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -140,8 +141,10 @@ def test_a_sink_write_that_fails_for_real_replays_the_batch(
     out.write_text("not a directory")
     files = FileSource("json", str(tmp_path / "in"), SCHEMA)
     results: list[Any] = []
+    empty: list[bool] = []
 
     def each(df: DataFrame, batch_id: int) -> None:
+        empty.append(holds_no_rows(df))
         results.append(ft.run_batch(pipeline, df, batch_id))
 
     pipeline = (
@@ -167,6 +170,10 @@ def test_a_sink_write_that_fails_for_real_replays_the_batch(
     got = written(spark, out)
     assert set(got) == set(range(n)) and all(c == 1 for c in got.values())
     assert ft.layer.stats().dead_letters == 0
+    # the replays came in micro-batches of their own, which the engine knew held no rows
+    # of the source (planned as a drain's batch, without the source's branch)
+    assert len(empty) > 1 and not empty[0] and all(empty[1:]), empty
+    assert not holds_no_rows(spark.read.parquet(str(out)))  # not a micro-batch
 
 
 @pytest.mark.parametrize(("stage", "says"), [
