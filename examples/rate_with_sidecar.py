@@ -3,8 +3,9 @@
 Spark's rate source makes ``--rows-per-second`` rows; each micro-batch goes through an
 ftlayer pipeline whose sink "loses" a share of its writes (never confirms them: a network
 blip to a real sink). Those records stay pending until the sidecar times them out and they
-are replayed in a later batch. After ``--seconds`` the query stops, the job drains, and
-prints how many rows Spark produced, how many reached the sink and how many were lost (0).
+are replayed in a later batch. After ``--seconds`` of streaming (counted from the first
+finished micro-batch) the query stops, the job drains, and prints how many rows Spark
+produced, how many reached the sink and how many were lost (0).
 
 From a checkout (Python >= 3.10, Java 17), in three terminals::
 
@@ -70,6 +71,9 @@ def main() -> int:
     stream = (spark.readStream.format("rate")
               .option("rowsPerSecond", args.rows_per_second).load())  # fmt: skip
     query = stream.writeStream.foreachBatch(pipeline).trigger(processingTime="1 second").start()
+    started = time.monotonic()  # --seconds of streaming, from the first finished batch:
+    while not ft.results and query.isActive and time.monotonic() - started < 300:
+        time.sleep(0.1)  # Spark's start (slow on a busy machine) is not part of them
     time.sleep(args.seconds)
     query.stop()
     produced = sum(r.fresh for r in ft.results)
