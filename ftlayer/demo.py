@@ -264,8 +264,11 @@ def _interrupt_deferred() -> Iterator[None]:
     PySpark's ``launch_gateway``, interrupted while it waits for the JVM's connection file,
     deletes the file's directory; the JVM then fails to write it and stays alive forever
     (its py4j server thread is not a daemon). Held here, the interrupt is raised once the
-    session is up, and the JVM ends with this process. ``SparkContext`` installs its own
-    SIGINT handler once started; a Ctrl-C after that is PySpark's."""
+    session is up, and the JVM ends with this process. A SIGTERM whose handler is Python's
+    (a caller that turns it into an interrupt, as ``benchmarks.cluster_e2e`` does) is held
+    the same way and handed to that handler then (a CI run's SIGTERM landed while a slow
+    machine started the driver). ``SparkContext`` installs its own SIGINT handler once
+    started; a Ctrl-C after that is PySpark's."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -274,12 +277,17 @@ def _interrupt_deferred() -> Iterator[None]:
     def hold(signum: int, _frame: object) -> None:
         held.append(signum)
 
-    before = signal.signal(signal.SIGINT, hold)
+    before = {signal.SIGINT: signal.signal(signal.SIGINT, hold)}
+    if callable(term := signal.getsignal(signal.SIGTERM)):
+        before[signal.SIGTERM] = signal.signal(signal.SIGTERM, hold)
     try:
         yield
     finally:
-        if signal.getsignal(signal.SIGINT) is hold:
-            signal.signal(signal.SIGINT, before)
+        for signum, handler in before.items():
+            if signal.getsignal(signum) is hold:
+                signal.signal(signum, handler)
+    if signal.SIGTERM in held and callable(term):
+        term(signal.SIGTERM, None)
     if held:
         raise KeyboardInterrupt
 

@@ -25,7 +25,8 @@ from tests.toolkit import Started, ended, start, stop
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = ("redis-server", "org.apache.spark.deploy", "ftlayer.cli serve")
+OURS = ("redis-server", "org.apache.spark.deploy", "org.apache.spark.executor",
+        "ftlayer.cli serve")  # fmt: skip
 
 
 def _processes(tmp_path: Path, root: int, seen: dict[int, str]) -> dict[int, str]:
@@ -115,20 +116,22 @@ def test_three_kill_9s_while_records_flow_and_nothing_is_lost(
     assert json.loads((tmp_path / "cluster_e2e.json").read_text()) == r
 
 
-@pytest.mark.parametrize(("moment", "sig"), [("driver_starting", signal.SIGINT),
-                                             ("batches_running", signal.SIGTERM)])
+@pytest.mark.parametrize(("moment", "sig"), [("driver_starting", signal.SIGTERM),
+                                             ("batches_running", signal.SIGINT)])
 def test_ctrl_c_stops_everything_it_started(tmp_path: Path, moment: str, sig: int) -> None:
-    """Ctrl-C exits 130 and leaves no process behind, wherever it lands: also while the
-    driver's JVM starts (py4j turns an interrupt inside a gateway call into a Py4JError).
+    """Ctrl-C exits 130 and leaves no process behind, wherever it lands: while batches run
+    (py4j turns an interrupt inside a gateway call into a Py4JError), and while the
+    driver's JVM starts (PySpark, interrupted there, leaves that JVM alive for good).
     SIGTERM stops it the same way (Python's default would leave the standalone cluster's
-    JVMs running: seen when a test run was stopped)."""
+    JVMs running: seen when a test run was stopped; a CI run's SIGTERM landed while a slow
+    machine started the driver, and its JVM was left)."""
     started = _run(tmp_path, "--records", "2000", "--batches", "40", "--faults", "")
     proc = started[0]
     seen: dict[int, str] = {}
     deadline = time.monotonic() + 180
     # driver_starting: the driver's JVM (SparkSubmit) has just appeared;
-    # batches_running: every kind of process is up (workers, Redis nodes, sidecars),
-    # then 5 s more for the driver to run batches
+    # batches_running: every kind of process is up (workers, Redis nodes, sidecars, and
+    # the executors: the driver's session is up), then 5 s more for it to run batches
     wanted = ("SparkSubmit",) if moment == "driver_starting" else OURS
     while time.monotonic() < deadline:
         mine = _processes(tmp_path, proc.pid, seen)

@@ -283,13 +283,17 @@ def main() -> None:
 
         return os.environ.get("SPARK_LOCAL_IP", "?")
 
+    # until both executors ran one: a round's task on an executor whose first Python
+    # worker is still starting is copied to the other (speculation is on) and the copy
+    # wins, so on a slow machine rounds can end for many seconds with one host only; the
+    # budget is time, not rounds
     hosts: set[str] = set()
-    for _ in range(20):  # until both executors ran one (a slow one may miss a round)
+    deadline = time.monotonic() + 120
+    while len(hosts) < 2:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the warm-up reached one executor only in 120 s: {hosts}")
         hosts |= set(sc.parallelize(range(16), 16).map(warm).collect())
-        if len(hosts) >= 2:
-            break
-    else:
-        raise RuntimeError(f"the warm-up reached one executor only: {hosts}")
+        time.sleep(0.5)
     rec = (url, prefix, cap_s)
     pipeline = (
         ft.pipeline(source=0)
