@@ -277,23 +277,27 @@ def main() -> None:
     # ftlayer's once-per-application checks first (their probe job leaves one executor's
     # Python worker cold), then warm both executors' Python workers (ftlayer imported), so
     # neither attempt of a held task starts cold: a copy on a warm executor would win
-    # before a cold original reached its stage
+    # before a cold original reached its stage. The warm-up is a rendezvous: two tasks,
+    # each waiting (in Redis) for the other's executor, so neither can finish first and
+    # have its copy replace the cold one (rounds of quick tasks did that on a slow
+    # machine: the cold executor's task was copied and killed in every round)
+    meet = f"{ns}:warm"
+
     def warm(_: int) -> str:
         import ftlayer.spark.vector_tasks  # noqa: F401
 
-        return os.environ.get("SPARK_LOCAL_IP", "?")
+        host = os.environ.get("SPARK_LOCAL_IP", "?")
+        c = redis.Redis.from_url(url)
+        c.sadd(meet, host)
+        until = time.monotonic() + 120
+        while c.scard(meet) < 2 and time.monotonic() < until:
+            time.sleep(0.05)
+        return host
 
-    # until both executors ran one: a round's task on an executor whose first Python
-    # worker is still starting is copied to the other (speculation is on) and the copy
-    # wins, so on a slow machine rounds can end for many seconds with one host only; the
-    # budget is time, not rounds
-    hosts: set[str] = set()
-    deadline = time.monotonic() + 120
-    while len(hosts) < 2:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the warm-up reached one executor only in 120 s: {hosts}")
-        hosts |= set(sc.parallelize(range(16), 16).map(warm).collect())
-        time.sleep(0.5)
+    hosts = set(sc.parallelize(range(2), 2).map(warm).collect())
+    r.delete(meet)
+    if len(hosts) < 2:
+        raise RuntimeError(f"the warm-up reached one executor only in 120 s: {hosts}")
     rec = (url, prefix, cap_s)
     pipeline = (
         ft.pipeline(source=0)
