@@ -28,7 +28,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -320,36 +319,6 @@ def _spark(log: Path, verbose: bool, conf: dict[str, str] | None = None) -> Any:
     return spark
 
 
-def _stop_spark(spark: Any, unwinding: list[bool]) -> None:
-    """Stop the session; when the run ends by an exception (Ctrl-C, SIGTERM, a crash), also
-    end the driver's JVM before anything else the run started is stopped.
-
-    Left alone, that JVM ends only once this process has exited and it has read EOF on its
-    stdin; its shutdown then talks to a standalone master that is already gone and waits
-    out RPC timeouts (a CI run found it alive 30 s after a SIGTERM). Here it is told to go
-    (stdin closed), given 15 s, then killed; PySpark forgets it, so a later session in this
-    process starts a new one."""
-    from pyspark import SparkContext
-
-    try:
-        spark.stop()
-    finally:
-        gateway = SparkContext._gateway  # noqa: SLF001 -- PySpark keeps it per process
-        proc = getattr(gateway, "proc", None)
-        if unwinding and gateway is not None and proc is not None:
-            with contextlib.suppress(Exception):
-                gateway.shutdown()
-            with contextlib.suppress(OSError):
-                proc.stdin.close()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            SparkContext._gateway = None  # noqa: SLF001
-            SparkContext._jvm = None  # noqa: SLF001
-
-
 @dataclass
 class DemoProgress:
     """What the demo has done so far (polled every half second while it runs;
@@ -451,7 +420,6 @@ def run_demo(
     config = dict(config or {})
     ns = config.pop("namespace", None) or f"demo-{uuid.uuid4().hex[:8]}"
     work = Path(tempfile.mkdtemp(prefix="ftlayer-demo-"))
-    unwinding: list[bool] = []  # set when the run ends by an exception (Ctrl-C, SIGTERM)
     try:
         with _redis_url(redis_url) as url, contextlib.ExitStack() as stack:
             orders = _source(source, work, records, batches, stack)
@@ -465,7 +433,6 @@ def run_demo(
                 FTConfig(namespace=ns, redis_url=url, timeout_s=timeout_s, **config)
             )
             spark = _spark(work / "spark.log", verbose, spark_conf)
-            stack.callback(_stop_spark, spark, unwinding)
             try:
                 table = _table(sink, sink_url, work, ns)
                 report = _run(spark, ft, url, prefix, work, orders, records, batches,
@@ -475,9 +442,6 @@ def run_demo(
                 report.elapsed_s = round(time.monotonic() - started, 1)
                 if hold:
                     hold(report)
-            except BaseException:
-                unwinding.append(True)
-                raise
             finally:
                 assert ft.layer is not None
                 ft.layer.clear()
@@ -486,6 +450,7 @@ def run_demo(
                     client.delete(key)
                 client.close()
                 ft.close()
+                spark.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return report
