@@ -21,10 +21,12 @@ from ftlayer.connection import connect
 from ftlayer.embedded import EmbeddedCluster, find_redis_server
 from ftlayer.errors import EmbeddedRedisError
 from tests.faults import ScriptCalls
+from tests.quick_jvm import configure as configure_quick_jvm
 
-# every Spark JVM the tests start (this process's and their subprocesses') reads
-# tests/jvm/spark-defaults.conf: quick-starting JVM flags (see that file)
-os.environ.setdefault("SPARK_CONF_DIR", os.path.join(os.path.dirname(__file__), "jvm"))
+# every Spark JVM the tests start through spark-submit (this process's and their
+# subprocesses') starts quick: C1-only flags and a class-data-sharing archive built once per
+# machine (tests/quick_jvm.py)
+configure_quick_jvm()
 
 
 @pytest.fixture(scope="session")
