@@ -34,6 +34,8 @@ from ftlayer.spark.vector_plan import (
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+    from ftlayer.spark.pipeline import Pipeline
+
 __all__ = ["arrow_schema", "lineage_seed", "new_salt", "plan_batch", "plan_frames",
            "spark_schema", "with_replay_columns", "without_replay_columns"]
 
@@ -144,16 +146,21 @@ def new_salt() -> int:
     return int(new_ids(1)[0] & np.uint64(0x7FFF_FFFF_FFFF_FFFF))
 
 
-def plan_frames(segments: tuple[Segment, ...], input_schema: Any, spark: Any, *, config: Any,
-                source: int, batch_key: str, on_error: str, errors: ErrorPolicy,
-                lineage_seed: int, run_again: bool,
-                immediate_replays: int | None = None) -> VectorPlan:  # fmt: skip
-    """The plan of one run of a batch of DataFrame stages: Spark plans the stages itself,
-    so the plan holds the source's schema only. Its immediate replays are those of its
-    Python stages (a DataFrame stage's failed rows wait for a later batch)."""
-    inputs = (arrow_schema(input_schema, spark),)
-    budget = config.max_replays if immediate_replays is None else immediate_replays
-    return VectorPlan(config, source, batch_key, new_salt(), segments, on_error,
-                      min(budget, config.max_replays), inputs,
-                      (), errors, lineage_seed=lineage_seed, run_again=run_again,
-                      entries=plan_entries(segments, inputs, True, None))  # fmt: skip
+def plan_frames(pipeline: Pipeline, schema: Any, spark: Any, *, config: Any, batch_key: str,
+                lineage_seed: int, run_again: bool) -> VectorPlan:  # fmt: skip
+    """The plan of one run of a batch of DataFrame stages (``FrameRun.make_plan``): Spark
+    plans the stages itself, so the plan holds the source's schema only. Its immediate
+    replays are those of its Python stages (a DataFrame stage's failed rows wait for a
+    later batch)."""
+    if pipeline.record_key is not None:
+        raise ConfigError("record_key takes pipelines of batch stages only (map_batches, "
+                          "map_pandas), not DataFrame stages (transform, sink_dataframe)")
+    segments = pipeline.segments
+    inputs = (arrow_schema(schema, spark),)
+    immediate = pipeline.immediate_replays
+    budget = config.max_replays if immediate is None else immediate
+    return VectorPlan(config, pipeline.source, batch_key, new_salt(), segments,
+                      pipeline.on_error, min(budget, config.max_replays), inputs, (),
+                      pipeline.errors, lineage_seed=lineage_seed, run_again=run_again,
+                      entries=plan_entries(segments, inputs, True, None),
+                      replay_from=pipeline.replay_from)  # fmt: skip

@@ -43,15 +43,19 @@ from ftlayer.spark.vector_plan import LOC_COL, POS_COL, SRC_COL
 from ftlayer.stage_rows import JSON_OPTIONS, StageRow, schema_hash
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import StructType
 
     from ftlayer.ids import RecordId
     from ftlayer.spark.entries import Entry
+    from ftlayer.spark.intake import Replays
     from ftlayer.spark.vector_plan import VectorPlan
 
-__all__ = ["CARRIED", "FULL_SHARE", "Kept", "carry", "entering", "keeps_until", "kept_column",
-           "kept_rows", "no_rows", "rows_ids", "share_after", "still_carried", "user_schema"]
+__all__ = ["CARRIED", "FULL_SHARE", "Kept", "carry", "entering", "entering_key", "entries_known",
+           "keeps_until", "kept_column", "kept_rows", "no_rows", "rows_ids", "share_after",
+           "still_carried", "user_schema"]
 
 CARRIED = {"ftlayer": "entry"}
 """The tag of a segment input's hidden copies (lost when a stage recomputes one)."""
@@ -178,16 +182,18 @@ def kept_rows(values: str, kept: Kept) -> dict[tuple[int | None, int], StageRow]
     return out
 
 
-def entering(out: DataFrame, table: pa.Table, cache: dict[Any, Any],
-             key: Any) -> tuple[DataFrame | None, list[tuple[RecordId, str]]]:  # fmt: skip
+def entering(out: DataFrame | None, table: pa.Table, cache: dict[Any, Any], key: Any,
+             spark: Any = None) -> tuple[DataFrame | None, list[tuple[RecordId, str]]]:  # fmt: skip
     """The stage rows ``table`` (Replays.entered's shape) that enter before the segment
     ``out`` feeds, as a DataFrame of ``out``'s user columns with their identity (None:
     none enter), and those written under another schema, each with an error naming it.
     ``out``'s schema and the columns that read the rows are built once per ``key`` (the
-    segment and the source's schema: the same in every batch of a query)."""
+    segment and the source's schema: the same in every batch of a query); ``out`` None:
+    built already, ``spark`` given."""
     from ftlayer.ids import RecordId
 
     if key not in cache:
+        assert out is not None, "an entry's schema is read from its input once"
         cache[key] = _reading(user_schema(out))
     schema, want, shape, cols = cache[key]
     fits = pc.equal(table.column(HASH_COL), pa.scalar(want, pa.int64()))
@@ -200,9 +206,29 @@ def entering(out: DataFrame, table: pa.Table, cache: dict[Any, Any],
     rows = table.filter(fits)
     if not rows.num_rows:
         return None, bad
-    raw = out.sparkSession.createDataFrame(rows.select([BODY_COL, SRC_COL]))
+    if spark is None:
+        assert out is not None
+        spark = out.sparkSession
+    raw = spark.createDataFrame(rows.select([BODY_COL, SRC_COL]))
     parsed = jvm_args.select(raw, [shape, SRC_COL], cache, ("parsed", key))
     return jvm_args.select(parsed, cols, cache, ("entering", key)), bad
+
+
+def entering_key(plan: VectorPlan, segment: int) -> tuple[Any, ...]:
+    """The key :func:`entering` keeps an entry's reading under in the query's cache."""
+    return ("entering", id(plan.segments[segment]), plan.inputs[0])
+
+
+def entries_known(replays: Replays | None, plan: VectorPlan,
+                  cache: dict[Any, Any]) -> Iterator[int]:  # fmt: skip
+    """The segments ``k > 0`` whose entry has stage rows in ``replays``, in order, as long
+    as the entry's input schema is known from an earlier batch of the query (in
+    ``cache``: :func:`entering` can then read them without the segment's input)."""
+    for k in sorted(k for k, table in (replays.entered if replays else {}).items()
+                    if k and table.num_rows):  # fmt: skip
+        if entering_key(plan, k) not in cache:
+            return
+        yield k
 
 
 def rows_ids(table: pa.Table, bad: list[tuple[RecordId, str]]) -> list[int]:

@@ -54,6 +54,8 @@ class Observations:
     entered: dict[int, list[int]] = field(default_factory=dict)
     """The ids of the stage rows the job took in, by the entry they came in at (a local
     relation: read whole by a job that ran)."""
+    taken: set[int] = field(default_factory=set)
+    """The entries whose stage rows the plan took in (each once: its rejects named once)."""
     segment_of: dict[str, int] = field(default_factory=dict)
     """The segment of each observed stage (by label; the count at the sink's input: none,
     after every segment)."""

@@ -44,6 +44,8 @@ from ftlayer.spark.frame_entries import (
     Kept,
     carry,
     entering,
+    entering_key,
+    entries_known,
     keeps_until,
     no_rows,
     rows_ids,
@@ -123,15 +125,8 @@ class FrameRun(OfRun):
     def make_plan(pipeline: Pipeline, schema: Any, spark: Any, *, config: FTConfig,
                   batch_key: str, lineage_seed: int, run_again: bool) -> VectorPlan:  # fmt: skip
         """The batch's plan: Spark plans DataFrame stages itself (batch_plan.plan_frames)."""
-        if pipeline.record_key is not None:
-            raise ConfigError("record_key takes pipelines of batch stages only (map_batches, "
-                              "map_pandas), not DataFrame stages (transform, sink_dataframe)")
-        plan = plan_frames(pipeline.segments, schema, spark, config=config,
-                           source=pipeline.source, batch_key=batch_key,
-                           on_error=pipeline.on_error, errors=pipeline.errors,
-                           lineage_seed=lineage_seed, run_again=run_again,
-                           immediate_replays=pipeline.immediate_replays)  # fmt: skip
-        return replace(plan, replay_from=pipeline.replay_from)
+        return plan_frames(pipeline, schema, spark, config=config, batch_key=batch_key,
+                           lineage_seed=lineage_seed, run_again=run_again)  # fmt: skip
 
     def execute(self, df: DataFrame, pipeline: Pipeline, replay_limit: int,
                 fresh: bool) -> Residues | None:  # fmt: skip
@@ -160,10 +155,8 @@ class FrameRun(OfRun):
         and the batch's replays through the stages, identity kept, failures observed and
         filtered out. None: the batch has no rows at all.
 
-        Observations cost: each one cuts Spark's generated code for its stage, so there
-        is one per stage with ``failed=`` and none elsewhere on the fresh rows' path (the
-        replays' branch has its own: replays are few; no stage has one: a count at the
-        sink's input)."""
+        Observations (each cuts Spark's generated code): one per stage with ``failed=``,
+        one on the replays' branch (few rows), else a count at the sink's input."""
         plan = self.plan
         spark = df.sparkSession
         streamed = SRC_COL in df.columns
@@ -171,19 +164,20 @@ class FrameRun(OfRun):
         if fresh:
             rows, self.copies = fresh_rows(self.run, df, streamed)
             parts.append(rows)
-        replays = self._replays(spark, streamed, replay_limit)
-        if replays is not None:
+        if (replays := self._replays(spark, streamed, replay_limit)) is not None:
             parts.append(replays)
+        start = 0  # the segment the plan starts at
         if not parts and self.run.replays is not None and self.run.replays.rows:
-            parts = [no_rows(plan.inputs[0], spark)]  # stage rows only: they enter later
+            first, start = self._entered_start(spark)  # stage rows only: they enter later
+            parts = [first if first is not None else no_rows(plan.inputs[0], spark)]
         if not parts:
             return None
         out = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         out = self._enter(plan.entries[0], out)
         self.seen.plain_source = out
-        if key and partitions:
+        if key and partitions and not start:
             out = jvm_args.repartition(out, partitions, key, self.run.columns)
-        known: pa.Schema | None = plan.inputs[0]  # the user columns, while known
+        known = plan.inputs[0] if not start else None  # the user columns, while known
 
         def segment(i: int, out: DataFrame) -> DataFrame:
             nonlocal known
@@ -207,26 +201,36 @@ class FrameRun(OfRun):
                     out, kept = jvm_args.drop(out, kept.copies, self.run.columns), None
             return out
 
-        return walk(plan.entries, plan.segments, out, segment, self._enter, self.run.columns)
+        return walk(plan.entries[start:], plan.segments, out, segment, self._enter,
+                    self.run.columns)  # fmt: skip
 
-    def _enter(self, entry: Entry, out: DataFrame) -> DataFrame:
-        """``out`` with the batch's stage rows that enter before segment ``entry``
-        (ftlayer.spark.frame_entries): a local relation, read whole by the sink's job
-        (no observation needed to say which ran); those kept under another schema
-        dead-lettered, named."""
+    def _entered_start(self, spark: Any) -> tuple[DataFrame | None, int]:
+        """Stage rows only (a query's tail): the plan starts at their first entry, not
+        building the segments before it (no rows; JVM round trips). (None, 0): at 0."""
+        for k in entries_known(self.run.replays, self.plan, self.run.columns):
+            rows = self._enter(self.plan.entries[k], None, spark)
+            if rows is not None:
+                return rows, k
+        return None, 0
+
+    def _enter(self, entry: Entry, out: DataFrame | None, spark: Any = None) -> Any:
+        """``out`` with the batch's stage rows entering before ``entry`` (frame_entries;
+        ``out`` None: the rows alone), each entry once: a local relation, read whole by
+        the sink's job; those kept under another schema dead-lettered, named."""
         replays = self.run.replays
         table = replays.entered.get(entry.segment) if replays is not None else None
-        if table is None or not table.num_rows:
+        if table is None or not table.num_rows or entry.segment in self.seen.taken:
             return out
+        self.seen.taken.add(entry.segment)
         seg = self.plan.segments[entry.segment]
         self.run.columns.setdefault(("segment", id(seg)), seg)  # its id stays its own
         rows, bad = entering(out, table, self.run.columns,
-                             ("entering", id(seg), self.plan.inputs[0]))  # fmt: skip
+                             entering_key(self.plan, entry.segment), spark)  # fmt: skip
         self.calls += reject(self.layer, bad, self.result, f"batch_id={self.result.batch_id} ")
         if rows is None:
             return out
         self.seen.entered[entry.segment] = rows_ids(table, bad)
-        return out.unionByName(rows)
+        return rows if out is None else out.unionByName(rows)
 
     def _replays(self, spark: Any, streamed: bool, limit: int) -> DataFrame | None:
         """The batch's replays (the intake phase), their identity their record id, the

@@ -132,6 +132,49 @@ def test_rows_failing_past_the_shuffle_resume_there_without_reading_the_source(
     assert ft.layer.stats().pending == 0
 
 
+def test_a_batch_of_stage_rows_only_starts_its_plan_at_their_entry(
+    spark: SparkSession, make_ft: Any, tmp_path: Path
+) -> None:
+    """The same failures in segment 1, behind a DataFrame stage in segment 0; the drain's
+    batches hold only stage rows entering before segment 1. Their plan starts there: the
+    driver does not build segment 0 for them (its function is not called), and every
+    record lands once, none read back. Catches: the tail of a query building (and
+    running over no rows) the segments before its replays' entry, or a row entered
+    twice or not at all when the plan starts at its entry."""
+    ft = make_ft(timeout_s=5.0, max_replays=3)
+    n = 900
+    write_events(tmp_path / "in" / "a.json", range(0, n // 2))
+    write_events(tmp_path / "in" / "b.json", range(n // 2, n))
+    regions, out = tmp_path / "regions", tmp_path / "out"
+    write_regions(regions, skip=MISSING)
+    files = FileSource("json", str(tmp_path / "in"), SCHEMA, maxFilesPerTrigger=1)
+    built: list[int] = []
+
+    def first(df: DataFrame) -> DataFrame:  # segment 0, built by the driver each batch
+        built.append(1)
+        return df.withColumn("amount", F.upper("amount"))
+
+    pipeline = (ft.pipeline(reads=files, name="tail").transform(first)
+                .partition_by(["key"], 4)
+                .transform(lookup(regions), failed="region IS NULL",
+                           errors="no region for its key")
+                .sink_dataframe(lambda df, _: df.write.mode("append").parquet(str(out))))
+    run_stream(spark, pipeline, files, tmp_path / "ck")
+    streamed = len(built)
+    failing = {i for i in range(n) if i % KEYS in MISSING}
+    write_regions(regions, skip=set())
+    before = len(ft.results)
+    assert ft.drain(timeout_s=60, pipeline=pipeline).drained
+    tail = ft.results[before:]
+    assert tail and all(r.fresh == 0 and r.entered == r.replayed > 0 for r in tail), tail
+    assert len(built) == streamed, "segment 0 was built for a batch of stage rows only"
+    got = Counter(r["id"] for r in written(spark, out))
+    assert set(got) == set(range(n)) and max(got.values()) == 1, "lost or duplicated"
+    assert sum(r.entered for r in tail) == len(failing)  # each still failed before
+    assert sum(r.read_back for r in ft.results) == 0
+    assert ft.layer is not None and ft.layer.stats().pending == 0
+
+
 def test_a_pipeline_changed_before_the_failing_segment_replays_from_the_source(
     spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path
 ) -> None:
