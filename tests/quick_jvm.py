@@ -8,24 +8,26 @@ Spark does:
 - **Flags**: a test's JVM lives seconds to a minute, where C2's compiles cost more CPU than
   they save: C1 only, and the serial collector.
 - **A dynamic CDS archive** (JDK 13+, ``-XX:ArchiveClassesAtExit`` once, then
-  ``-XX:SharedArchiveFile``): the classes a Spark session loads, parsed and verified once
-  per machine instead of in every JVM. It halves a ``local[2]`` session's start and its
-  first job here. The archive is built by ``python -m tests.quick_jvm build`` (a small job
-  touching the usual paths), keyed by the Java, PySpark and flags, cached under
-  ``$XDG_CACHE_HOME/ftlayer-tests`` and shared by concurrent test processes through a lock.
+  ``-XX:SharedArchiveFile``): the classes a Spark JVM loads, parsed and verified once per
+  machine instead of in every JVM. It halves a ``local[2]`` session's start and its first
+  job here. The archive is built by ``python -m tests.quick_jvm build`` (a small job
+  touching the usual paths, about a minute), keyed by the Java, PySpark and flags, cached
+  under ``$XDG_CACHE_HOME/ftlayer-tests`` (the three last used kept) and shared by
+  concurrent test processes through a lock.
 
-Both reach every JVM started through ``spark-submit`` (PySpark drivers, the Connect server)
-by ``SPARK_SUBMIT_OPTS``, which :func:`configure` sets in this process's environment for the
-test session and its subprocesses. Two constraints of CDS shape the rest:
+:func:`configure` sets, for the test session and its subprocesses:
 
-- a class path must hold no non-empty directory, and Spark's class path starts with
-  ``SPARK_CONF_DIR``: it points at an empty directory of the cache (Spark's own defaults);
-- a JVM whose class path differs from the archive's (a standalone cluster's daemons, which
-  ignore ``SPARK_CONF_DIR``) ignores the archive silently (CDS logging is off) and starts
-  as it would have without it.
+- ``SPARK_SUBMIT_OPTS``: every JVM started through ``spark-submit`` (PySpark drivers, local
+  or on a standalone cluster; the Connect server);
+- ``PYSPARK_SUBMIT_ARGS``: ``spark.executor.extraJavaOptions`` for the executors a
+  standalone worker starts (a driver that sets that option itself replaces it);
+- ``SPARK_DAEMON_JAVA_OPTS``: a standalone cluster's master and workers
+  (ftlayer.spark.standalone adds it after its own).
 
-Standalone executors are started by their worker, not by ``spark-submit``: a driver that
-wants them quick sets ``spark.executor.extraJavaOptions`` to :data:`FLAGS` itself.
+A class path may hold no non-empty directory for CDS, and Spark's starts with its conf
+directory: the archive is built, and used, with ``SPARK_CONF_DIR`` unset (PySpark's
+``conf`` directory does not exist). A JVM whose class path differs from the archive's
+ignores the archive silently (CDS logging is off) and starts as it would without it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -42,6 +45,10 @@ from pathlib import Path
 FLAGS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 _QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 _BUILD_TIMEOUT_S = 300
+_KEEP = 3
+"""Archives kept in the cache (the most recently used)."""
+_VERSION = "2"
+"""Bumped when the way the archive is built changes (its key then changes)."""
 
 
 def _java() -> str | None:
@@ -57,7 +64,7 @@ def _cache_dir() -> Path:
 
 
 def _key(java: str) -> str:
-    """What the archive depends on: the JVM, PySpark's jars and the flags."""
+    """What the archive depends on: the JVM, PySpark's jars (the class path) and flags."""
     import pyspark
 
     version = subprocess.run(
@@ -65,60 +72,55 @@ def _key(java: str) -> str:
     ).stderr
     jars = Path(pyspark.__file__).parent / "jars"
     names = sorted(p.name for p in jars.glob("*.jar")) if jars.is_dir() else []
-    text = "\n".join([os.path.realpath(java), version, str(jars), *names, FLAGS])
+    text = "\n".join([_VERSION, os.path.realpath(java), version, str(jars), *names, FLAGS])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _submit_opts(*extra: str) -> str:
-    return " ".join([FLAGS, _QUIET, *extra])
-
-
-def _build(archive: Path, conf_dir: Path) -> None:
-    """Run the warm-up job in a JVM that writes the archive when it exits."""
+def _build(archive: Path) -> None:
+    """Run the warm-up job in a JVM that writes the archive when it exits; keep the
+    last few archives (one per virtual environment and Java)."""
     tmp = archive.with_suffix(f".{os.getpid()}.tmp")
-    env = dict(os.environ)
-    env.update(
-        SPARK_CONF_DIR=str(conf_dir),
-        SPARK_SUBMIT_OPTS=_submit_opts(f"-XX:ArchiveClassesAtExit={tmp}"),
-        PYSPARK_PYTHON=sys.executable,
-    )
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONF_DIR"}
+    env.update(SPARK_SUBMIT_OPTS=f"{FLAGS} {_QUIET} -XX:ArchiveClassesAtExit={tmp}",
+               PYSPARK_PYTHON=sys.executable)  # fmt: skip
     try:
-        subprocess.run(
-            [sys.executable, "-m", "tests.quick_jvm", "warm"],
-            env=env,
-            cwd=Path(__file__).resolve().parents[1],
-            capture_output=True,
-            timeout=_BUILD_TIMEOUT_S,
-            check=True,
-        )
+        subprocess.run([sys.executable, "-m", "tests.quick_jvm", "warm"], env=env,
+                       cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                       timeout=_BUILD_TIMEOUT_S, check=True)  # fmt: skip
         if tmp.is_file() and tmp.stat().st_size > 0:
             tmp.replace(archive)
     except (subprocess.SubprocessError, OSError):
         pass  # no archive: the JVMs start as they would without one
     finally:
         tmp.unlink(missing_ok=True)
+    old = sorted(archive.parent.glob("spark-*.jsa"), key=lambda p: p.stat().st_mtime)
+    for path in old[:-_KEEP]:
+        path.unlink(missing_ok=True)
 
 
 def configure() -> None:
-    """Set ``SPARK_CONF_DIR`` and ``SPARK_SUBMIT_OPTS`` for this process and its children,
-    building the archive first if this machine has none (once; concurrent callers wait)."""
+    """Set the JVMs' options for this process and its children (see the module's
+    docstring), building the archive first if this machine has none (once; concurrent
+    callers wait for it). Options already in the environment are left as they are."""
     if "SPARK_SUBMIT_OPTS" in os.environ:
         return  # set by the caller (or by a parent test process): theirs
+    opts = FLAGS
     java = _java()
-    cache = _cache_dir()
-    conf_dir = cache / "spark-conf"  # empty, always: see the module's docstring
-    conf_dir.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("SPARK_CONF_DIR", str(conf_dir))
-    opts = [FLAGS]
-    if java is not None and os.environ["SPARK_CONF_DIR"] == str(conf_dir):
+    if java is not None and "SPARK_CONF_DIR" not in os.environ:
+        cache = _cache_dir()
+        cache.mkdir(parents=True, exist_ok=True)
         archive = cache / f"spark-{_key(java)}.jsa"
         with open(cache / "build.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not archive.is_file():
-                _build(archive, conf_dir)
-        if archive.is_file():
-            opts = [_submit_opts(f"-XX:SharedArchiveFile={archive}")]
-    os.environ["SPARK_SUBMIT_OPTS"] = " ".join(opts)
+                _build(archive)
+            if archive.is_file():
+                os.utime(archive)  # used: kept
+                opts = f"{FLAGS} {_QUIET} -XX:SharedArchiveFile={archive}"
+    os.environ["SPARK_SUBMIT_OPTS"] = opts
+    os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", opts)
+    os.environ.setdefault("PYSPARK_SUBMIT_ARGS", shlex.join(
+        ["--conf", f"spark.executor.extraJavaOptions={opts}", "pyspark-shell"]))
 
 
 def _warm() -> None:

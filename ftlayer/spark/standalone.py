@@ -74,7 +74,8 @@ class StandaloneCluster:
     ``cores`` cores and ``memory`` each for executors. ``start()`` (or ``with``) returns
     once the master reports every worker ALIVE; ``stop()`` (or leaving the block,
     exceptions included) ends them all.
-    ``daemon_java_opts``/``daemon_memory`` are the master's and workers' own JVM settings."""
+    ``daemon_java_opts``/``daemon_memory`` are the master's and workers' own JVM settings
+    (the environment's ``SPARK_DAEMON_JAVA_OPTS``, if set, is added after them)."""
 
     def __init__(
         self,
@@ -159,9 +160,9 @@ class StandaloneCluster:
         self._logs.append(log)
         cmd = [os.path.join(self.home, "bin", "spark-class"), cls, *args]
         env = self.env(host)
-        env.update(
-            SPARK_DAEMON_JAVA_OPTS=self.daemon_java_opts, SPARK_DAEMON_MEMORY=self.daemon_memory
-        )
+        opts = (self.daemon_java_opts, env.get("SPARK_DAEMON_JAVA_OPTS", ""))  # the caller's last
+        env.update(SPARK_DAEMON_JAVA_OPTS=" ".join(o for o in opts if o),
+                   SPARK_DAEMON_MEMORY=self.daemon_memory)  # fmt: skip
         return subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.dir, start_new_session=True
         )

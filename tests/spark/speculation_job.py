@@ -238,14 +238,11 @@ def main() -> None:
     started = time.monotonic()
     prefix = f"{ns}:t"
     r = redis.Redis.from_url(url)
-    quick_jvm = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # starts faster on small machines
     spark = (
         SparkSession.builder.master(master)
         .appName(f"ftlayer-speculation-{ns}")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.extraJavaOptions", quick_jvm)
-        .config("spark.executor.extraJavaOptions", quick_jvm)
         .config("spark.executor.cores", "1")
         .config("spark.cores.max", "2")
         .config("spark.executor.memory", "512m")
