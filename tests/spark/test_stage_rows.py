@@ -51,13 +51,20 @@ def write_regions(path: Path, skip: set[int]) -> None:
         "".join(json.dumps(r) + "\n" for r in rows))
 
 
-def missing_regions(tmp_path: Path, n: int) -> tuple[Path, Path, FileSource]:
-    """``n`` events in one file and regions missing the keys MISSING: (the regions'
-    directory, the output directory, the events' FileSource)."""
-    write_events(tmp_path / "in" / "a.json", range(n))
+def missing_regions(tmp_path: Path, n: int,
+                    halves: bool = False) -> tuple[Path, Path, FileSource]:  # fmt: skip
+    """``n`` events in one file (``halves``: two, a micro-batch each) and regions missing
+    the keys MISSING: (the regions' directory, the output directory, the events'
+    FileSource)."""
+    if halves:
+        write_events(tmp_path / "in" / "a.json", range(0, n // 2))
+        write_events(tmp_path / "in" / "b.json", range(n // 2, n))
+    else:
+        write_events(tmp_path / "in" / "a.json", range(n))
     regions, out = tmp_path / "regions", tmp_path / "out"
     write_regions(regions, skip=MISSING)
-    return regions, out, FileSource("json", str(tmp_path / "in"), SCHEMA)
+    per_trigger = {"maxFilesPerTrigger": 1} if halves else {}
+    return regions, out, FileSource("json", str(tmp_path / "in"), SCHEMA, **per_trigger)
 
 
 def lookup(regions: Path) -> Any:
@@ -106,11 +113,7 @@ def test_rows_failing_past_the_shuffle_resume_there_without_reading_the_source(
     kept replay not run or counted twice."""
     ft = make_ft(timeout_s=5.0, max_replays=3)
     n = 1500
-    write_events(tmp_path / "in" / "a.json", range(0, n // 2))
-    write_events(tmp_path / "in" / "b.json", range(n // 2, n))
-    regions, out = tmp_path / "regions", tmp_path / "out"
-    write_regions(regions, skip=MISSING)
-    files = FileSource("json", str(tmp_path / "in"), SCHEMA, maxFilesPerTrigger=1)
+    regions, out, files = missing_regions(tmp_path, n, halves=True)
     pipeline = pipeline_of(ft, probe, regions, out, files)
     run_stream(spark, pipeline, files, tmp_path / "ck")
     failing = {i for i in range(n) if i % KEYS in MISSING}
@@ -143,11 +146,7 @@ def test_a_batch_of_stage_rows_only_starts_its_plan_at_their_entry(
     twice or not at all when the plan starts at its entry."""
     ft = make_ft(timeout_s=5.0, max_replays=3)
     n = 900
-    write_events(tmp_path / "in" / "a.json", range(0, n // 2))
-    write_events(tmp_path / "in" / "b.json", range(n // 2, n))
-    regions, out = tmp_path / "regions", tmp_path / "out"
-    write_regions(regions, skip=MISSING)
-    files = FileSource("json", str(tmp_path / "in"), SCHEMA, maxFilesPerTrigger=1)
+    regions, out, files = missing_regions(tmp_path, n, halves=True)
     built: list[int] = []
 
     def first(df: DataFrame) -> DataFrame:  # segment 0, built by the driver each batch
