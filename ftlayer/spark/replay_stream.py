@@ -49,7 +49,7 @@ from pyspark.sql.types import StructType
 from ftlayer.config import FTConfig
 from ftlayer.spark.batch_plan import arrow_schema, spark_schema
 from ftlayer.spark.replay_rows import replay_schema, stored_schema
-from ftlayer.spark.source_launcher import register_source
+from ftlayer.spark.source_launcher import keep_warm, register_source
 from ftlayer.spark.worker import worker_layer
 
 if TYPE_CHECKING:
@@ -271,6 +271,8 @@ def replay_stream(
     if key not in _registered:
         register_source(spark, source_cls, quick_start=not carries_rows)
         _registered.add(key)
+    elif not carries_rows:
+        keep_warm()
     return (
         spark.readStream.format(source_cls.name())
         .option("config", json.dumps(asdict(config)))

@@ -38,19 +38,25 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ftlayer.spark import fork_client
+from ftlayer.spark.forkserver import Forkserver
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["launcher", "register_source"]
+__all__ = ["keep_warm", "launcher", "register_source"]
 
 log = logging.getLogger(__name__)
 
 _made: dict[tuple[str, str], str | None] = {}
+_servers: list[Forkserver] = []
 
 _UDS = "org.apache.spark.sql.execution.datasources.v2.python.UserDefinedPythonDataSource"
 
@@ -126,21 +132,39 @@ def _py4j(package: Path) -> Path | None:
     return installed if found and found.group(1) == wanted else None
 
 
+def keep_warm() -> None:
+    """Start again any warm server (ftlayer.spark.forkserver) of this driver that died;
+    called as a query's replay stream is made (meanwhile its reader starts plainly)."""
+    for server in _servers:
+        server.running()
+
+
 def _make(package: Path, python: str) -> str:
-    """A private directory with the links and the launcher script; its script's path."""
+    """A private directory with the links and the launcher script; its script's path.
+    On Linux the script hands the start to a warm server (ftlayer.spark.forkserver),
+    started here, through its client."""
     home = Path(tempfile.mkdtemp(prefix="ftlayer-source-"))
     atexit.register(shutil.rmtree, home, True)
     os.symlink(package, home / "pyspark")
     py4j = _py4j(package)
     if py4j is not None:
         os.symlink(py4j, home / "py4j")
+    run = f'exec {shlex.quote(python)} "$@"\n'
+    if sys.platform.startswith("linux") and hasattr(socket, "send_fds"):
+        server = Forkserver(home, python, os.pathsep.join(
+            [str(home), *filter(None, [os.environ.get("PYTHONPATH")])]))  # fmt: skip
+        server.running()
+        _servers.append(server)
+        atexit.register(server.stop)
+        client = shlex.quote(str(Path(fork_client.__file__).resolve()))
+        run = (f"exec {shlex.quote(python)} -S {client} "
+               f'{shlex.quote(str(server.socket))} {shlex.quote(python)} "$@"\n')  # fmt: skip
     script = home / "python"
     script.write_text(
         "#!/bin/sh\n"
         "# ftlayer: Spark's Python, importing PySpark from its installed package\n"
         f'PYTHONPATH={shlex.quote(str(home))}"${{PYTHONPATH:+:$PYTHONPATH}}"\n'
-        "export PYTHONPATH\n"
-        f'exec {shlex.quote(python)} "$@"\n'
+        "export PYTHONPATH\n" + run
     )
     script.chmod(0o700)
     return str(script)
