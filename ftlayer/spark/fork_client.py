@@ -51,7 +51,7 @@ def main() -> None:
     if pid is None:
         os.close(read)
         os.close(write)
-        os.execv(python, [python, *args])
+        os.execvp(python, [python, *args])  # a bare name (python3) as sh finds it
     os.close(write)
 
     def forward(signum: int, _: object) -> None:

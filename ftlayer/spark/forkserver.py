@@ -75,7 +75,8 @@ class Forkserver:
         if self.proc is not None and self.proc.poll() is None:
             return True
         self.socket.unlink(missing_ok=True)
-        env = {**os.environ, "PYTHONPATH": self.pythonpath}
+        env = {**os.environ, "PYTHONPATH": self.pythonpath,  # hashing as Spark's workers
+               "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}  # fmt: skip
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener, \
                 open(self.log, "ab") as log:  # fmt: skip
             listener.bind(str(self.socket))  # bound here: a client never finds it missing

@@ -94,7 +94,8 @@ def _probe(tmp_path: Path) -> Path:
 
 def test_without_a_server_the_client_starts_python_itself_once(tmp_path: Path) -> None:
     """No server listening (dead, or never started): the client runs the same Python
-    with the same arguments itself, once. Catches: a query that cannot start its reader
+    with the same arguments itself, once -- also a Python named without its path, as
+    ``PYSPARK_PYTHON=python3`` names it. Catches: a query that cannot start its reader
     when the server died, a module run twice."""
     dead = Forkserver(tmp_path, sys.executable, "")
     marks = tmp_path / "marks"
@@ -104,6 +105,13 @@ def test_without_a_server_the_client_starts_python_itself_once(tmp_path: Path) -
         tmp_path)})  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert marks.read_text() == "x"
+    python = Path(sys.executable)  # Spark's python as a bare name, found on the PATH
+    bare = [python.name, "-S", fork_client.__file__, str(dead.socket), python.name, "-m", "once"]
+    path = f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    out = subprocess.run(bare, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path), "PATH": path})
+    assert out.returncode == 0, out.stderr
+    assert marks.read_text() == "xx"
 
 
 def test_a_signal_to_the_client_reaches_the_child(server: Forkserver) -> None:
