@@ -19,10 +19,11 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from ftlayer.spark import FileSource, fork_client, forkserver
+from ftlayer.spark import fork_client, forkserver
 from ftlayer.spark.forkserver import Forkserver
 from ftlayer.spark.source_launcher import _servers, launcher
 from tests.faults import stat_fields
+from tests.spark.test_source_launcher import by_reference_pipeline
 from tests.toolkit import until
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -171,14 +172,7 @@ def test_a_querys_reader_is_forked_from_the_warm_server(
     python = launcher(spark)
     assert python is not None and _servers, "no warm server for a pip-installed PySpark"
     server = next(s for s in _servers if str(s.socket.parent) == str(Path(python).parent))
-    ft = make_ft()
-    root = tmp_path / "in"
-    root.mkdir()
-    (root / "a.json").write_text("".join(json.dumps({"id": i, "key": i % 7}) + "\n"
-                                         for i in range(50)))  # fmt: skip
-    files = FileSource("json", str(root), "id long, key long")
-    pipeline = (ft.pipeline(source=0, reads=files).map_batches(lambda b: b, "id long, key long")
-                .sink_batches(lambda b: None))  # fmt: skip
+    pipeline = by_reference_pipeline(make_ft(), tmp_path)
 
     def run_query(name: str) -> int:
         before = len(forked(server))

@@ -83,6 +83,18 @@ def reader_paths() -> list[list[str]]:
     return found
 
 
+def by_reference_pipeline(ft: Any, tmp_path: Path) -> Any:
+    """A pipeline over one JSON file of 50 events kept by reference (its replay stream's
+    batches read their claims themselves: the reader starts through the launcher)."""
+    root = tmp_path / "in"
+    root.mkdir()
+    (root / "a.json").write_text("".join(json.dumps({"id": i, "key": i % 7}) + "\n"
+                                         for i in range(50)))  # fmt: skip
+    files = FileSource("json", str(root), "id long, key long")
+    return (ft.pipeline(source=0, reads=files).map_batches(lambda b: b, "id long, key long")
+            .sink_batches(lambda b: None))  # fmt: skip
+
+
 def test_a_by_reference_streams_reader_runs_through_the_launcher(
     spark: SparkSession, make_ft: Any, tmp_path: Path
 ) -> None:
@@ -90,14 +102,7 @@ def test_a_by_reference_streams_reader_runs_through_the_launcher(
     the reader Spark starts for the query has the launcher's directory first on its
     PYTHONPATH. Catches: the replay source registered the plain way (every query's start
     paying about a second), the launcher used but not the one the session made."""
-    ft = make_ft()
-    root = tmp_path / "in"
-    root.mkdir()
-    (root / "a.json").write_text("".join(json.dumps({"id": i, "key": i % 7}) + "\n"
-                                         for i in range(50)))  # fmt: skip
-    files = FileSource("json", str(root), "id long, key long")
-    pipeline = (ft.pipeline(source=0, reads=files).map_batches(lambda b: b, "id long, key long")
-                .sink_batches(lambda b: None))  # fmt: skip
+    pipeline = by_reference_pipeline(make_ft(), tmp_path)
     query = (pipeline.stream(spark).writeStream.foreachBatch(pipeline)
              .trigger(processingTime="200 milliseconds")
              .option("checkpointLocation", str(tmp_path / "ck")).start())  # fmt: skip
