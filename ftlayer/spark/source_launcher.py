@@ -28,11 +28,18 @@ Invariants:
   to its user) and removed when the process exits; the launcher is run once before it is
   used (a temporary directory mounted ``noexec`` leaves the source registered as Spark
   does).
+* A driver holds an exclusive ``flock`` on its directory's ``owner.lock`` while it lives
+  (the kernel lets go of it when the process ends, ``kill -9`` included, in any PID
+  namespace); a lock file appears only locked (made under another name, then renamed).
+  Making its own directory, a driver removes those of its user whose lock it can take:
+  their driver died without its ``atexit``. A directory without the file (an older
+  version's) is left alone.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import re
@@ -51,12 +58,17 @@ from ftlayer.spark.forkserver import Forkserver
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["keep_warm", "launcher", "register_source"]
+__all__ = ["keep_warm", "launcher", "own", "register_source", "sweep"]
 
 log = logging.getLogger(__name__)
 
 _made: dict[tuple[str, str], str | None] = {}
 _servers: list[Forkserver] = []
+_owned: list[int] = []
+"""The open descriptors of this process's ``owner.lock`` files: closing one lets go."""
+
+PREFIX = "ftlayer-source-"
+OWNER = "owner.lock"
 
 _UDS = "org.apache.spark.sql.execution.datasources.v2.python.UserDefinedPythonDataSource"
 
@@ -143,8 +155,10 @@ def _make(package: Path, python: str) -> str:
     """A private directory with the links and the launcher script; its script's path.
     On Linux the script hands the start to a warm server (ftlayer.spark.forkserver),
     started here, through its client."""
-    home = Path(tempfile.mkdtemp(prefix="ftlayer-source-"))
+    sweep(Path(tempfile.gettempdir()))
+    home = Path(tempfile.mkdtemp(prefix=PREFIX))
     atexit.register(shutil.rmtree, home, True)
+    own(home)
     os.symlink(package, home / "pyspark")
     py4j = _py4j(package)
     if py4j is not None:
@@ -168,3 +182,45 @@ def _make(package: Path, python: str) -> str:
     )
     script.chmod(0o700)
     return str(script)
+
+
+def own(home: Path) -> None:
+    """Hold ``home/owner.lock`` locked for the rest of this process (see the invariants)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock here: the directory is left as it was
+        return
+    part = home / f".{OWNER}.{os.getpid()}"
+    fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(part, home / OWNER)
+    _owned.append(fd)
+
+
+def sweep(tmp: Path) -> list[Path]:
+    """Remove the launcher directories under ``tmp`` of this user whose driver died
+    (their ``owner.lock`` can be locked); the ones removed."""
+    try:
+        import fcntl
+    except ImportError:
+        return []
+    gone = []
+    for home in tmp.glob(PREFIX + "*"):
+        try:
+            if home.is_symlink() or home.stat().st_uid != os.getuid():
+                continue
+            fd = os.open(home / OWNER, os.O_RDWR)
+        except OSError:  # not ours, no lock file (an older version's), gone meanwhile
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # its driver lives
+            os.close(fd)
+            continue
+        with contextlib.suppress(OSError):
+            shutil.rmtree(home)
+            gone.append(home)
+        os.close(fd)
+    if gone:
+        log.info("removed %d launcher directories of drivers that died", len(gone))
+    return gone

@@ -130,3 +130,56 @@ def test_a_launcher_that_cannot_run_is_not_used(tmp_path: Path, caplog: Any) -> 
     assert "does not run" in caplog.text
     script.chmod(0o700)
     assert _checked(str(script)) == str(script)
+
+
+DRIVER = """
+import sys, time
+from pathlib import Path
+import pyspark
+from ftlayer.spark.source_launcher import _make
+print(Path(_make(Path(pyspark.__file__).parent, sys.executable)).parent, flush=True)
+sys.stdin.read()  # until the test closes it: then atexit removes the directory
+"""
+
+
+def test_a_dead_drivers_launcher_directory_is_removed_by_the_next_driver(
+        tmp_path: Path) -> None:  # fmt: skip
+    """Two real driver processes make their launcher directories in one temporary
+    directory; the first is killed with ``kill -9`` (its ``atexit`` never runs). The second
+    removes the first's directory as it makes its own, and a sweep leaves a live driver's
+    directory and one without a lock file (an older version's) alone. Breaks it catches: a
+    driver that does not sweep (dead directories pile up), a lock not held (a live
+    driver's directory removed under it), a directory removed for lacking the file."""
+    from ftlayer.spark.source_launcher import OWNER, sweep
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    older = tmp_path / "ftlayer-source-older"
+    older.mkdir()
+    (older / "python").write_text("#!/bin/sh\n")
+
+    def driver() -> tuple[subprocess.Popen[str], Path]:
+        p = subprocess.Popen([sys.executable, "-c", DRIVER], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+        assert p.stdout is not None
+        return p, Path(p.stdout.readline().strip())
+
+    first, first_home = driver()
+    try:
+        assert (first_home / OWNER).exists() and first_home.parent == tmp_path
+        first.kill()
+        first.wait(timeout=30)
+        assert first_home.exists()  # killed: its atexit did not run
+        second, second_home = driver()
+        try:
+            assert not first_home.exists()
+            assert sweep(tmp_path) == []  # the second lives; the older one has no lock
+            assert second_home.exists() and older.exists()
+        finally:
+            assert second.stdin is not None
+            second.stdin.close()
+            second.wait(timeout=30)
+        assert not second_home.exists()  # it exited: its atexit removed it
+    finally:
+        for p in (first,):
+            if p.poll() is None:
+                p.kill()
