@@ -149,9 +149,13 @@ def test_a_dead_drivers_launcher_directory_is_removed_by_the_next_driver(
     removes the first's directory as it makes its own, and a sweep leaves a live driver's
     directory and one without a lock file (an older version's) alone. Breaks it catches: a
     driver that does not sweep (dead directories pile up), a lock not held (a live
-    driver's directory removed under it), a directory removed for lacking the file."""
+    driver's directory removed under it), a directory removed for lacking the file. The
+    temporary directory is deep: a warm reader's socket path would be too long for
+    AF_UNIX there, and the launcher must start plainly rather than raise."""
     from ftlayer.spark.source_launcher import OWNER, sweep
 
+    tmp_path = tmp_path / ("deep" * 20)
+    tmp_path.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     older = tmp_path / "ftlayer-source-older"
     older.mkdir()
@@ -159,13 +163,17 @@ def test_a_dead_drivers_launcher_directory_is_removed_by_the_next_driver(
 
     def driver() -> tuple[subprocess.Popen[str], Path]:
         p = subprocess.Popen([sys.executable, "-c", DRIVER], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
-        assert p.stdout is not None
-        return p, Path(p.stdout.readline().strip())
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=env)  # fmt: skip
+        assert p.stdout is not None and p.stderr is not None
+        line = p.stdout.readline().strip()
+        assert line, p.stderr.read()[-3000:]
+        return p, Path(line)
 
     first, first_home = driver()
     try:
         assert (first_home / OWNER).exists() and first_home.parent == tmp_path
+        assert "fork_client" not in (first_home / "python").read_text()  # started plainly
         first.kill()
         first.wait(timeout=30)
         assert first_home.exists()  # killed: its atexit did not run
