@@ -18,13 +18,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ftlayer.errors import ConfigError, FTLayerError
 from ftlayer.limits import DEAD_NOW
 from ftlayer.spark import jvm_args
 from ftlayer.spark.frame_entries import FULL_SHARE, Kept, kept_column, kept_rows, share_after
-from ftlayer.spark.frame_tasks import FAILED_COL
+from ftlayer.spark.frame_reports import Reported
+from ftlayer.spark.frame_tasks import ATTEMPTS_COL, DEAD_COL, ERROR_COL, FAILED_COL
 from ftlayer.spark.identity import U64, is_replay
 from ftlayer.spark.plan import MAX_MESSAGES, SOURCE_STAGE
 from ftlayer.spark.results import StageCounts
@@ -45,9 +46,10 @@ class Observations:
     """The observations of one batch run (named after its ``salt``)."""
 
     salt: int
-    observed: list[tuple[str, Watched]] = field(default_factory=list)
-    """(stage label, its watched Observation) of every stage with ``failed=``, in order,
-    each counting the rows it sees (no stage has one: ("", a count at the sink's input))."""
+    observed: list[tuple[str, Watched | Reported]] = field(default_factory=list)
+    """(stage label, its watched Observation) of every stage with ``failed=``, or its
+    reports (a Python stage: ftlayer.spark.frame_reports), in order, each counting the rows
+    it sees (no stage is observed: ("", a count at the sink's input) among them)."""
     replays_seen: list[tuple[int, Watched]] = field(default_factory=list)
     """(entry, watched Observation) of the ids of the replays from their source the job read (a
     reference read back and not found is not among them)."""
@@ -72,12 +74,27 @@ class Observations:
     """Columns built once and reused by every batch of the pipeline (a Column is an
     expression, not bound to one DataFrame): building them costs round trips to the JVM."""
 
+    def python(self, out: DataFrame, label: str, segment: int, acc: Any) -> DataFrame:
+        """A Python stage's answer (``out``, of ``segment``) whose tasks report what they
+        left undone in ``acc`` (ftlayer.spark.frame_reports), read in its place among the
+        observations; ``acc`` None (Spark Connect): its failed rows are answered as rows,
+        observed and filtered out, and its outcome columns dropped."""
+        if acc is None:
+            out = self.stage(out, label, _python_answer, "python", segment)
+            return jvm_args.drop(out, (FAILED_COL, ERROR_COL, DEAD_COL, ATTEMPTS_COL),
+                                 self.columns)  # fmt: skip
+        self.observed.append((label, Reported(acc, self.salt, label)))
+        self.segment_of[label] = segment
+        return out
+
     def counted(self, df: DataFrame) -> DataFrame:
-        """``df`` counted by an observation of its own if no stage observed the batch."""
+        """``df`` counted by an observation of its own if no stage observed the batch
+        (reports alone cannot tell that the sink's job ran: a stage over no partitions
+        reports nothing either)."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F  # noqa: N812
 
-        if self.observed:
+        if any(isinstance(w, Watched) for _, w in self.observed):
             return df
         obs = Observation(f"ft-{self.salt:x}-count")
         self.observed.append(("", Watched(obs, ("rows",), 1)))
@@ -139,7 +156,7 @@ class Observations:
         """Read the observations (the counts, the failed rows, the replays read): the
         batch's residues. ``fresh`` counts the rows the first observation saw (a stage filtering
         rows before it makes it smaller; those rows completed)."""
-        metrics = [(label, watched.metrics()) for label, watched in self.observed]
+        metrics = self._metrics()
         first = metrics[0][1]
         if first is None:
             raise ConfigError(
@@ -159,10 +176,11 @@ class Observations:
             if m is None:  # the sink's action skipped this stage: nothing can be assumed
                 raise FTLayerError(f"{label}'s rows were not all seen by the sink's job: "
                                    "the batch fails (Spark runs it again)")  # fmt: skip
-            failed = [x.split(",") for x in (m.get("failed") or "").split(";") if x]
+            failed = _failed_rows(m.get("failed"))
             stage = label or SOURCE_STAGE
+            listed = m.get("errors") or "[]"
             errors = {int(e["id"]): Failure(e["error"], _attempts(e), stage)
-                      for e in json.loads(m.get("errors") or "[]")}  # fmt: skip
+                      for e in (json.loads(listed) if isinstance(listed, str) else listed)}
             rows_kept: dict[tuple[int | None, int], StageRow] = {}
             if label in self.keeps:
                 kept, share_key = self.keeps[label]
@@ -170,7 +188,7 @@ class Observations:
                 self.columns[share_key] = share_after(len(failed), config.max_kept_rows)
             for loc_text, pos_text, err in failed:
                 why, pos = errors[int(err)], int(pos_text)
-                loc = int(loc_text) if loc_text else None
+                loc = None if loc_text is None or loc_text == "" else int(loc_text)
                 if is_replay(loc, pos):
                     replays.setdefault(pos & U64, why)
                 else:
@@ -192,6 +210,15 @@ class Observations:
                 fresh[ident] = fresh[ident]._replace(kept=None)
         return self._residues(run, set(ran), fresh, replays, copies)
 
+    def _metrics(self) -> list[tuple[str, dict[str, Any] | None]]:
+        """Each observed stage's metrics, in order: its observation's, or its reports'
+        (read once an observation shows the job ran)."""
+        filled = {i: w.metrics() for i, (_, w) in enumerate(self.observed)
+                  if isinstance(w, Watched)}  # fmt: skip
+        job_ran = any(m is not None for m in filled.values())
+        return [(label, filled[i] if i in filled else cast(Reported, w).metrics(job_ran))
+                for i, (label, w) in enumerate(self.observed)]  # fmt: skip
+
     def _ran(self, run: BatchRun) -> tuple[list[int], int]:
         """The source ids of the replays the job ran (read from their source, or entered
         at their stage), and how many of them the first observation counted (they
@@ -211,6 +238,9 @@ class Observations:
         """The sink raised: every record of the batch fails with its error (the source's
         identities read again: the failure path's one extra pass)."""
         r = run.result
+        for _, w in self.observed:
+            if isinstance(w, Reported):
+                w.drop()
         if self.plain_source is None:
             return Residues()
         ids = self.plain_source.select(LOC_COL, POS_COL).toArrow()
@@ -268,6 +298,21 @@ def _served(jvm: Any, row: Any, start: int) -> list[str | None]:
     info = jvm.org.apache.spark.api.python.PythonRDD.serveIterator(rest, "ftlayer-observed")
     with _load_from_socket(info, UTF8Deserializer()) as stream:
         return list(stream)
+
+
+def _python_answer() -> tuple[Column, Column, Column]:
+    """A Python stage's failed rows: the error, dead-now and attempts columns it answers."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    return F.col(ERROR_COL), F.col(DEAD_COL), F.col(ATTEMPTS_COL)
+
+
+def _failed_rows(failed: Any) -> list[Any]:
+    """A stage's failed rows, (location or "" / None, position, error id) each: an
+    observation's text (``loc,pos,id`` joined by ``;``), or a report's list as it is."""
+    if isinstance(failed, list):
+        return failed
+    return [x.split(",") for x in (failed or "").split(";") if x]
 
 
 def _attempts(error: dict[str, Any]) -> int:

@@ -11,10 +11,12 @@ column computed anew: a stage whose output lacks the tagged columns dropped, rec
 aggregated them, and is refused, named -- checked before the columns are used (a stage's
 ``failed=``, a Python stage, the sink), one schema read each.
 
-Failures (ftlayer.spark.frame_observations). After each stage with ``failed=`` (and each
-Python stage) an ``Observation`` collects the identity and error text of the rows it
-marks, and counts its rows; the failed rows are filtered out. The observations are filled
-by the job the sink runs (``df.write``): no second pass over the data, no caching. The
+Failures (ftlayer.spark.frame_observations). After each stage with ``failed=`` an
+``Observation`` collects the identity and error text of the rows it marks, and counts its
+rows; the failed rows are filtered out. A Python stage's tasks report theirs instead
+(ftlayer.spark.frame_reports; observed like ``failed=`` under Spark Connect). The
+observations and reports are filled by the job the sink runs (``df.write``): no second
+pass over the data, no caching. The
 batch's residues are read from them; the settle phase (ftlayer.spark.settle) stores the
 failed fresh rows as records kept by reference (copies: settles the segments the source
 pass stored), and completes or fails the replays that ran.
@@ -52,10 +54,8 @@ from ftlayer.spark.frame_entries import (
     still_carried,
 )
 from ftlayer.spark.frame_observations import Observations, metrics_kept
+from ftlayer.spark.frame_reports import reports_of
 from ftlayer.spark.frame_tasks import (
-    ATTEMPTS_COL,
-    DEAD_COL,
-    ERROR_COL,
     FAILED_COL,
     CopySource,
     PythonStep,
@@ -294,15 +294,14 @@ class FrameRun(OfRun):
         budget = self.plan.immediate_replays  # past a shuffle, Storm's rule retries none
         if where and self.plan.replay_from == "source":
             budget = 0
-        step = PythonStep(stage, label, inputs, output, stage.errors or self.plan.errors, budget)
+        step = PythonStep(stage, label, inputs, output, stage.errors or self.plan.errors, budget,
+                          reports=reports_of(df.sparkSession, self.run.columns))  # fmt: skip
         self.python += 1
         key = ("step", id(stage), label, inputs, output, step.policy, step.budget)
         out = map_in_arrow(df, key, lambda run: (replace(step, run=run),
                                                  answer_type(step, IDENTITY)),
                            RunFields.of(self.plan), self.run.columns)  # fmt: skip
-        out = self.seen.stage(out, label, _python_answer, "python", where)
-        return jvm_args.drop(out, (FAILED_COL, ERROR_COL, DEAD_COL, ATTEMPTS_COL),
-                             self.run.columns)  # fmt: skip
+        return self.seen.python(out, label, where, step.reports)
 
     # -- running and settling ----------------------------------------------------------
     def write(self, out: DataFrame, batch_id: Any) -> Residues:
@@ -368,13 +367,6 @@ def _frame_answer(label: str, errors: Any) -> tuple[Column, Column, Column]:
     why = F.lit(errors) if isinstance(errors, str) else errors
     text = F.lit(label) if errors is None else F.concat_ws(": ", F.lit(label), why)
     return F.coalesce(text, F.lit(label)), F.lit(False), F.lit(1)
-
-
-def _python_answer() -> tuple[Column, Column, Column]:
-    """A Python stage's failed rows: the error, dead-now and attempts columns it answers."""
-    from pyspark.sql import functions as F  # noqa: N812
-
-    return F.col(ERROR_COL), F.col(DEAD_COL), F.col(ATTEMPTS_COL)
 
 
 def _column(spec: Any, df: DataFrame) -> Column | None:

@@ -6,14 +6,17 @@ ftlayer's identity columns, exactly as on the vectorized path (outcomes, bisecti
 policies), and the task answers
 
 * its output rows, each with the identity of the input row it derives from (``parents``);
-* one row per failed input row (and, in a sink, per unconfirmed one): null user columns,
-  the input row's identity, ``__ft_failed`` true, its error, whether it goes straight
-  to the dead letters, and the attempts it used.
+* its failed input rows (and, in a sink, its unconfirmed ones): each with its identity, its
+  error, whether it goes straight to the dead letters and the attempts it used --
+  reported with the count of its answer in the query's accumulator on a classic session
+  (ftlayer.spark.frame_reports), or, under Spark Connect, answered as rows: null user
+  columns, the identity, ``__ft_failed`` true and those three.
 
 A fresh row that fails is first replayed at once in the task, at this stage (the source
 is not read again), within the step's budget, unless the stage's breaker opened.
 
-The driver then observes and filters those rows like a DataFrame stage's ``failed=``.
+Under Spark Connect the driver then observes and filters those rows like a DataFrame
+stage's ``failed=``.
 
 Invariant: every input row is accounted for in the task's answer -- it has output rows,
 is a failed row, or was dropped by the stage on purpose (a filter: complete).
@@ -32,6 +35,7 @@ import pyarrow as pa
 from ftlayer.config import FTConfig
 from ftlayer.ids import batch_source_ids
 from ftlayer.spark.chain import HELD
+from ftlayer.spark.frame_reports import report
 from ftlayer.spark.identity import replay_rows
 from ftlayer.spark.outcome import run_stage
 from ftlayer.spark.plan import BatchStage
@@ -73,9 +77,14 @@ class PythonStep:
     run: RunFields | None = None
     """Its batch run's fields (None: read from the job, run_fields.current; a job that
     carries none gets the safe ones: every row written before, no batch id)."""
+    reports: Any = None
+    """The query's accumulator of reports (ftlayer.spark.frame_reports; None: failed rows
+    are answered as rows)."""
 
     @property
     def answer_schema(self) -> pa.Schema:
+        if self.reports is not None:
+            return pa.schema([*(self.output or []), *outcome_fields()[:2]])
         return pa.schema([*(self.output or []), *outcome_fields()])
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -101,15 +110,20 @@ class PythonStep:
         got = _Attempts(self, user, ctx, ~replay, held)
         schema = self.answer_schema
         parts = []
+        reported = self.reports is not None
         for out, parents in got.outputs:
             take, n = pa.array(parents), out.num_rows
+            ok = [] if reported else [pa.array(np.zeros(n, bool)), pa.nulls(n, pa.string()),
+                                      pa.array(np.zeros(n, bool)), pa.array(np.ones(n, np.int32))]
             parts.append(pa.RecordBatch.from_arrays(
-                [*out.columns, loc.take(take), pos.take(take),
-                 pa.array(np.zeros(n, bool)), pa.nulls(n, pa.string()),
-                 pa.array(np.zeros(n, bool)), pa.array(np.ones(n, np.int32))],
-                schema=schema))  # fmt: skip
+                [*out.columns, loc.take(take), pos.take(take), *ok], schema=schema))
         rows = np.array(got.failed, np.int64)
-        if len(rows):
+        if reported:
+            take = pa.array(rows)
+            report(self.reports, run.salt if run is not None else 0, self.label,
+                   sum(p.num_rows for p in parts) + len(rows), loc.take(take), pos.take(take),
+                   got.errors, got.dead, got.attempts)  # fmt: skip
+        elif len(rows):
             take, n = pa.array(rows), len(rows)
             user_cols = [pa.nulls(n, f.type) for f in (self.output or [])]
             parts.append(pa.RecordBatch.from_arrays(
