@@ -38,8 +38,10 @@ def test_reports_are_unioned_over_attempts_and_counted_once_per_partition(
     assert acc is not None
     ours, other = (7, "map_batches[1.0] f"), (8, "map_batches[1.0] f")
     acc.add({ours: [_report(3, 0, 10, 5, [(1, 11, "boom")])]})
-    acc.add({ours: [_report(3, 0, 12, 6, [(None, 12, "late")])]})  # partition 0 again
-    acc.add({ours: [_report(3, 1, 11, 3, [(1, 11, "boom")]),  # two input batches
+    # partition 0 again: it wrote (1, 11) this time, failed another row, and one that
+    # partition 1 failed too (a row reported twice counts once)
+    acc.add({ours: [_report(3, 0, 12, 6, [(None, 12, "late"), (1, 13, "boom")])]})
+    acc.add({ours: [_report(3, 1, 11, 3, [(1, 13, "boom")]),  # two input batches
                     _report(3, 1, 11, 4, [])]})  # fmt: skip
     acc.add({other: [_report(3, 0, 20, 9, [(2, 2, "other run")])]})
     reported = Reported(acc, *ours)
@@ -47,8 +49,9 @@ def test_reports_are_unioned_over_attempts_and_counted_once_per_partition(
     m: dict[str, Any] | None = reported.metrics(True)
     assert m is not None
     assert m["rows"] == 6 + 3 + 4
-    assert sorted((lo or -1, pos) for lo, pos, _ in m["failed"]) == [(-1, 12), (1, 11)]
-    assert m["nfailed"] == 2
+    assert sorted((lo or -1, pos) for lo, pos, _ in m["failed"]) == [(-1, 12), (1, 11),
+                                                                       (1, 13)]  # fmt: skip
+    assert m["nfailed"] == 3
     texts = {e["id"]: e["error"] for e in m["errors"]}
     assert {texts[e] for *_, e in m["failed"]} == {"boom", "late"}
     assert ours not in acc.value and other in acc.value
