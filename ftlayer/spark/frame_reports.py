@@ -15,10 +15,13 @@ Under Spark Connect (no accumulators) the stage answers its failed rows and is o
 
 Invariants:
 
-* Reports are keyed by the batch run's salt and the stage's label, one per task attempt:
-  a run reads only its own and drops them (read, or unread when its sink raised). Spark
-  merges a task's update on the driver before it counts the task done, so a job that
-  ended has all its reports in.
+* Reports are keyed by the batch run's salt and the stage's label, one per task attempt,
+  in an accumulator of the pipeline's own (its batches run one at a time): a run reads
+  its own and drops them (read, or unread when its sink raised). A task whose job does not
+  carry the run's fields (a sink that runs its action from a thread of its own: Spark's
+  local properties do not reach it) reports under salt 0, which the running batch reads
+  too: its failed rows replay, never acked unseen. Spark merges a task's update on the
+  driver before it counts the task done, so a job that ended has all its reports in.
 * A failed row is reported by every attempt that failed it, and reported rows are
   *unioned* over attempts (Spark merges the updates of a re-run shuffle-map task again):
   a row one attempt failed is failed, even if another wrote it -- it replays (at least
@@ -77,16 +80,17 @@ class _Reports(AccumulatorParam):
         return a
 
 
-def reports_of(spark: Any, cache: dict[Any, Any]) -> Accumulator[Any] | None:
-    """The query's accumulator of reports, made once (kept in ``cache``); None under
-    Spark Connect, which has no accumulators."""
+def reports_of(spark: Any, cache: dict[Any, Any], source: int) -> Accumulator[Any] | None:
+    """The accumulator of the reports of ``source``'s pipeline, made once (kept in
+    ``cache``); None under Spark Connect, which has no accumulators."""
     from ftlayer.spark.preflight import is_connect
 
     if is_connect(spark):
         return None
-    if _KEY not in cache:
-        cache[_KEY] = spark.sparkContext.accumulator({}, _Reports())
-    return cache[_KEY]
+    key = (_KEY, source)
+    if key not in cache:
+        cache[key] = spark.sparkContext.accumulator({}, _Reports())
+    return cache[key]
 
 
 def report(acc: Accumulator[Any], salt: int, label: str, rows: int, loc: Any, pos: Any,
@@ -122,7 +126,8 @@ class Reported:
         job did not run (``ran``: an observation of it was filled). Drops the reports."""
         if not ran:
             return None
-        reports = self.acc.value.pop((self.salt, self.label), [])
+        value = self.acc.value  # and those of the run's jobs that did not carry its salt
+        reports = [*value.pop((self.salt, self.label), []), *value.pop((0, self.label), [])]
         last: dict[tuple[int, int], int] = {}  # (stage, partition) -> its last attempt
         for r in reports:
             last[(r.stage, r.partition)] = max(r.attempt, last.get((r.stage, r.partition), -1))
@@ -145,3 +150,4 @@ class Reported:
     def drop(self) -> None:
         """Drop the run's reports unread (its sink raised: every record replays)."""
         self.acc.value.pop((self.salt, self.label), None)
+        self.acc.value.pop((0, self.label), None)

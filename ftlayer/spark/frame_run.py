@@ -295,7 +295,7 @@ class FrameRun(OfRun):
         if where and self.plan.replay_from == "source":
             budget = 0
         step = PythonStep(stage, label, inputs, output, stage.errors or self.plan.errors, budget,
-                          reports=reports_of(df.sparkSession, self.run.columns))  # fmt: skip
+                          reports=reports_of(df.sparkSession, self.run.columns, self.plan.source))
         self.python += 1
         key = ("step", id(stage), label, inputs, output, step.policy, step.budget)
         out = map_in_arrow(df, key, lambda run: (replace(step, run=run),

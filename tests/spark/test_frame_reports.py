@@ -7,6 +7,7 @@ Each test names, in its docstring, the product breaks it catches.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ def test_reports_are_unioned_over_attempts_and_counted_once_per_partition(
     only its own salt and drops what it read; a job that did not run reads as None. Breaks
     it catches: a later attempt's report replacing an earlier one (a failed row lost), a
     row counted twice, rows of one input batch only, another run's reports read."""
-    acc = reports_of(spark, {})
+    acc = reports_of(spark, {}, 0)
     assert acc is not None
     ours, other = (7, "map_batches[1.0] f"), (8, "map_batches[1.0] f")
     acc.add({ours: [_report(3, 0, 10, 5, [(1, 11, "boom")])]})
@@ -66,7 +67,7 @@ def test_a_python_stages_tasks_report_through_the_accumulator(spark: SparkSessio
     the workers cannot reach."""
     from ftlayer.spark.frame_reports import report
 
-    acc = reports_of(spark, {})
+    acc = reports_of(spark, {}, 0)
 
     def stage(batches: Any) -> Any:
         for b in batches:
@@ -81,3 +82,56 @@ def test_a_python_stages_tasks_report_through_the_accumulator(spark: SparkSessio
     m = Reported(acc, 5, "s").metrics(True)
     assert m is not None and m["rows"] == 1000 and m["nfailed"] == 500
     assert sorted(p for _, p, _ in m["failed"]) == list(range(1, 1000, 2))
+
+
+def test_a_sink_writing_from_its_own_thread_loses_no_failed_row(
+        spark: SparkSession, make_ft: Any, probe: Any, tmp_path: Path) -> None:  # fmt: skip
+    """A Python stage fails ids = 3 (mod 40) on their first attempt past a keyed shuffle;
+    the sink writes its DataFrame from a plain ``threading.Thread`` (Spark's local
+    properties, which carry the batch run's salt, do not reach that thread's jobs). Every
+    record lands in the Parquet table, the failed ones after their replay, none twice.
+    Breaks it catches: reports of a job without the run's fields left unread (their rows
+    acked unseen: lost)."""
+    import threading
+
+    from ftlayer.spark import FileSource, Outcome
+    from tests.spark.probe import first_seen
+    from tests.spark.test_dataframe_stages import SCHEMA, write_json
+
+    ft = make_ft(timeout_s=2.0, max_replays=3)
+    n = 400
+    write_json(tmp_path / "in" / "a.json", range(n))
+    out = str(tmp_path / "out")
+
+    def stage(b: pa.RecordBatch) -> Outcome:
+        ids = b.column("id").to_numpy()
+        return Outcome(b, failed=first_seen(probe, "f", ids, ids % 40 == 3),
+                       errors="first attempt fails")  # fmt: skip
+
+    def sink(df: Any, _: Any) -> None:
+        errors: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                df.write.mode("append").parquet(out)
+            except BaseException as e:  # noqa: BLE001 (raised in the batch's thread)
+                errors.append(e)
+
+        t = threading.Thread(target=write)
+        t.start()
+        t.join()
+        if errors:
+            raise errors[0]
+
+    pipeline = (ft.pipeline(reads=FileSource("json", str(tmp_path / "in"), SCHEMA), name="thr",
+                            immediate_replays=0)  # failed rows reach the driver
+                .partition_by(["key"], 3).map_batches(stage, SCHEMA).sink_dataframe(sink))
+    query = (pipeline.stream(spark).writeStream.foreachBatch(pipeline)
+             .trigger(availableNow=True).option("checkpointLocation", str(tmp_path / "ck"))
+             .start())  # fmt: skip
+    assert query.awaitTermination(120), "the availableNow query did not end"
+    assert query.exception() is None, query.exception()
+    got = [r["id"] for r in spark.read.parquet(out).select("id").collect()]
+    assert sorted(got) == list(range(n)), "lost records, or written twice"
+    assert sum(r.failed for r in ft.results) == len(range(3, n, 40))
+    assert ft.layer.stats().pending == 0
