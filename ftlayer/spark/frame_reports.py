@@ -25,7 +25,8 @@ Invariants:
 * A failed row is reported by every attempt that failed it, and reported rows are
   *unioned* over attempts (Spark merges the updates of a re-run shuffle-map task again):
   a row one attempt failed is failed, even if another wrote it -- it replays (at least
-  once), never lost. Counts take one attempt per partition (the last).
+  once), never lost. Counts take one attempt per partition (the last) of the first Spark
+  stage that ran the Python stage (a sink that runs two actions runs it twice).
 * A stage with no report at all ran over no partitions -- if the batch's job ran, which
   an observation of the same job tells (its sink's count); otherwise nothing can be
   assumed (None, as an unfilled observation).
@@ -128,9 +129,11 @@ class Reported:
             return None
         value = self.acc.value  # and those of the run's jobs that did not carry its salt
         reports = [*value.pop((self.salt, self.label), []), *value.pop((0, self.label), [])]
-        last: dict[tuple[int, int], int] = {}  # (stage, partition) -> its last attempt
+        first = min((r.stage for r in reports), default=0)  # a sink's first job that ran it
+        last: dict[int, int] = {}  # partition -> its last attempt there
         for r in reports:
-            last[(r.stage, r.partition)] = max(r.attempt, last.get((r.stage, r.partition), -1))
+            if r.stage == first:
+                last[r.partition] = max(r.attempt, last.get(r.partition, -1))
         failed: list[tuple[int | None, int, int]] = []
         errors: dict[int, dict[str, Any]] = {}
         seen: set[tuple[int | None, int]] = set()
@@ -143,7 +146,7 @@ class Reported:
                 if ident not in seen:
                     seen.add(ident)
                     failed.append((*ident, ids[e]))
-        rows = sum(r.rows for r in reports if r.attempt == last[(r.stage, r.partition)])
+        rows = sum(r.rows for r in reports if r.stage == first and r.attempt == last[r.partition])
         return {"rows": rows, "nfailed": len(failed),
                 "failed": failed, "errors": list(errors.values())}
 

@@ -31,7 +31,8 @@ def test_reports_are_unioned_over_attempts_and_counted_once_per_partition(
         spark: SparkSession) -> None:  # fmt: skip
     """A re-run task's reports are merged beside the first attempt's (Spark merges the
     updates of a re-run shuffle-map task again): every row any attempt failed is failed,
-    once; counts take each partition's last attempt (all its input batches); a run reads
+    once; counts take each partition's last attempt (all its input batches) in the first
+    Spark stage that ran it (not a sink's second action); a run reads
     only its own salt and drops what it read; a job that did not run reads as None. Breaks
     it catches: a later attempt's report replacing an earlier one (a failed row lost), a
     row counted twice, rows of one input batch only, another run's reports read."""
@@ -45,16 +46,17 @@ def test_reports_are_unioned_over_attempts_and_counted_once_per_partition(
     acc.add({ours: [_report(3, 1, 11, 3, [(1, 13, "boom")]),  # two input batches
                     _report(3, 1, 11, 4, [])]})  # fmt: skip
     acc.add({other: [_report(3, 0, 20, 9, [(2, 2, "other run")])]})
+    acc.add({ours: [_report(4, 0, 30, 13, [(1, 14, "second job")])]})  # a second action
     reported = Reported(acc, *ours)
     assert reported.metrics(False) is None
     m: dict[str, Any] | None = reported.metrics(True)
     assert m is not None
     assert m["rows"] == 6 + 3 + 4
     assert sorted((lo or -1, pos) for lo, pos, _ in m["failed"]) == [(-1, 12), (1, 11),
-                                                                       (1, 13)]  # fmt: skip
-    assert m["nfailed"] == 3
+                                                                       (1, 13), (1, 14)]
+    assert m["nfailed"] == 4
     texts = {e["id"]: e["error"] for e in m["errors"]}
-    assert {texts[e] for *_, e in m["failed"]} == {"boom", "late"}
+    assert {texts[e] for *_, e in m["failed"]} == {"boom", "late", "second job"}
     assert ours not in acc.value and other in acc.value
     assert Reported(acc, *ours).metrics(True) == {"rows": 0, "nfailed": 0, "failed": [],
                                                   "errors": []}  # fmt: skip
