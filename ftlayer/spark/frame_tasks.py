@@ -18,8 +18,9 @@ is not read again), within the step's budget, unless the stage's breaker opened.
 Under Spark Connect the driver then observes and filters those rows like a DataFrame
 stage's ``failed=``.
 
-Invariant: every input row is accounted for in the task's answer -- it has output rows,
-is a failed row, or was dropped by the stage on purpose (a filter: complete).
+Invariant: every input row is accounted for by the task -- it has output rows, is a
+failed row (reported, or answered), or was dropped by the stage on purpose (a filter:
+complete). A task reports each of its input batches before it answers it.
 """
 
 from __future__ import annotations
