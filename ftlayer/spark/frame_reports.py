@@ -23,10 +23,12 @@ Invariants:
   too: its failed rows replay, never acked unseen. Spark merges a task's update on the
   driver before it counts the task done, so a job that ended has all its reports in.
 * A failed row is reported by every attempt that failed it, and reported rows are
-  *unioned* over attempts (Spark merges the updates of a re-run shuffle-map task again):
-  a row one attempt failed is failed, even if another wrote it -- it replays (at least
-  once), never lost. Counts take one attempt per partition (the last) of the first Spark
-  stage that ran the Python stage (a sink that runs two actions runs it twice).
+  *unioned* over the attempts of a partition (Spark merges the updates of a re-run
+  shuffle-map task again): a row one attempt failed is failed, even if another wrote it
+  -- it replays (at least once), never lost. An identity failed in two partitions is two
+  rows (children of one record share its identity). Counts take one attempt per
+  partition (the last) of the first Spark stage that ran the Python stage (a sink that
+  runs two actions runs it twice).
 * A stage with no report at all ran over no partitions -- if the batch's job ran, which
   an observation of the same job tells (its sink's count); otherwise nothing can be
   assumed (None, as an unfilled observation).
@@ -134,18 +136,25 @@ class Reported:
         for r in reports:
             if r.stage == first:
                 last[r.partition] = max(r.attempt, last.get(r.partition, -1))
-        failed: list[tuple[int | None, int, int]] = []
         errors: dict[int, dict[str, Any]] = {}
-        seen: set[tuple[int | None, int]] = set()
-        for r in reports:  # the union over attempts, each row once (its first report)
-            ids = [hash((text, dead, n)) for text, dead, n in r.errors]
-            for (text, dead, n), i in zip(r.errors, ids, strict=True):
-                errors.setdefault(i, {"id": i, "error": text, "dead": dead, "attempts": n})
-            for lo, po, e in zip(r.loc.tolist(), r.pos.tolist(), r.err.tolist(), strict=True):
-                ident = (None if lo == NO_LOC else lo, po)
-                if ident not in seen:
-                    seen.add(ident)
-                    failed.append((*ident, ids[e]))
+        # per partition, each failed identity with the errors of the attempt that failed
+        # it most often (children of one record share its identity): attempts unioned
+        most: dict[int, dict[tuple[int | None, int], list[int]]] = {}
+        for att in _attempts(reports):
+            got: dict[tuple[int | None, int], list[int]] = {}
+            for r in att:
+                ids = [hash(e) for e in r.errors]
+                for (text, dead, n), i in zip(r.errors, ids, strict=True):
+                    errors.setdefault(i, {"id": i, "error": text, "dead": dead, "attempts": n})
+                for lo, po, e in zip(r.loc.tolist(), r.pos.tolist(), r.err.tolist(),
+                                     strict=True):  # fmt: skip
+                    got.setdefault((None if lo == NO_LOC else lo, po), []).append(ids[e])
+            part = most.setdefault(att[0].partition, {})
+            for ident, errs in got.items():
+                if len(errs) > len(part.get(ident, ())):
+                    part[ident] = errs
+        failed = [(*ident, e) for part in most.values() for ident, errs in part.items()
+                  for e in errs]  # fmt: skip
         rows = sum(r.rows for r in reports if r.stage == first and r.attempt == last[r.partition])
         return {"rows": rows, "nfailed": len(failed),
                 "failed": failed, "errors": list(errors.values())}
@@ -154,3 +163,11 @@ class Reported:
         """Drop the run's reports unread (its sink raised: every record replays)."""
         self.acc.value.pop((self.salt, self.label), None)
         self.acc.value.pop((0, self.label), None)
+
+
+def _attempts(reports: list[TaskReport]) -> list[list[TaskReport]]:
+    """``reports`` grouped by task attempt (an attempt reports once per input batch)."""
+    by: dict[int, list[TaskReport]] = {}
+    for r in reports:
+        by.setdefault(r.attempt, []).append(r)
+    return list(by.values())

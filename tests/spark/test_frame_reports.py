@@ -31,18 +31,21 @@ def test_reports_are_unioned_over_attempts_and_counted_once_per_partition(
         spark: SparkSession) -> None:  # fmt: skip
     """A re-run task's reports are merged beside the first attempt's (Spark merges the
     updates of a re-run shuffle-map task again): every row any attempt failed is failed,
-    once; counts take each partition's last attempt (all its input batches) in the first
-    Spark stage that ran it (not a sink's second action); a run reads
-    only its own salt and drops what it read; a job that did not run reads as None. Breaks
-    it catches: a later attempt's report replacing an earlier one (a failed row lost), a
-    row counted twice, rows of one input batch only, another run's reports read."""
+    once per partition (children of one record, which share its identity, in two
+    partitions are two rows); counts take each partition's last attempt (all its input
+    batches) in the first Spark stage that ran it (not a sink's second action); a run
+    reads only its own salt and drops what it read; a job that did not run reads as None.
+    Breaks it catches: a later attempt's report replacing an earlier one (a failed row
+    lost), a row counted twice, rows of one input batch only, another run's reports
+    read."""
     acc = reports_of(spark, {}, 0)
     assert acc is not None
     ours, other = (7, "map_batches[1.0] f"), (8, "map_batches[1.0] f")
-    acc.add({ours: [_report(3, 0, 10, 5, [(1, 11, "boom")])]})
-    # partition 0 again: it wrote (1, 11) this time, failed another row, and one that
-    # partition 1 failed too (a row reported twice counts once)
-    acc.add({ours: [_report(3, 0, 12, 6, [(None, 12, "late"), (1, 13, "boom")])]})
+    acc.add({ours: [_report(3, 0, 10, 5, [(1, 11, "boom"), (1, 10, "boom")])]})
+    # partition 0 again: it fails (1, 11) again (one row: counted once), another row, and
+    # a child of a record whose other child partition 1 fails (two rows: counted twice)
+    acc.add({ours: [_report(3, 0, 12, 6, [(1, 11, "boom"), (None, 12, "late"),
+                                          (1, 13, "boom")])]})  # fmt: skip
     acc.add({ours: [_report(3, 1, 11, 3, [(1, 13, "boom")]),  # two input batches
                     _report(3, 1, 11, 4, [])]})  # fmt: skip
     acc.add({other: [_report(3, 0, 20, 9, [(2, 2, "other run")])]})
@@ -52,9 +55,9 @@ def test_reports_are_unioned_over_attempts_and_counted_once_per_partition(
     m: dict[str, Any] | None = reported.metrics(True)
     assert m is not None
     assert m["rows"] == 6 + 3 + 4
-    assert sorted((lo or -1, pos) for lo, pos, _ in m["failed"]) == [(-1, 12), (1, 11),
-                                                                       (1, 13), (1, 14)]
-    assert m["nfailed"] == 4
+    assert sorted((lo or -1, pos) for lo, pos, _ in m["failed"]) == [
+        (-1, 12), (1, 10), (1, 11), (1, 13), (1, 13), (1, 14)]
+    assert m["nfailed"] == 6
     texts = {e["id"]: e["error"] for e in m["errors"]}
     assert {texts[e] for *_, e in m["failed"]} == {"boom", "late", "second job"}
     assert ours not in acc.value and other in acc.value
