@@ -3,7 +3,7 @@
 On a classic Spark session a Python stage's task (ftlayer.spark.frame_tasks) answers only
 the rows that go on, and reports the rest -- its count, its failed (and, in a sink,
 unconfirmed) rows' identity, error, whether they go straight to the dead letters and the
-attempts they used -- in a Spark accumulator made once per query (:func:`reports_of`).
+attempts they used -- in a Spark accumulator made once per pipeline (:func:`reports_of`).
 Spark sends a task's accumulator updates with its result and merges them on the driver
 before the job ends. A Python stage then needs no ``Observation`` (one per stage per job,
 each read by several round trips, and each a pass over every row of the stage) and no

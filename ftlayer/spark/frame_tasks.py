@@ -79,8 +79,8 @@ class PythonStep:
     """Its batch run's fields (None: read from the job, run_fields.current; a job that
     carries none gets the safe ones: every row written before, no batch id)."""
     reports: Any = None
-    """The query's accumulator of reports (ftlayer.spark.frame_reports; None: failed rows
-    are answered as rows)."""
+    """The pipeline's accumulator of reports (ftlayer.spark.frame_reports; None: failed
+    rows are answered as rows)."""
 
     @property
     def answer_schema(self) -> pa.Schema:
