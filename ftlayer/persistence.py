@@ -23,6 +23,7 @@ import numpy as np
 import xxhash
 
 from ftlayer.acker import AckEntry, pack_fails
+from ftlayer.connection import is_cluster
 from ftlayer.dlq_merge import merge_dead_letters
 from ftlayer.ids import RecordId, mix64, new_ids, shard_of
 from ftlayer.keys import ShardKeys
@@ -230,12 +231,12 @@ class RedisPersistenceLayer(NamespacePart):
             return [
                 r
                 for shard, args in asks
-                for r in self._claimed(shard, args, self._call(shard, args))
+                for r in self._claimed(shard, args[2], self._call(shard, args))
             ]
         with ThreadPoolExecutor(1, thread_name_prefix="ftlayer-claim") as calls:
             replies = [calls.submit(self._call, shard, args) for shard, args in asks]
             return [r for (shard, args), reply in zip(asks, replies, strict=True)
-                    for r in self._claimed(shard, args, reply.result())]  # fmt: skip
+                    for r in self._claimed(shard, args[2], reply.result())]  # fmt: skip
 
     def claim_stream(self, source: int, token: str, limit: int) -> dict[int, int]:
         """The replay stream's claim (ftlayer.spark.replay_stream): up to ``limit`` queued
@@ -283,14 +284,18 @@ class RedisPersistenceLayer(NamespacePart):
         """The records ``token`` claimed on ``shard`` that are still pending (those that
         completed or failed since are gone), each with the current id it was inited with;
         records that no longer decode are dead-lettered alone. Pops nothing."""
-        keys = self.keyspace[shard]
-        args = [source, 0, b"", self.config.interval_ms, self.config.buckets, token, 0, "read"]
-        reply = self._call(keys, args)
+        return self._read_reply(token, shard, self._call(self.keyspace[shard],
+                                                         self._read_args(source, token)))
+
+    def _read_args(self, source: int, token: str) -> list[Any]:
+        return [source, 0, b"", self.config.interval_ms, self.config.buckets, token, 0, "read"]
+
+    def _read_reply(self, token: str, shard: int, reply: list[Any]) -> list[ClaimedRecord]:
+        """The records of a read of ``token``'s claim on ``shard`` (``read_stream``)."""
         if not reply:
             return []
         curs = stream_ids(token, shard, _claimed_count(reply, popped=True))
-        args[2] = curs.astype(">u8").tobytes()
-        return self._claimed(keys, args, reply)
+        return self._claimed(self.keyspace[shard], curs.astype(">u8").tobytes(), reply)
 
     def read_open_streams(self, source: int) -> list[ClaimedRecord]:
         """``read_stream`` of every open claim of ``source`` on every shard: the replays
@@ -300,9 +305,19 @@ class RedisPersistenceLayer(NamespacePart):
         earlier query run left, which hold only what no batch settled since (a record
         settled or failed again is gone from its claim)."""
         members = cast(set[bytes], self.client.smembers(self.keyspace.stream_claims(source)))
-        return [c for t in sorted(m.decode() for m in members)
-                for k in range(len(self.keyspace.shards))
-                for c in self.read_stream(source, t, k)]  # fmt: skip
+        reads = [(t, k) for t in sorted(m.decode() for m in members)
+                 for k in range(len(self.keyspace.shards))]  # fmt: skip
+        if is_cluster(self.client) or len(reads) < 2:
+            return [c for t, k in reads for c in self.read_stream(source, t, k)]
+
+        def fill(pipe: Any) -> None:  # one round trip on a single server
+            for t, k in reads:
+                self.scripts.claim(keys=self.keyspace[k].script_keys,
+                                   args=self._read_args(source, t), client=pipe)  # fmt: skip
+
+        replies = self.retried(lambda: self.scripts.execute(fill), "claim")
+        return [c for (t, k), reply in zip(reads, replies, strict=True)
+                for c in self._read_reply(t, k, reply)]  # fmt: skip
 
     def open_stream(self, source: int, token: str) -> None:
         """Note ``token`` as claimed and not yet committed (``stream_claimed``)."""
@@ -341,10 +356,10 @@ class RedisPersistenceLayer(NamespacePart):
         return cast(list[Any], self.retried(partial(self.scripts.claim, keys=shard.script_keys,
                                                     args=args), "claim"))  # fmt: skip
 
-    def _claimed(self, shard: ShardKeys, args: list[Any], reply: list[Any]) -> list[ClaimedRecord]:
+    def _claimed(self, shard: ShardKeys, curs: bytes, reply: list[Any]) -> list[ClaimedRecord]:
         """The records of one shard's claim reply; those that no longer decode are
         dead-lettered (budget 0: straight to the dead letters, raw bytes and error kept)."""
-        out, undecodable = _claimed(reply, args[2], self.config.max_record_bytes)
+        out, undecodable = _claimed(reply, curs, self.config.max_record_bytes)
         bad: list[tuple[int, str, str]] = []
         for rid, error in undecodable:  # dead-lettered alone; the rest delivered
             bad.append((rid.source_id, "explicit", f"undecodable replay frame: {error}"))

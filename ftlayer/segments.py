@@ -160,6 +160,28 @@ class SegmentStore(NamespacePart):
 
         return int(self.scripts.execute(fill)[-1])
 
+    def put_many(self, puts: list[tuple[int, str, bytes | memoryview]], salt: int,
+                 batch: str) -> int:
+        """Store segments without summaries, (partition, member, segment) each, as
+        :meth:`put` does, all in one round trip on a single server (one call each on a
+        cluster); returns the round trips it made."""
+        if is_cluster(self.client) or len(puts) < 2:
+            for p, m, seg in puts:
+                self.put(p, m, seg, 0, b"", salt, batch)
+            return len(puts)
+        cfg = self.config
+
+        def fill(pipe: Any) -> None:
+            for partition, member, segment in puts:
+                shard = self.keyspace[self.shard_of_partition(partition)]
+                pipe.set(f"{shard.prefix}:seg:{member}", segment, px=SUMMARY_TTL_MS)
+                self.scripts.segment_put(keys=shard.script_keys, args=[
+                    member, "1", "0", b"", cfg.interval_ms, cfg.buckets, SUMMARY_TTL_MS,
+                    str(salt), batch], client=pipe)  # fmt: skip
+
+        self.scripts.execute(fill)
+        return 1
+
     def put_summary(self, token: int, summary: bytes, salt: int, batch: str) -> int:
         """Store the summary of a task behind a shuffle (lua/summary_put.lua). 0: this run
         settled the batch already (a late attempt), nothing stored."""

@@ -209,7 +209,7 @@ def entering(out: DataFrame | None, table: pa.Table, cache: dict[Any, Any], key:
     if spark is None:
         assert out is not None
         spark = out.sparkSession
-    raw = spark.createDataFrame(rows.select([BODY_COL, SRC_COL]))
+    raw = jvm_args.arrow_frame(spark, rows.select([BODY_COL, SRC_COL]), cache)
     parsed = jvm_args.select(raw, [shape, SRC_COL], cache, ("parsed", key))
     return jvm_args.select(parsed, cols, cache, ("entering", key)), bad
 

@@ -189,11 +189,15 @@ def split_stage_rows(claimed: Sequence[ClaimedRecord], entries: tuple[Entry, ...
     sources: list[ClaimedRecord] = []
     entered: dict[int, list[tuple[ClaimedRecord, StageRow]]] = {}
     bad: list[tuple[RecordId, str]] = []
+    prints: list[int] = []  # the entries' fingerprints, made once
     for c in claimed:
         row = decode_stage_row(c.frame.payload)
         if row is None:
             sources.append(c)
-        elif row.entry < len(entries) and entries[row.entry].fingerprint() == row.fingerprint:
+            continue
+        if not prints:
+            prints = [e.fingerprint() for e in entries] or [-1]
+        if row.entry < len(entries) and prints[row.entry] == row.fingerprint:
             entered.setdefault(row.entry, []).append((c, row))
         elif (payload := source_payload(row, names)) is not None:
             sources.append(c._replace(frame=c.frame._replace(payload=payload)))

@@ -217,6 +217,7 @@ class Settlement:
             self.reads.remember(self.spark, sorted({loc for (loc, _), _ in refs}))
         batch = store.batch_prefix(plan.source, plan.batch_key)
         jobs: dict[int, tuple[list[Any], list[int]]] = {}
+        puts: list[tuple[int, str, bytes | memoryview]] = []
         elsewhere = len(refs) - len(refs[0::n])
         for shard in range(n):
             mine = refs[shard::n]
@@ -227,8 +228,7 @@ class Settlement:
                 POS_COL: pa.array([pos for (_, pos), _ in mine], pa.int64())},
                 metadata={LINEAGE_META: b"ref"})  # fmt: skip
             member = store.member(plan.source, plan.batch_key, shard, store.new_token(shard))
-            store.put(shard, member, segment_bytes([table], cfg.segment_codec), 0, b"",
-                      plan.salt, batch)  # fmt: skip
+            puts.append((shard, member, segment_bytes([table], cfg.segment_codec)))
             frames = frames_of_rows(table, np.arange(len(mine)), shard=shard,
                                     source=plan.source, partition=shard,
                                     max_replays=cfg.max_replays,
@@ -242,7 +242,7 @@ class Settlement:
             jobs[shard] = ([(member, seg_rows, fails, [], 0)], [])
             self.sent[member] = {unit_source_id(f): why.stage
                                  for f, (_, why) in zip(frames, mine, strict=True)}  # fmt: skip
-        self.calls += len(jobs)  # the puts; _settle_jobs counts the settlements
+        self.calls += store.put_many(puts, plan.salt, batch)  # all stored, then settled
         self._settle_jobs(jobs)
 
     # -- replays ----------------------------------------------------------------------

@@ -54,3 +54,36 @@ def test_columns_that_change_are_not_kept(spark: SparkSession) -> None:
     jvm_args.observe(spark.range(3), obs, [F.count(F.lit(1)).alias("n")], cache, None).count()
     assert obs.get == {"n": 3}
     assert not [k for k in cache if k != "Observation"]
+
+
+def test_arrow_frame_matches_create_dataframe(spark: SparkSession) -> None:
+    """Catches: a table made into other rows, types, nulls or partitions than
+    ``createDataFrame`` makes (large and small tables, a schema built once then reused
+    for new data, a timestamp left to createDataFrame's time zone handling)."""
+    import datetime
+
+    import numpy as np
+    import pyarrow as pa
+
+    rng = np.random.default_rng(7)
+    cache: dict[Any, Any] = {}
+    for n in (0, 3, 2_500):
+        ids = rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64)
+        body = [None if i % 5 == 0 else f'{{"0":{i}}}'.encode() for i in range(n)]
+        table = pa.table({
+            "__ft_body": pa.array(body, pa.binary()), "__ft_src": pa.array(ids),
+            "att": pa.array(rng.integers(0, 9, n, dtype=np.int32)),
+            "name": pa.array([f"r{i}" if i % 3 else None for i in range(n)], pa.string()),
+            "total": pa.array(rng.normal(size=n)),
+            "tags": pa.array([[i, i + 1] for i in range(n)], pa.list_(pa.int64()))})  # fmt: skip
+        ours, theirs = jvm_args.arrow_frame(spark, table, cache), spark.createDataFrame(table)
+        assert ours.schema == theirs.schema
+        assert ours.rdd.getNumPartitions() == theirs.rdd.getNumPartitions()
+        assert _rows(ours.select("__ft_src", "__ft_body", "att", "name", "total")) == _rows(
+            theirs.select("__ft_src", "__ft_body", "att", "name", "total"))  # fmt: skip
+        assert ours.select(F.sum(F.size("tags"))).first() == theirs.select(
+            F.sum(F.size("tags"))).first()  # fmt: skip
+    assert len([k for k in cache if k[0] == "arrow_frame"]) == 1
+    stamps = pa.table({"t": pa.array([datetime.datetime(2026, 11, 29, 12, 0, 0, 123456)])})
+    assert _rows(jvm_args.arrow_frame(spark, stamps, cache)) == _rows(
+        spark.createDataFrame(stamps))  # fmt: skip
