@@ -54,6 +54,30 @@ def test_reset_timeout_postpones_expiry(make_layer) -> None:
     assert layer.persistence.get(lose.source_id) is None  # retired: replayed under a new id
 
 
+def test_reset_timeout_reaches_every_shard(make_layer) -> None:
+    """Records on every shard (the reset's calls pipelined on one server, one per shard on
+    a cluster): each gets a later deadline, and the count leaves out a completed record.
+    Catches: a shard's call dropped or its reply not counted."""
+    from ftlayer.ids import shard_of
+
+    layer = make_layer(timeout_s=T, buckets=B)
+    rids, shards = [], set(range(layer.config.shards))
+    for _ in range(200):  # a handler's records share a shard: handlers until all are hit
+        h = layer.handler()
+        rids += [h.persist_record(i, source=0) for i in range(3)]
+        h.flush()
+        if {shard_of(r.source_id, len(shards)) for r in rids} == shards:
+            break
+    assert {shard_of(r.source_id, len(shards)) for r in rids} == shards
+    before = {r.source_id: layer.acker.entry(r.source_id).deadline_ms for r in rids}
+    h.ack(rids[0])
+    h.flush()
+    time.sleep(T / (B - 1) + 0.05)  # a bucket later: a reset deadline is a later one
+    assert layer.reset_timeout(rids) == len(rids) - 1
+    for r in rids[1:]:
+        assert layer.acker.entry(r.source_id).deadline_ms > before[r.source_id]
+
+
 def test_orphans_are_collected_without_replay(make_layer) -> None:
     layer = make_layer(timeout_s=T, buckets=B)
     ghost = layer.handler()

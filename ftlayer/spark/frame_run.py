@@ -385,16 +385,13 @@ def holds_no_rows(df: DataFrame) -> bool:
     """Whether ``df`` is a micro-batch (what ``foreachBatch`` hands over: its executed
     plan's RDD) of no partitions at all: no source had new data, and the replay stream
     whose batches read their claims themselves (``ftlayer-replay-offsets``) has no
-    partitions. A few py4j calls, no Spark job; False when it cannot tell (another
-    DataFrame, Spark Connect)."""
+    partitions. Four py4j calls, no Spark job; False when it cannot tell (another
+    DataFrame: its plan has no RDD; Spark Connect)."""
     jdf = getattr(df, "_jdf", None)
     if jdf is None:
         return False
-    try:
-        logical = jdf.queryExecution().logical()
-        if logical.getClass().getSimpleName() != "LogicalRDD":
-            return False
-        return bool(logical.rdd().getNumPartitions() == 0)
+    try:  # a LogicalRDD's RDD (a plan without one raises)
+        return bool(jdf.queryExecution().logical().rdd().getNumPartitions() == 0)
     except Exception:  # an internal Spark changed: plan the fresh rows as ever
         log.debug("could not tell whether the micro-batch is empty", exc_info=True)
         return False

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import re
 import types
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from ftlayer import __version__
@@ -34,6 +35,9 @@ __all__ = ["check_executors", "check_redis_reachable", "is_connect", "master_of"
 log = logging.getLogger(__name__)
 
 _passed: set[str] = set()
+_contexts: weakref.WeakKeyDictionary[Any, set[int]] = weakref.WeakKeyDictionary()
+"""The layers (by id) whose checks passed, by classic SparkContext: what every batch
+after the first looks up without asking the JVM for the application id."""
 
 
 def is_connect(spark: Any) -> bool:
@@ -142,10 +146,14 @@ def check_executors(spark: SparkSession) -> None:
 
 def preflight(spark: SparkSession, layer: FTLayer | None) -> None:
     """Both checks, once per application (ftlayer.spark.driver calls it before a batch)."""
-    key = f"app:{_app_id(spark)}:{id(layer)}"
-    if key in _passed:
+    context = None if is_connect(spark) else spark.sparkContext
+    if context is not None and id(layer) in _contexts.get(context, ()):
         return
-    if layer is not None:
-        check_redis_reachable(spark, layer)
-    check_executors(spark)
-    _passed.add(key)
+    key = f"app:{_app_id(spark)}:{id(layer)}"
+    if key not in _passed:
+        if layer is not None:
+            check_redis_reachable(spark, layer)
+        check_executors(spark)
+        _passed.add(key)
+    if context is not None:
+        _contexts.setdefault(context, set()).add(id(layer))
