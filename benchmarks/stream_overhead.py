@@ -65,6 +65,7 @@ import contextlib
 import json
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -444,7 +445,7 @@ def run(cadences: list[Cadence], pipelines: list[str], width: int, repeat: int, 
                 t0 = time.perf_counter()
                 rounds.round(rnd, runs.prepare)
                 print(f"round {rnd + 1}/{warmup + repeat}: {time.perf_counter() - t0:.0f} s",
-                      flush=True)  # fmt: skip
+                      file=sys.stderr, flush=True)  # fmt: skip (stdout: the result only)
             redis_version = client.info("server")["redis_version"]
             floor = python_source_s_per_query(spark, tmp, source_pairs)
     finally:
