@@ -23,7 +23,6 @@ import numpy as np
 import xxhash
 
 from ftlayer.acker import AckEntry, pack_fails
-from ftlayer.connection import is_cluster
 from ftlayer.dlq_merge import merge_dead_letters
 from ftlayer.ids import RecordId, mix64, new_ids, shard_of
 from ftlayer.keys import ShardKeys
@@ -307,15 +306,8 @@ class RedisPersistenceLayer(NamespacePart):
         members = cast(set[bytes], self.client.smembers(self.keyspace.stream_claims(source)))
         reads = [(t, k) for t in sorted(m.decode() for m in members)
                  for k in range(len(self.keyspace.shards))]  # fmt: skip
-        if is_cluster(self.client) or len(reads) < 2:
-            return [c for t, k in reads for c in self.read_stream(source, t, k)]
-
-        def fill(pipe: Any) -> None:  # one round trip on a single server
-            for t, k in reads:
-                self.scripts.claim(keys=self.keyspace[k].script_keys,
-                                   args=self._read_args(source, t), client=pipe)  # fmt: skip
-
-        replies = self.retried(lambda: self.scripts.execute(fill), "claim")
+        calls = [(self.keyspace[k].script_keys, self._read_args(source, t)) for t, k in reads]
+        replies = self.retried(lambda: self.each_shard(self.scripts.claim, calls), "claim")
         return [c for (t, k), reply in zip(reads, replies, strict=True)
                 for c in self._read_reply(t, k, reply)]  # fmt: skip
 

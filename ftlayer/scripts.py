@@ -27,7 +27,7 @@ import redis
 
 from ftlayer.backoff import jittered
 from ftlayer.config import FTConfig, ScriptMode
-from ftlayer.connection import masters, with_retries
+from ftlayer.connection import is_cluster, masters, with_retries
 from ftlayer.errors import ConfigError, FTLayerError, RedisUnavailableError
 from ftlayer.keys import Keyspace
 from ftlayer.limits import lua_constants
@@ -247,6 +247,19 @@ class NamespacePart:
         self.keyspace = keyspace
         self.scripts = scripts
         self.config = config
+
+    def each_shard(self, script: Any, calls: list[tuple[Any, list[Any]]]) -> list[Any]:
+        """``script(keys=..., args=...)`` for each (keys, args), replies in order: one
+        pipelined round trip on a single server, one call each on a cluster (scripts
+        cannot be pipelined across its masters)."""
+        if is_cluster(self.client) or len(calls) < 2:
+            return [script(keys=k, args=a) for k, a in calls]
+
+        def fill(pipe: Any) -> None:
+            for keys, args in calls:
+                script(keys=keys, args=args, client=pipe)
+
+        return self.scripts.execute(fill)
 
     patience_s: float = 0.0
     """How long ``retried`` waits out an unavailable Redis beyond its quick retries: the

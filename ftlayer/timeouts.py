@@ -14,11 +14,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import redis
 
-from ftlayer.connection import is_cluster
 from ftlayer.ids import shard_of
 from ftlayer.scripts import NamespacePart
 from ftlayer.tally import Tally
@@ -59,14 +57,7 @@ class RedisTimeoutLayer(NamespacePart):
         calls = [(self.keyspace[shard].script_keys,
                   [self.config.interval_ms, self.config.buckets, b"".join(ids)])
                  for shard, ids in by_shard.items()]  # fmt: skip
-        if is_cluster(self.client) or len(calls) < 2:
-            return sum(int(self.scripts.reset_timeout(keys=k, args=a)) for k, a in calls)
-
-        def fill(pipe: Any) -> None:  # one round trip on a single server
-            for keys, args in calls:
-                self.scripts.reset_timeout(keys=keys, args=args, client=pipe)
-
-        return sum(int(n) for n in self.scripts.execute(fill))
+        return sum(int(n) for n in self.each_shard(self.scripts.reset_timeout, calls))
 
 
 class Rotator:
