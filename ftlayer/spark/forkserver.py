@@ -30,6 +30,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -48,9 +49,12 @@ PRELOADED = (
     "pyspark.sql.streaming.python_streaming_source_runner",
     "pyspark.sql.worker.create_data_source",
     "ftlayer.spark.replay_stream",
+    "encodings.idna",  # a host name's lookup (socket.getaddrinfo)
+    "secrets",  # redis-py's connection pool, lazily
 )
 """What the server imports before it forks anything: the modules the replay source's
-reader and its planner run (Spark runs them with ``-m``), and the source itself."""
+reader and its planner run (Spark runs them with ``-m``), the source itself, and what
+its first Redis connection imports on the way."""
 
 HEADER = struct.Struct("!I")
 """A request: its JSON body's length, sent with the client's four descriptors (standard
@@ -114,6 +118,10 @@ def serve(fd: int) -> None:
             __import__(module)
         except Exception as e:  # noqa: BLE001 (its children import it themselves)
             _say(f"could not preload {module}: {e!r}")
+    try:
+        _warm()
+    except Exception as e:  # noqa: BLE001 (its children do it themselves)
+        _say(f"could not warm up: {e!r}")
     _say(f"ready in {time.monotonic() - started:.2f}s, pid {os.getpid()}")
     events = selectors.DefaultSelector()
     events.register(listener, selectors.EVENT_READ, "accept")
@@ -126,6 +134,21 @@ def serve(fd: int) -> None:
                 conn, _ = listener.accept()
                 with conn:
                     _serve_one(conn, listener)
+
+
+def _warm() -> None:
+    """Do once, before forking, what every reader's first offset did again: read the
+    Lua scripts' text (cached) and look up redis-py's version among the installed
+    distributions (redis-py does at each connection; the lookup's cache is inherited)."""
+    from importlib import metadata
+
+    from ftlayer.scripts import SCRIPTS, library_source, script_source
+
+    library_source()
+    for name in SCRIPTS:
+        script_source(name)
+    with contextlib.suppress(metadata.PackageNotFoundError):
+        metadata.version("redis")
 
 
 def _serve_one(conn: socket.socket, listener: socket.socket) -> None:

@@ -13,14 +13,21 @@ the zip inside it holds the same files. Then ftlayer registers its replay source
 launcher as the source's Python: a shell script that puts a private directory first on
 ``PYTHONPATH``, holding links to that same ``pyspark`` package (and to ``py4j`` when its
 version is the zip's), and runs the Python Spark would have run (``spark.pyspark.python``
-or ``PYSPARK_PYTHON``, as the context resolved it).
+or ``PYSPARK_PYTHON``, as the context resolved it). It also takes off that
+``PYTHONPATH`` the archives Spark puts there that hold nothing the directory does not
+(:func:`shadowed`: PySpark's zip, py4j's, the 16 MB jar of Spark's core, which holds no
+Python): left there, each had its directory read at the first import that missed the
+directory, again at every ``importlib.invalidate_caches`` and at redis-py's
+``importlib.metadata`` lookup -- about 0.3 s of each query's start on the machines
+measured.
 
 Invariants:
 
 * The same interpreter and the same PySpark files run: only where they are imported from
-  changes. When anything is unclear (Spark Connect, a Spark distribution whose
-  ``python/`` is not the installed package, a platform without ``/bin/sh``) the source is
-  registered the way ``spark.dataSource.register`` does it.
+  changes; every ``PYTHONPATH`` entry but those archives is kept, in its order. When
+  anything is unclear (Spark Connect, a Spark distribution whose ``python/`` is not the
+  installed package, a platform without ``/bin/sh``) the source is registered the way
+  ``spark.dataSource.register`` does it.
 * Only for sources whose tasks read nothing (``partitions()`` returns none): Spark also
   runs a source's read tasks with its Python, on executors, where the launcher, a file on
   the driver, does not exist.
@@ -58,7 +65,7 @@ from ftlayer.spark.forkserver import Forkserver
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["keep_warm", "launcher", "own", "register_source", "sweep"]
+__all__ = ["keep_warm", "launcher", "own", "register_source", "shadowed", "sweep"]
 
 log = logging.getLogger(__name__)
 
@@ -181,11 +188,49 @@ def _make(package: Path, python: str) -> str:
     script.write_text(
         "#!/bin/sh\n"
         "# ftlayer: Spark's Python, importing PySpark from its installed package\n"
-        f'PYTHONPATH={shlex.quote(str(home))}"${{PYTHONPATH:+:$PYTHONPATH}}"\n'
-        "export PYTHONPATH\n" + run
+        + _path_lines(home, shadowed(package, linked_py4j=py4j is not None)) + run
     )
     script.chmod(0o700)
     return str(script)
+
+
+def shadowed(package: Path, linked_py4j: bool) -> list[Path]:
+    """The archives Spark puts on its Python processes' ``PYTHONPATH``
+    (``PythonUtils.sparkPythonPath``: ``pyspark.zip``, ``py4j-*-src.zip`` and the jar of
+    Spark's core) that hold nothing the launcher's directory does not give already: the
+    zip of ``package`` (linked), py4j's zip when py4j is linked, a jar with no Python
+    file in it. Each one left on the path costs a start its directory read from disk,
+    again at every ``importlib.invalidate_caches`` (Spark's workers call it), and a scan
+    at every ``importlib.metadata`` lookup (redis-py makes one per connection): about
+    0.3 s of the reader's start, most of it the 16 MB jar."""
+    import zipfile
+
+    lib = package / "python" / "lib"
+    out = [lib / "pyspark.zip", *(sorted(lib.glob("py4j-*-src.zip")) if linked_py4j else [])]
+    for jar in sorted((package / "jars").glob("spark-core_*.jar")):
+        try:
+            with zipfile.ZipFile(jar) as z:
+                if not any(n.endswith((".py", ".pyc")) for n in z.namelist()):
+                    out.append(jar)
+        except (OSError, zipfile.BadZipFile):
+            continue
+    return out
+
+
+def _path_lines(home: Path, drop: list[Path]) -> str:
+    """The launcher's lines that put ``home`` first on ``PYTHONPATH`` and take the
+    archives ``drop`` off it (every other entry kept, in its order, empty ones too)."""
+    if not drop:
+        return (f'PYTHONPATH={shlex.quote(str(home))}"${{PYTHONPATH:+:$PYTHONPATH}}"\n'
+                "export PYTHONPATH\n")  # fmt: skip
+    quoted = " ".join(shlex.quote(str(p)) for p in drop)
+    return (f'rest=":${{PYTHONPATH-}}:"\n'
+            f"for drop in {quoted}; do\n"
+            '  case $rest in *":$drop:"*) rest="${rest%%":$drop:"*}:${rest#*":$drop:"}" ;; esac\n'
+            "done\n"
+            'rest=${rest#:}; rest=${rest%:}\n'
+            f'PYTHONPATH={shlex.quote(str(home))}"${{rest:+:$rest}}"\n'
+            "export PYTHONPATH\n")  # fmt: skip
 
 
 def own(home: Path) -> None:

@@ -117,6 +117,44 @@ def test_a_by_reference_streams_reader_runs_through_the_launcher(
     assert all(p[0] == str(Path(python).parent) for p in paths), paths
 
 
+PATH_PROBE = """
+import json, sys, pyspark, py4j
+print(json.dumps({"path": sys.path, "pyspark": pyspark.__file__, "py4j": py4j.__file__}))
+"""
+
+
+def test_the_launcher_takes_sparks_own_archives_off_the_python_path(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Given the ``PYTHONPATH`` Spark gives its Python processes (Spark's own answer,
+    ``PythonUtils.sparkPythonPath``: PySpark's zip, py4j's, the jar of Spark's core) and
+    entries of the user's around them, the launcher's Python has none of Spark's archives
+    on ``sys.path`` -- each costs the reader's start its directory read, again at every
+    ``importlib.invalidate_caches`` and ``importlib.metadata`` lookup, about 0.3 s in all
+    -- keeps every other entry in its order (an empty one too), and imports pyspark and
+    py4j from the installed package. Catches: an archive left on the path (the start
+    slow again), a user's entry dropped or moved, a path taken apart at its spaces."""
+    jvm: Any = spark.sparkContext._jvm
+    sparks = str(jvm.org.apache.spark.api.python.PythonUtils.sparkPythonPath())
+    archives = sparks.split(os.pathsep)
+    assert any(a.endswith(".jar") for a in archives), archives  # what the test is about
+    python = launcher(spark)
+    assert python is not None
+    mine, spaced = tmp_path / "mine", tmp_path / "with space"
+    mine.mkdir()
+    spaced.mkdir()
+    given = os.pathsep.join([str(mine), *archives, "", str(spaced)])
+    out = subprocess.run([python, "-c", PATH_PROBE], env={**os.environ, "PYTHONPATH": given},
+                         capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+    seen = json.loads(out.stdout)
+    assert not set(archives) & set(seen["path"]), seen["path"]
+    entries = [p for p in seen["path"] if p in (str(mine), str(spaced), os.getcwd())]
+    assert entries[:3] == [str(mine), os.getcwd(), str(spaced)], seen["path"]
+    home = Path(jvm.java.lang.System.getenv("SPARK_HOME")).resolve()
+    assert Path(seen["pyspark"]).resolve().parent == home
+    assert ".zip" not in seen["py4j"], seen["py4j"]
+
+
 def test_a_launcher_that_cannot_run_is_not_used(tmp_path: Path, caplog: Any) -> None:
     """A launcher the system will not execute (as in a temporary directory mounted
     ``noexec``) is found out before any query uses it: the source is then registered
