@@ -51,6 +51,36 @@ def test_every_connection_packs_views_without_copying_them(backend_url: str) -> 
     client.delete(key)
 
 
+def test_every_connection_shares_one_driver_info(backend_url: str) -> None:
+    """Every connection of a client ftlayer makes (one server, a cluster's node pools)
+    carries the one ``DriverInfo`` made at import, naming the installed redis-py. Catches:
+    redis-py making its own for each new connection, which looks its version up among the
+    installed distributions -- a scan of ``sys.path``, about 150 ms the first time in a
+    Spark Python worker, whose path holds Spark's core jar."""
+    import redis
+
+    from ftlayer import connection
+
+    if connection._DRIVER_INFO is None:  # only a redis-py without DriverInfo (it looks
+        import importlib.util  # its version up once, at import): nothing to share
+
+        assert importlib.util.find_spec("redis.driver_info") is None
+        return
+    client = connect(backend_url)
+    client.ping()
+    pools = [client.connection_pool] if not is_cluster(client) else [
+        n.redis_connection.connection_pool for n in client.get_nodes() if n.redis_connection
+    ]  # fmt: skip
+    assert pools
+    for pool in pools:
+        conn = pool.get_connection()
+        try:
+            assert conn.driver_info is connection._DRIVER_INFO
+            assert conn.driver_info.lib_version == redis.__version__
+        finally:
+            pool.release(conn)
+
+
 @pytest.mark.parametrize("codec", ["none", "lz4", "zstd"])
 def test_a_segment_is_stored_with_its_codec_and_reads_back(codec: str) -> None:
     rng = np.random.default_rng(7)
