@@ -32,11 +32,17 @@ Per cadence and pipeline: ``ratio_stream_<df|arrow>_ft_on_vs_plain`` and
 pipeline, fitted over both cadences from the median extra time of each (ftlayer minus
 plain, paired), less the cost paid once per query, as ``extra = batches * a + events *
 b``: ``ft_ms_per_batch`` (a, the part that does not grow with the batch) and
-``ft_us_per_record`` (b). The cost per query, ``ft_s_per_query`` (starting the query and
-ending it: ftlayer's seconds outside its micro-batches less the plain query's), is measured
-from the queries' own progress, not fitted: ``<variant>_micro_batches`` (replay rounds included),
-``<variant>_trigger_s_per_batch`` (Spark's ``triggerExecution`` per micro-batch) and
-``<variant>_outside_batches_s`` (a run's wall time less its micro-batches'). Beside it,
+``ft_us_per_record`` (b). The cost per query, ``ft_s_per_query``, is measured from the
+queries' own progress, not fitted: starting the query and ending it (ftlayer's seconds
+outside its micro-batches less the plain query's) and what its first micro-batch costs
+beyond its others (ftlayer's first-batch excess less the plain query's: work done once per
+query inside it -- the replay reader's first offset, the columns a query builds once); a
+cost paid once per query that the fit were given would read as a cost per micro-batch
+and per record (both cadences run one query). ``<variant>_micro_batches`` (replay rounds
+included), ``<variant>_trigger_s_per_batch`` (Spark's ``triggerExecution`` per
+micro-batch), ``<variant>_outside_batches_s`` (a run's wall time less its micro-batches')
+and ``<variant>_first_batch_excess_s`` (its first micro-batch's ``triggerExecution`` less
+the median of its others'). Beside it,
 ``python_source_s_per_query``: what Spark charges any query for a Python streaming source
 (the API the replay stream is written in), measured in the same session on a source that
 never has data. ``replays_read_back_entered``: per ftlayer variant, a run's replays read back
@@ -182,6 +188,13 @@ def trigger_seconds(query: Any) -> float:
     return sum(p.durationMs.get("triggerExecution", 0) for p in query.recentProgress) / 1e3
 
 
+def first_batch_excess(query: Any) -> float:
+    """How many seconds a finished query's first micro-batch took beyond the median of its
+    others (``triggerExecution``; 0 with fewer than two)."""
+    took = [p.durationMs.get("triggerExecution", 0) / 1e3 for p in query.recentProgress]
+    return took[0] - statistics.median(took[1:]) if len(took) > 1 else 0.0
+
+
 # -- what Spark charges any Python streaming source ------------------------------------------
 class EmptyReader(DataSourceStreamReader):
     """A Python streaming source's reader with nothing to read, ever."""
@@ -257,9 +270,10 @@ class Runs:
         """The broker's bootstrap address with ``--source kafka`` (inputs are topics)."""
         self.lookup = lookup_table(spark)
         self.lookup.count()
-        self.progress: dict[str, list[tuple[int, float]]] = {}
+        self.progress: dict[str, list[tuple[int, float, float]]] = {}
         """Per variant, each run's (micro-batches run, seconds Spark spent in them: the
-        sum of their ``triggerExecution``), in run order."""
+        sum of their ``triggerExecution``, the first one's excess: first_batch_excess),
+        in run order."""
         self.replays: dict[str, list[tuple[int, int]]] = {}
         """Per ftlayer variant, each run's replays (read back from their files, entered
         at their stage), in run order."""
@@ -268,7 +282,8 @@ class Runs:
         failed attempts it counted, in run order."""
 
     def _progress(self, name: str, q: Any) -> None:
-        self.progress.setdefault(name, []).append((len(q.recentProgress), trigger_seconds(q)))
+        self.progress.setdefault(name, []).append(
+            (len(q.recentProgress), trigger_seconds(q), first_batch_excess(q)))
 
     def prepare(self, name: str) -> Callable[[], Any]:
         pipeline, cadence, variant = name.split(":")
@@ -405,14 +420,18 @@ def fit(extra: dict[Cadence, float]) -> dict[str, float]:
 def fit_per_batch(per: dict[str, Any], rounds: PairedRounds, cadences: list[Cadence],
                   pipeline: str) -> dict[str, float]:  # fmt: skip
     """``pipeline``'s extra time per query (``ft_s_per_query``: ftlayer's seconds outside
-    its micro-batches less the plain query's, the median over the cadences), and the rest
-    of its extra time fitted (:func:`fit`) as per micro-batch and per record."""
+    its micro-batches and its first micro-batch's excess, less the plain query's, the
+    median over the cadences), and the rest of its extra time fitted (:func:`fit`) as per
+    micro-batch and per record."""
     med = statistics.median
-    outside = {c: per[c.name][pipeline]["ft_on_outside_batches_s"]
-               - per[c.name][pipeline]["plain_outside_batches_s"] for c in cadences}  # fmt: skip
-    per_query = med(outside.values())
-    extra = {c: med(rounds.diffs[f"{pipeline}:{c.name}:ft_on"]) - outside[c] for c in cadences}
-    return {"ft_s_per_query": round(per_query, 3), **fit(extra)}
+
+    def once(fig: dict[str, Any], variant: str) -> float:
+        return fig[f"{variant}_outside_batches_s"] + fig[f"{variant}_first_batch_excess_s"]
+
+    figs = {c: per[c.name][pipeline] for c in cadences}
+    each = {c: once(f, "ft_on") - once(f, "plain") for c, f in figs.items()}
+    extra = {c: med(rounds.diffs[f"{pipeline}:{c.name}:ft_on"]) - each[c] for c in cadences}
+    return {"ft_s_per_query": round(med(each.values()), 3), **fit(extra)}
 
 
 def run(cadences: list[Cadence], pipelines: list[str], width: int, repeat: int, warmup: int,
@@ -466,7 +485,7 @@ def run(cadences: list[Cadence], pipelines: list[str], width: int, repeat: int, 
     return r
 
 
-def result(rounds: PairedRounds, progress: dict[str, list[tuple[int, float]]],
+def result(rounds: PairedRounds, progress: dict[str, list[tuple[int, float, float]]],
            cadences: list[Cadence], pipelines: list[str], width: int, repeat: int,
            warmup: int, redis_version: str) -> dict[str, Any]:  # fmt: skip
     med = statistics.median
@@ -534,18 +553,19 @@ def redis_bytes(r: dict[str, Any], sent: dict[str, list[tuple[int, int]]],
                 f"<= {width + 64:g}"
 
 
-def spark_figures(variant: str, runs: list[tuple[int, float]],
+def spark_figures(variant: str, runs: list[tuple[int, float, float]],
                   walls: list[float]) -> dict[str, Any]:  # fmt: skip
     """From the queries' own progress: the micro-batches a run took (replay rounds
     included), the seconds Spark spent per micro-batch (``triggerExecution``: offsets,
-    planning, the batch function, commit) and the seconds of a run outside its micro-batches
-    (its wall time ``walls`` less their sum: starting the query and ending it), medians over
-    the runs."""
+    planning, the batch function, commit), the seconds of a run outside its micro-batches
+    (its wall time ``walls`` less their sum: starting the query and ending it) and its
+    first micro-batch's excess over its others, medians over the runs."""
     med = statistics.median
-    return {f"{variant}_micro_batches": med(n for n, _ in runs),
-            f"{variant}_trigger_s_per_batch": round(med(s / max(n, 1) for n, s in runs), 4),
-            f"{variant}_outside_batches_s": round(med(w - s for w, (_, s) in zip(walls, runs,
-                                                                              strict=True)), 3)}
+    outside = (w - s for w, (_, s, _) in zip(walls, runs, strict=True))
+    return {f"{variant}_micro_batches": med(n for n, _, _ in runs),
+            f"{variant}_trigger_s_per_batch": round(med(s / max(n, 1) for n, s, _ in runs), 4),
+            f"{variant}_outside_batches_s": round(med(outside), 3),
+            f"{variant}_first_batch_excess_s": round(med(x for _, _, x in runs), 3)}
 
 
 def goals(cadences: list[Cadence], pipelines: list[str]) -> dict[str, str]:

@@ -204,6 +204,8 @@ def test_stream_overhead_smoke(tmp_path: Path) -> None:
             for v in ("ft_on", "ft_on_failing"):
                 assert f[f"ratio_stream_{p}_{v}_vs_plain"] > 0
                 assert f[f"{v}_s_per_batch"] > 0
+            for v in ("plain", "ft_on", "ft_on_failing"):  # part of the cost per query
+                assert isinstance(f[f"{v}_first_batch_excess_s"], float)
             assert f["ft_on_redis_bytes_per_record"] > 0  # at 200 events: mostly scripts
             # at this size, a few failures among scripts and polls: measured, not judged;
             # those of Python stages are retried in their task (too few reach Redis)

@@ -1,0 +1,45 @@
+"""The streaming yardstick's split of ftlayer's extra time (benchmarks.stream_overhead):
+what is paid once per query -- outside the micro-batches, or inside the first one -- is
+measured, and only the rest is fitted per micro-batch and per record. Arithmetic on
+figures shaped as a run records them; no Spark here (the smoke run has the real one)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from benchmarks.stream_overhead import Cadence, fit_per_batch
+
+CADENCES = [Cadence(5000, 20), Cadence(50000, 8)]
+
+
+def figures(outside: float, first: float, per_batch_s: float, per_record_s: float,
+            plain_outside: float = 0.2, plain_first: float = 0.3) -> tuple[Any, Any]:  # fmt: skip
+    """What a run records of a query whose ftlayer cost is ``outside`` seconds before and
+    after its micro-batches, ``first`` seconds inside its first one, then
+    ``per_batch_s`` a micro-batch and ``per_record_s`` a record."""
+    per: dict[str, Any] = {}
+    diffs: dict[str, list[float]] = {}
+    for c in CADENCES:
+        per[c.name] = {"df": {
+            "plain_outside_batches_s": plain_outside, "plain_first_batch_excess_s": plain_first,
+            "ft_on_outside_batches_s": plain_outside + outside,
+            "ft_on_first_batch_excess_s": plain_first + first}}  # fmt: skip
+        extra = outside + first + c.batches * per_batch_s + c.events * per_record_s
+        diffs[f"df:{c.name}:ft_on"] = [extra - 0.01, extra, extra + 0.01]
+    return per, SimpleNamespace(diffs=diffs)
+
+
+@pytest.mark.parametrize(("outside", "first"), [(0.15, 0.0), (0.15, 0.5), (0.0, 0.4)])
+def test_a_cost_paid_once_per_query_is_not_read_as_one_per_batch(outside: float,
+                                                                 first: float) -> None:  # fmt: skip
+    """Catches: the first micro-batch's one-time excess (the replay reader's first offset
+    took 0.3-0.5 s) left to the two-cadence fit, where 0.5 s once per query reads as about
+    23 ms a micro-batch and 0.9 us a record."""
+    per, rounds = figures(outside, first, per_batch_s=0.012, per_record_s=0.4e-6)
+    got = fit_per_batch(per, rounds, CADENCES, "df")
+    assert got["ft_s_per_query"] == pytest.approx(outside + first, abs=1e-3)
+    assert got["ft_ms_per_batch"] == pytest.approx(12.0, abs=0.1)
+    assert got["ft_us_per_record"] == pytest.approx(0.4, abs=0.001)
