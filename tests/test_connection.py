@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +27,21 @@ def test_a_memoryview_argument_is_sent_as_it_is_and_other_commands_by_hiredis() 
     assert small == [b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n"]
 
 
+def each_connection(client: Any) -> Iterator[Any]:
+    """A connection of each pool of ``client`` (one server's, or a cluster's node pools),
+    given back after the caller looked at it; at least one."""
+    pools = [client.connection_pool] if not is_cluster(client) else [
+        n.redis_connection.connection_pool for n in client.get_nodes() if n.redis_connection
+    ]  # fmt: skip
+    assert pools
+    for pool in pools:
+        conn = pool.get_connection()
+        try:
+            yield conn
+        finally:
+            pool.release(conn)
+
+
 def test_every_connection_packs_views_without_copying_them(backend_url: str) -> None:
     """Catches: a client (one server, or a cluster's node pools) still packing with
     hiredis, which copies a segment into the command, and a view
@@ -38,16 +55,8 @@ def test_every_connection_packs_views_without_copying_them(backend_url: str) -> 
         pipe.set(key, memoryview(blob[::-1]), px=60_000)
         pipe.get(key)
         assert pipe.execute()[-1] == blob[::-1]
-    pools = [client.connection_pool] if not is_cluster(client) else [
-        n.redis_connection.connection_pool for n in client.get_nodes() if n.redis_connection
-    ]  # fmt: skip
-    assert pools
-    for pool in pools:
-        conn = pool.get_connection()
-        try:
-            assert isinstance(conn._command_packer, BufferPacker)
-        finally:
-            pool.release(conn)
+    for conn in each_connection(client):
+        assert isinstance(conn._command_packer, BufferPacker)
     client.delete(key)
 
 
@@ -68,17 +77,9 @@ def test_every_connection_shares_one_driver_info(backend_url: str) -> None:
         return
     client = connect(backend_url)
     client.ping()
-    pools = [client.connection_pool] if not is_cluster(client) else [
-        n.redis_connection.connection_pool for n in client.get_nodes() if n.redis_connection
-    ]  # fmt: skip
-    assert pools
-    for pool in pools:
-        conn = pool.get_connection()
-        try:
-            assert conn.driver_info is connection._DRIVER_INFO
-            assert conn.driver_info.lib_version == redis.__version__
-        finally:
-            pool.release(conn)
+    for conn in each_connection(client):
+        assert conn.driver_info is connection._DRIVER_INFO
+        assert conn.driver_info.lib_version == redis.__version__
 
 
 @pytest.mark.parametrize("codec", ["none", "lz4", "zstd"])

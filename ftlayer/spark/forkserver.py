@@ -30,7 +30,6 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import selectors
@@ -138,17 +137,13 @@ def serve(fd: int) -> None:
 
 def _warm() -> None:
     """Do once, before forking, what every reader's first offset did again: read the
-    Lua scripts' text (cached) and look up redis-py's version among the installed
-    distributions (redis-py does at each connection; the lookup's cache is inherited)."""
-    from importlib import metadata
-
+    Lua scripts' text (cached). (redis-py's version is not looked up per connection:
+    ftlayer.connection gives every client one DriverInfo.)"""
     from ftlayer.scripts import SCRIPTS, library_source, script_source
 
     library_source()
     for name in SCRIPTS:
         script_source(name)
-    with contextlib.suppress(metadata.PackageNotFoundError):
-        metadata.version("redis")
 
 
 def _serve_one(conn: socket.socket, listener: socket.socket) -> None:

@@ -220,9 +220,6 @@ def shadowed(package: Path, linked_py4j: bool) -> list[Path]:
 def _path_lines(home: Path, drop: list[Path]) -> str:
     """The launcher's lines that put ``home`` first on ``PYTHONPATH`` and take the
     archives ``drop`` off it (every other entry kept, in its order, empty ones too)."""
-    if not drop:
-        return (f'PYTHONPATH={shlex.quote(str(home))}"${{PYTHONPATH:+:$PYTHONPATH}}"\n'
-                "export PYTHONPATH\n")  # fmt: skip
     quoted = " ".join(shlex.quote(str(p)) for p in drop)
     return (f'rest=":${{PYTHONPATH-}}:"\n'
             f"for drop in {quoted}; do\n"
