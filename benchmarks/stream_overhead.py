@@ -40,9 +40,13 @@ query inside it -- the replay reader's first offset, the columns a query builds 
 cost paid once per query that the fit were given would read as a cost per micro-batch
 and per record (both cadences run one query). ``<variant>_micro_batches`` (replay rounds
 included), ``<variant>_trigger_s_per_batch`` (Spark's ``triggerExecution`` per
-micro-batch), ``<variant>_outside_batches_s`` (a run's wall time less its micro-batches')
-and ``<variant>_first_batch_excess_s`` (its first micro-batch's ``triggerExecution`` less
-the median of its others'). Beside it,
+micro-batch), ``<variant>_outside_batches_s`` (a run's wall time less its micro-batches'),
+``<variant>_first_batch_excess_s`` (its first micro-batch's ``triggerExecution`` less
+the median of its others') and ``<variant>_tail_micro_batches`` / ``<variant>_tail_s``
+(the micro-batches after the input ended, in which no source read a row: replays alone,
+and their seconds -- a cost of a finite input, which a stream that goes on pays inside
+micro-batches it runs anyway; a DataFrame stage's failed rows ride them, those of a
+Python stage are retried in their task). Beside it,
 ``python_source_s_per_query``: what Spark charges any query for a Python streaming source
 (the API the replay stream is written in), measured in the same session on a source that
 never has data. ``replays_read_back_entered``: per ftlayer variant, a run's replays read back
@@ -78,7 +82,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -112,6 +116,20 @@ MIN_FAILURES = 0.01
 """Redis bytes per failure are reported where the failing run's failures (those ftlayer
 counted: not the attempts retried in their task) were at least this share of the events."""
 """Upper bounds of the fitted per-batch and per-record costs."""
+
+
+class Progress(NamedTuple):
+    """What a finished query's own progress says of it."""
+
+    batches: int
+    """Micro-batches run (replay rounds included)."""
+    trigger_s: float
+    """Seconds Spark spent in them (their ``triggerExecution``, summed)."""
+    first_excess: float
+    """The first one's excess over the others (:func:`first_batch_excess`)."""
+    tail_batches: int
+    tail_s: float
+    """The micro-batches after the input ended, and their seconds (:func:`tail`)."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +204,21 @@ def trigger_seconds(query: Any) -> float:
     """The seconds a finished query spent in its micro-batches (Spark's own
     ``triggerExecution``, summed over its progress)."""
     return sum(p.durationMs.get("triggerExecution", 0) for p in query.recentProgress) / 1e3
+
+
+def tail(query: Any) -> tuple[int, float]:
+    """The micro-batches a finished query ran after its input ended, and their seconds
+    (``triggerExecution``): the trailing ones in which no source read a row -- replays
+    alone, a DataFrame stage's failed rows entering where they failed (the replay stream
+    of a source kept by reference reads no rows of its own: its batches take their
+    claims themselves). A cost of a finite input: a stream that goes on carries its
+    replays in micro-batches it runs anyway."""
+    n, seconds = 0, 0.0
+    for p in reversed(query.recentProgress):
+        if p.numInputRows:
+            break
+        n, seconds = n + 1, seconds + p.durationMs.get("triggerExecution", 0) / 1e3
+    return n, seconds
 
 
 def first_batch_excess(query: Any) -> float:
@@ -270,10 +303,8 @@ class Runs:
         """The broker's bootstrap address with ``--source kafka`` (inputs are topics)."""
         self.lookup = lookup_table(spark)
         self.lookup.count()
-        self.progress: dict[str, list[tuple[int, float, float]]] = {}
-        """Per variant, each run's (micro-batches run, seconds Spark spent in them: the
-        sum of their ``triggerExecution``, the first one's excess: first_batch_excess),
-        in run order."""
+        self.progress: dict[str, list[Progress]] = {}
+        """Per variant, each run's progress figures, in run order."""
         self.replays: dict[str, list[tuple[int, int]]] = {}
         """Per ftlayer variant, each run's replays (read back from their files, entered
         at their stage), in run order."""
@@ -283,7 +314,7 @@ class Runs:
 
     def _progress(self, name: str, q: Any) -> None:
         self.progress.setdefault(name, []).append(
-            (len(q.recentProgress), trigger_seconds(q), first_batch_excess(q)))
+            Progress(len(q.recentProgress), trigger_seconds(q), first_batch_excess(q), *tail(q)))
 
     def prepare(self, name: str) -> Callable[[], Any]:
         pipeline, cadence, variant = name.split(":")
@@ -485,7 +516,7 @@ def run(cadences: list[Cadence], pipelines: list[str], width: int, repeat: int, 
     return r
 
 
-def result(rounds: PairedRounds, progress: dict[str, list[tuple[int, float, float]]],
+def result(rounds: PairedRounds, progress: dict[str, list[Progress]],
            cadences: list[Cadence], pipelines: list[str], width: int, repeat: int,
            warmup: int, redis_version: str) -> dict[str, Any]:  # fmt: skip
     med = statistics.median
@@ -553,19 +584,22 @@ def redis_bytes(r: dict[str, Any], sent: dict[str, list[tuple[int, int]]],
                 f"<= {width + 64:g}"
 
 
-def spark_figures(variant: str, runs: list[tuple[int, float, float]],
-                  walls: list[float]) -> dict[str, Any]:  # fmt: skip
+def spark_figures(variant: str, runs: list[Progress], walls: list[float]) -> dict[str, Any]:
     """From the queries' own progress: the micro-batches a run took (replay rounds
     included), the seconds Spark spent per micro-batch (``triggerExecution``: offsets,
     planning, the batch function, commit), the seconds of a run outside its micro-batches
-    (its wall time ``walls`` less their sum: starting the query and ending it) and its
-    first micro-batch's excess over its others, medians over the runs."""
+    (its wall time ``walls`` less their sum: starting the query and ending it), its
+    first micro-batch's excess over its others, and its tail (:func:`tail`: micro-batches
+    after the input ended, and their seconds), medians over the runs."""
     med = statistics.median
-    outside = (w - s for w, (_, s, _) in zip(walls, runs, strict=True))
-    return {f"{variant}_micro_batches": med(n for n, _, _ in runs),
-            f"{variant}_trigger_s_per_batch": round(med(s / max(n, 1) for n, s, _ in runs), 4),
+    outside = (w - r.trigger_s for w, r in zip(walls, runs, strict=True))
+    return {f"{variant}_micro_batches": med(r.batches for r in runs),
+            f"{variant}_trigger_s_per_batch": round(med(r.trigger_s / max(r.batches, 1)
+                                                        for r in runs), 4),
             f"{variant}_outside_batches_s": round(med(outside), 3),
-            f"{variant}_first_batch_excess_s": round(med(x for _, _, x in runs), 3)}
+            f"{variant}_first_batch_excess_s": round(med(r.first_excess for r in runs), 3),
+            f"{variant}_tail_micro_batches": med(r.tail_batches for r in runs),
+            f"{variant}_tail_s": round(med(r.tail_s for r in runs), 3)}  # fmt: skip
 
 
 def goals(cadences: list[Cadence], pipelines: list[str]) -> dict[str, str]:
@@ -599,6 +633,10 @@ def text(r: dict[str, Any]) -> str:
                     f"    {p:5s} {v:14s} {f[key]:.3f}x plain (quartiles {q[0]:.3f}-{q[1]:.3f})"
                     f"  {f[f'{v}_s_per_batch']:.3f} s/batch vs {f['plain_s_per_batch']:.3f},"
                     f" +{f[f'{v}_extra_s_per_batch'] * 1e3:.0f} ms")
+                if f.get(f"{v}_tail_micro_batches"):
+                    lines.append(f"      of which {f[f'{v}_tail_micro_batches']:g} micro-batches "
+                                 f"of replays alone after the input ended: "
+                                 f"{f[f'{v}_tail_s']:.3f} s a run")  # fmt: skip
     for p, f in r["fit"].items():
         lines.append(f"  {p}: {f['ft_s_per_query']} s per query + {f['ft_ms_per_batch']} ms "
                      f"per micro-batch + {f['ft_us_per_record']} us per record over plain")

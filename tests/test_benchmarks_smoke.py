@@ -197,10 +197,15 @@ def test_stream_overhead_smoke(tmp_path: Path) -> None:
             f = cad[p]
             assert f["plain_micro_batches"] == cad["batches"]
             assert f["ft_on_micro_batches"] >= cad["batches"]
-            if p == "df":  # a DataFrame stage's failures ride replay micro-batches
+            if p == "df":  # a DataFrame stage's failures ride replay micro-batches,
                 assert f["ft_on_failing_micro_batches"] > cad["batches"]
+                # the last input micro-batch's among them after the input ended
+                assert f["ft_on_failing_tail_micro_batches"] >= 1
+                assert f["ft_on_failing_tail_s"] > 0
             else:  # a Python stage's are replayed at once, in their task
                 assert f["ft_on_failing_micro_batches"] == cad["batches"]
+                assert f["ft_on_failing_tail_micro_batches"] == 0
+            assert f["plain_tail_micro_batches"] == f["ft_on_tail_micro_batches"] == 0
             for v in ("ft_on", "ft_on_failing"):
                 assert f[f"ratio_stream_{p}_{v}_vs_plain"] > 0
                 assert f[f"{v}_s_per_batch"] > 0

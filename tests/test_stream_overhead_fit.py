@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.stream_overhead import Cadence, fit_per_batch
+from benchmarks.stream_overhead import Cadence, Progress, fit_per_batch, spark_figures, tail
 
 CADENCES = [Cadence(5000, 20), Cadence(50000, 8)]
 
@@ -43,3 +43,25 @@ def test_a_cost_paid_once_per_query_is_not_read_as_one_per_batch(outside: float,
     assert got["ft_s_per_query"] == pytest.approx(outside + first, abs=1e-3)
     assert got["ft_ms_per_batch"] == pytest.approx(12.0, abs=0.1)
     assert got["ft_us_per_record"] == pytest.approx(0.4, abs=0.001)
+
+
+def query(*batches: tuple[int, int]) -> Any:
+    """A finished query as its progress shows it: (rows read, milliseconds) a micro-batch."""
+    return SimpleNamespace(recentProgress=[
+        SimpleNamespace(numInputRows=rows, durationMs={"triggerExecution": ms})
+        for rows, ms in batches])  # fmt: skip
+
+
+def test_the_tail_is_the_micro_batches_after_the_input_ended() -> None:
+    """Catches: a replay-only micro-batch between two of the input counted in the tail, or
+    the tail's micro-batches missing from it (the figure that says how much of a failing
+    DataFrame query's extra time its finite input's end costs)."""
+    q = query((5000, 400), (0, 250), (5000, 410), (5000, 390), (0, 280), (0, 210))
+    n, seconds = tail(q)
+    assert (n, seconds) == (2, pytest.approx(0.49))
+    assert tail(query((5000, 400), (5000, 380))) == (0, 0.0)
+    runs = [Progress(6, 1.94, 0.0, *tail(q)), Progress(5, 1.6, 0.0, 1, 0.2),
+            Progress(7, 2.2, 0.0, 3, 0.7)]  # fmt: skip
+    got = spark_figures("ft_on_failing", runs, [2.1, 1.8, 2.4])
+    assert got["ft_on_failing_tail_micro_batches"] == 2
+    assert got["ft_on_failing_tail_s"] == pytest.approx(0.49)
