@@ -119,17 +119,25 @@ counted: not the attempts retried in their task) were at least this share of the
 
 
 class Progress(NamedTuple):
-    """What a finished query's own progress says of it."""
+    """What a finished query's own progress says of it (:meth:`of`)."""
 
     batches: int
     """Micro-batches run (replay rounds included)."""
     trigger_s: float
     """Seconds Spark spent in them (their ``triggerExecution``, summed)."""
     first_excess: float
-    """The first one's excess over the others (:func:`first_batch_excess`)."""
+    """The first one's seconds beyond the median of the others' (0 with fewer than two)."""
     tail_batches: int
     tail_s: float
     """The micro-batches after the input ended, and their seconds (:func:`tail`)."""
+
+    @classmethod
+    def of(cls, query: Any) -> Progress:
+        """``query``'s figures, from its progress read once."""
+        batches = micro_batches(query)
+        took = [s for _, s in batches]
+        first = took[0] - statistics.median(took[1:]) if len(took) > 1 else 0.0
+        return cls(len(batches), sum(took), first, *tail(batches))
 
 
 @dataclass(frozen=True)
@@ -200,32 +208,31 @@ def _each(fn: Callable[[pa.RecordBatch], pa.RecordBatch]) -> Callable[..., Any]:
     return run
 
 
+def micro_batches(query: Any) -> list[tuple[int, float]]:
+    """A finished query's micro-batches as its progress shows them, read once: the rows
+    its sources read and its seconds (Spark's own ``triggerExecution``) each."""
+    return [(p.numInputRows, p.durationMs.get("triggerExecution", 0) / 1e3)
+            for p in query.recentProgress]  # fmt: skip
+
+
 def trigger_seconds(query: Any) -> float:
-    """The seconds a finished query spent in its micro-batches (Spark's own
-    ``triggerExecution``, summed over its progress)."""
-    return sum(p.durationMs.get("triggerExecution", 0) for p in query.recentProgress) / 1e3
+    """The seconds a finished query spent in its micro-batches."""
+    return sum(s for _, s in micro_batches(query))
 
 
-def tail(query: Any) -> tuple[int, float]:
-    """The micro-batches a finished query ran after its input ended, and their seconds
-    (``triggerExecution``): the trailing ones in which no source read a row -- replays
-    alone, a DataFrame stage's failed rows entering where they failed (the replay stream
-    of a source kept by reference reads no rows of its own: its batches take their
-    claims themselves). A cost of a finite input: a stream that goes on carries its
-    replays in micro-batches it runs anyway."""
+def tail(batches: list[tuple[int, float]]) -> tuple[int, float]:
+    """The micro-batches (:func:`micro_batches`) a query ran after its input ended, and
+    their seconds: the trailing ones in which no source read a row -- replays alone, a
+    DataFrame stage's failed rows entering where they failed (the replay stream of a
+    source kept by reference reads no rows of its own: its batches take their claims
+    themselves). A cost of a finite input: a stream that goes on carries its replays in
+    micro-batches it runs anyway."""
     n, seconds = 0, 0.0
-    for p in reversed(query.recentProgress):
-        if p.numInputRows:
+    for rows, took in reversed(batches):
+        if rows:
             break
-        n, seconds = n + 1, seconds + p.durationMs.get("triggerExecution", 0) / 1e3
+        n, seconds = n + 1, seconds + took
     return n, seconds
-
-
-def first_batch_excess(query: Any) -> float:
-    """How many seconds a finished query's first micro-batch took beyond the median of its
-    others (``triggerExecution``; 0 with fewer than two)."""
-    took = [p.durationMs.get("triggerExecution", 0) / 1e3 for p in query.recentProgress]
-    return took[0] - statistics.median(took[1:]) if len(took) > 1 else 0.0
 
 
 # -- what Spark charges any Python streaming source ------------------------------------------
@@ -314,7 +321,7 @@ class Runs:
 
     def _progress(self, name: str, q: Any) -> None:
         self.progress.setdefault(name, []).append(
-            Progress(len(q.recentProgress), trigger_seconds(q), first_batch_excess(q), *tail(q)))
+            Progress.of(q))
 
     def prepare(self, name: str) -> Callable[[], Any]:
         pipeline, cadence, variant = name.split(":")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.stream_overhead import Cadence, Progress, fit_per_batch, spark_figures, tail
+from benchmarks.stream_overhead import Cadence, Progress, fit_per_batch, spark_figures
 
 CADENCES = [Cadence(5000, 20), Cadence(50000, 8)]
 
@@ -56,11 +56,12 @@ def test_the_tail_is_the_micro_batches_after_the_input_ended() -> None:
     """Catches: a replay-only micro-batch between two of the input counted in the tail, or
     the tail's micro-batches missing from it (the figure that says how much of a failing
     DataFrame query's extra time its finite input's end costs)."""
-    q = query((5000, 400), (0, 250), (5000, 410), (5000, 390), (0, 280), (0, 210))
-    n, seconds = tail(q)
+    q = Progress.of(query((5000, 400), (0, 250), (5000, 410), (5000, 390), (0, 280),
+                          (0, 210)))  # fmt: skip
+    n, seconds = q.tail_batches, q.tail_s
     assert (n, seconds) == (2, pytest.approx(0.49))
-    assert tail(query((5000, 400), (5000, 380))) == (0, 0.0)
-    runs = [Progress(6, 1.94, 0.0, *tail(q)), Progress(5, 1.6, 0.0, 1, 0.2),
+    assert Progress.of(query((5000, 400), (5000, 380)))[3:] == (0, 0.0)
+    runs = [q, Progress(5, 1.6, 0.0, 1, 0.2),
             Progress(7, 2.2, 0.0, 3, 0.7)]  # fmt: skip
     got = spark_figures("ft_on_failing", runs, [2.1, 1.8, 2.4])
     assert got["ft_on_failing_tail_micro_batches"] == 2
