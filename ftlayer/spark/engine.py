@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 
+from ftlayer import gc_pause
 from ftlayer.spark.batch_plan import lineage_seed, without_replay_columns
 from ftlayer.spark.batch_run import BatchRun
 from ftlayer.spark.batch_scope import VectorRun
@@ -97,22 +98,26 @@ class BatchEngine:
         self.columns: dict[Any, Any] = {}
 
     def run(self, pipeline: Pipeline, df: DataFrame, batch_id: Any) -> BatchResult:
-        """One batch through plan, intake, execute, settle and report."""
+        """One batch through plan, intake, execute, settle and report. Python's cyclic
+        collector is held off until report (ftlayer.gc_pause): ftlayer's objects of a batch
+        are freed by reference counting; a sink's function runs with it on."""
         started = time.monotonic()
         kind_of = FrameRun if pipeline.frames else VectorRun
-        run = self._plan(kind_of, pipeline, df, batch_id, started)
-        self._backpressure(pipeline.source, batch_id)
-        kind: StageKind = kind_of(run)
-        with self._keepalive(run):
-            res = kind.execute(df, pipeline, self.replay_limit, not self.draining)
-        if res is not None and run.settlement is not None:
-            if run.breakers is not None:  # when the rows it held may be claimed again
-                run.settlement.hold_until = run.breakers.after(
-                    run.result.stages, run.plan.policies, run.plan.open_stages)
-            log.info("batch settling batch_id=%s source=%d", batch_id, pipeline.source)
-            kind.settle(run.settlement, res)
-            run.settlement.count_outcomes()
-        run.result.redis_calls = run.redis_calls + kind.calls
+        with gc_pause.paused():  # ftlayer's driver code (a sink's function: resumed)
+            run = self._plan(kind_of, pipeline, df, batch_id, started)
+            with gc_pause.resumed():  # a wait: the process's other threads collect
+                self._backpressure(pipeline.source, batch_id)
+            kind: StageKind = kind_of(run)
+            with self._keepalive(run):
+                res = kind.execute(df, pipeline, self.replay_limit, not self.draining)
+            if res is not None and run.settlement is not None:
+                if run.breakers is not None:  # when the rows it held may be claimed again
+                    run.settlement.hold_until = run.breakers.after(
+                        run.result.stages, run.plan.policies, run.plan.open_stages)
+                log.info("batch settling batch_id=%s source=%d", batch_id, pipeline.source)
+                kind.settle(run.settlement, res)
+                run.settlement.count_outcomes()
+            run.result.redis_calls = run.redis_calls + kind.calls
         return report(self.layer, pipeline, run.result, started)
 
     # -- plan ---------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from ftlayer import gc_pause
 from ftlayer.errors import ConfigError
 from ftlayer.spark import jvm_args
 from ftlayer.spark.batch_plan import arrow_schema, plan_frames, spark_schema
@@ -259,7 +260,8 @@ class FrameRun(OfRun):
         filtered out. Its identity columns are checked before they are used (its
         ``failed=``, the next Python stage, the sink: ``last``)."""
 
-        out = stage.fn(df)
+        with gc_pause.resumed():  # the user's code
+            out = stage.fn(df)
         if not hasattr(out, "sparkSession") or not hasattr(out, "columns"):
             raise ConfigError(f"{label} returned {type(out).__name__}, not a DataFrame")
         self.unchecked.append((label, out))
@@ -332,7 +334,8 @@ class FrameRun(OfRun):
                 answers.write.format("noop").mode("overwrite").save()
         try:
             with metrics_kept(out.sparkSession), fields_set(
-                    out.sparkSession, RunFields.of(self.plan), self.python > 0):
+                    out.sparkSession, RunFields.of(self.plan), self.python > 0), \
+                    gc_pause.resumed():  # the user's code
                 write()
         except Exception as e:
             text = error_text(name, e)
