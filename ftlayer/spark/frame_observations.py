@@ -14,13 +14,13 @@ assume anything of its rows; a sink that raises fails every record of the batch.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from ftlayer.errors import ConfigError, FTLayerError
+from ftlayer.ids import LOCAL_BIT
 from ftlayer.limits import DEAD_NOW
 from ftlayer.spark import jvm_args
 from ftlayer.spark.frame_entries import FULL_SHARE, Kept, kept_column, kept_rows, share_after
@@ -171,7 +171,7 @@ class Observations:
         replays: dict[int, Failure] = {}
         r.fresh = max(int(first["rows"]) - before_first, 0)
         config = run.plan.config
-        times: Counter[tuple[int | None, int]] = Counter()  # failed rows per fresh record
+        twice: set[tuple[int | None, int]] = set()  # fresh records failing more than once
         for label, m in metrics:
             if m is None:  # the sink's action skipped this stage: nothing can be assumed
                 raise FTLayerError(f"{label}'s rows were not all seen by the sink's job: "
@@ -179,35 +179,38 @@ class Observations:
             failed = _failed_rows(m.get("failed"))
             stage = label or SOURCE_STAGE
             listed = m.get("errors") or "[]"
-            errors = {int(e["id"]): Failure(e["error"], _attempts(e), stage)
+            errors = {str(e["id"]): Failure(e["error"], _attempts(e), stage)
                       for e in (json.loads(listed) if isinstance(listed, str) else listed)}
             rows_kept: dict[tuple[int | None, int], StageRow] = {}
             if label in self.keeps:
                 kept, share_key = self.keeps[label]
                 rows_kept = kept_rows(m.get("kept") or "", kept)
                 self.columns[share_key] = share_after(len(failed), config.max_kept_rows)
-            for loc_text, pos_text, err in failed:
-                why, pos = errors[int(err)], int(pos_text)
-                loc = None if loc_text is None or loc_text == "" else int(loc_text)
-                if is_replay(loc, pos):
-                    replays.setdefault(pos & U64, why)
+            held = 0
+            for loc_text, pos_text, err in failed:  # (a loop over every failed row: kept lean)
+                why, pos = errors[str(err)], int(pos_text)
+                held += why.attempts == 0
+                if loc_text is None or loc_text == "":
+                    if not pos & _LOCAL_BIT:  # a replay (identity.is_replay)
+                        replays.setdefault(pos & U64, why)
+                        continue
+                    ident: tuple[int | None, int] = (None, pos)
                 else:
-                    ident = (loc, pos)
-                    times[ident] += 1
-                    if ident not in fresh:  # (a NamedTuple built whole: _replace is slow)
-                        fresh[ident] = Failure(why.error, why.attempts, why.stage,
-                                               rows_kept.get(ident))  # fmt: skip
+                    ident = (int(loc_text), pos)
+                if ident in fresh:
+                    twice.add(ident)
+                else:  # (a NamedTuple built whole: _replace is slow)
+                    fresh[ident] = Failure(why.error, why.attempts, why.stage,
+                                           rows_kept.get(ident))  # fmt: skip
             rows = int(m["rows"])
             if label == self.sink_label:  # a Python sink answers its failed rows only
                 rows = r.written
             if label:  # held: failed rows charged no attempt (the stage's breaker)
-                held = sum(1 for *_, err in failed if errors[int(err)].attempts == 0)
                 r.stages.setdefault(label, StageCounts()).add(
                     StageCounts(rows, rows - len(failed), len(failed), held=held))  # fmt: skip
             r.written = rows - len(failed)
-        for ident, n in times.items():  # siblings failed (a fan-out): keeping one would
-            if n > 1:  # lose the others; the record replays from its source
-                fresh[ident] = fresh[ident]._replace(kept=None)
+        for ident in twice:  # siblings failed (a fan-out): keeping one would lose the
+            fresh[ident] = fresh[ident]._replace(kept=None)  # others: back to the source
         return self._residues(run, set(ran), fresh, replays, copies)
 
     def _metrics(self) -> list[tuple[str, dict[str, Any] | None]]:
@@ -278,6 +281,10 @@ class Observations:
                 res.by_reference[(loc, pos)] = why
         return res
 
+
+_LOCAL_BIT = int(LOCAL_BIT)
+"""The bit of a batch-local id (a copied row of this batch's source pass): an identity
+without a location and without it names a replay."""
 
 _STAGE_FIELDS = ("rows", "nfailed", "failed", "errors")
 """The aggregates of every stage's observation (:func:`_observed_columns`), in order: two

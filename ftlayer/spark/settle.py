@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ftlayer.acker import ShardBatch
-from ftlayer.ids import is_local, shard_of, split_local
+from ftlayer.ids import is_local, shard_of, shards_of, split_local
 from ftlayer.limits import DEAD_NOW
 from ftlayer.lineage import LINEAGE_META
 from ftlayer.segments import frames_of_rows, unit_source_id
@@ -257,21 +257,27 @@ class Settlement:
             return  # kept pending: their timeouts replay them
         shards = self.layer.config.shards
         batches: dict[int, ShardBatch] = {}
-        done: dict[int, list[tuple[int, int]]] = {}
-        for src, cur in ran.items():
-            k = shard_of(src, shards)
-            if src in res.failed:
-                why = res.failed[src]
-                reason = ("dead_letter" if why.attempts & DEAD_NOW else
-                          "held" if why.attempts == 0 else "explicit")  # fmt: skip
-                batches.setdefault(k, ShardBatch()).fails.append((src, reason, why.error))
-                self.sent.setdefault("", {})[src] = why.stage
-            elif src not in res.unconfirmed:
-                done.setdefault(k, []).append((src, cur))
-        for k, pairs in done.items():
+        n = len(ran)
+        srcs = np.fromiter(ran.keys(), np.uint64, n)
+        curs = np.fromiter(ran.values(), np.uint64, n)
+        # (arrays: 20-30 times cheaper a replay than a loop over them, and a batch may
+        # run hundreds of thousands)
+        failed = np.fromiter((s in res.failed for s in ran), bool, n)
+        undone = failed | np.fromiter((s in res.unconfirmed for s in ran), bool, n) \
+            if res.unconfirmed else failed
+        for src in srcs[failed].tolist():
+            why = res.failed[src]
+            reason = ("dead_letter" if why.attempts & DEAD_NOW else
+                      "held" if why.attempts == 0 else "explicit")  # fmt: skip
+            batches.setdefault(shard_of(src, shards), ShardBatch()).fails.append(
+                (src, reason, why.error))
+            self.sent.setdefault("", {})[src] = why.stage
+        done_srcs, done_curs = srcs[~undone], curs[~undone]
+        where = shards_of(done_srcs, shards)
+        for k in np.unique(where).tolist():
             b = batches.setdefault(k, ShardBatch())
-            b.xor_srcs = np.array([s for s, _ in pairs], np.uint64)
-            b.xor_deltas = np.array([c for _, c in pairs], np.uint64)
+            mine = where == k
+            b.xor_srcs, b.xor_deltas = done_srcs[mine], done_curs[mine]
         if batches:
             tally = self.layer.acker.apply(batches, token=f"{self.plan.salt:x}:replays",
                                            hold_until=self.hold_until)  # fmt: skip
