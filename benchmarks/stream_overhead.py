@@ -20,41 +20,46 @@ Two pipelines, each written twice:
 
 Each ftlayer query runs as ``ft_on`` and as ``ft_on_failing`` (5 % of the attempts of
 stage 3 fail, after the shuffle: their replays are part of the query, which ends when
-nothing is pending). Two cadences, each its own input: 20 micro-batches of 5,000 events and
-8 of 50,000. Every round runs each ftlayer query beside a plain run of its own (alternating
-which goes first; ``--warmup`` rounds uncounted); a figure is the median of the per-round
-ratios (plain time / ftlayer time) with their quartiles. The time of a run is the query's,
-from building its streaming DataFrame to its end; after the clock stops its output is
-checked: every event id once, in the Parquet table or (ftlayer) in the dead letters.
+nothing is pending); the ``df`` query also as ``ft_on_marked``: stage 3 with
+``failed=F.col("vat").isNull()``, which marks no row -- a DataFrame stage that can fail
+rows adds a column, an observation and a filter to the plan, and a pipeline people write
+has one (a Python stage pays for its answers' checks in ``ft_on`` already). Two cadences,
+each its own input: 20 micro-batches of 5,000 events and 8 of 50,000. Every round runs
+each ftlayer query beside a plain run of its own (alternating which goes first;
+``--warmup`` rounds uncounted); a figure is the median of the per-round ratios (plain time
+/ ftlayer time) with their quartiles. The time of a run is the query's, from building its
+streaming DataFrame to its end; after the clock stops its output is checked: every event
+id once, in the Parquet table or (ftlayer) in the dead letters.
 
-Per cadence and pipeline: ``ratio_stream_<df|arrow>_ft_on_vs_plain`` and
-``..._ft_on_failing_vs_plain``, the plain and ftlayer seconds per micro-batch. Per
-pipeline, fitted over both cadences from the median extra time of each (ftlayer minus
-plain, paired), less the cost paid once per query, as ``extra = batches * a + events *
-b``: ``ft_ms_per_batch`` (a, the part that does not grow with the batch) and
-``ft_us_per_record`` (b). The cost per query, ``ft_s_per_query``, is measured from the
-queries' own progress, not fitted: starting the query and ending it (ftlayer's seconds
-outside its micro-batches less the plain query's) and what its first micro-batch costs
-beyond its others (ftlayer's first-batch excess less the plain query's: work done once per
-query inside it -- the replay reader's first offset, the columns a query builds once); a
-cost paid once per query that the fit were given would read as a cost per micro-batch
-and per record (both cadences run one query). ``<variant>_micro_batches`` (replay rounds
-included), ``<variant>_trigger_s_per_batch`` (Spark's ``triggerExecution`` per
-micro-batch), ``<variant>_outside_batches_s`` (a run's wall time less its micro-batches'),
-``<variant>_first_batch_excess_s`` (its first micro-batch's ``triggerExecution`` less
-the median of its others') and ``<variant>_tail_micro_batches`` / ``<variant>_tail_s``
-(the micro-batches after the input ended, in which no source read a row: replays alone,
-and their seconds -- a cost of a finite input, which a stream that goes on pays inside
-micro-batches it runs anyway; a DataFrame stage's failed rows ride them, those of a
-Python stage are retried in their task). Beside it,
-``python_source_s_per_query``: what Spark charges any query for a Python streaming source
-(the API the replay stream is written in), measured in the same session on a source that
-never has data. ``replays_read_back_entered``: per ftlayer variant, a run's replays read back
-from their files and those that entered at the stage they failed in (medians). What Redis
-received (its ``total_net_input_bytes``): ``ft_on_redis_bytes_per_record`` and, where at
-least 1 % of the events failed for ftlayer (not retried in their task),
-``ft_on_failing_redis_bytes_per_failure`` (beyond the same round's run without failures,
-per failure; goal: the failing stage's input row, ``stage_input_arrow_bytes``, + 64).
+Per cadence and pipeline: ``ratio_stream_<df|arrow>_ft_on_vs_plain``,
+``ratio_stream_df_ft_on_marked_vs_plain`` and ``..._ft_on_failing_vs_plain``, the plain
+and ftlayer seconds per micro-batch. Per pipeline, fitted over both cadences from the
+median extra time of each (ftlayer minus plain, paired), less the cost paid once per
+query, as ``extra = batches * a + events * b``: ``ft_ms_per_batch`` (a, the part that does
+not grow with the batch) and ``ft_us_per_record`` (b). The cost per query,
+``ft_s_per_query``, is measured from the queries' own progress, not fitted: starting the
+query and ending it (ftlayer's seconds outside its micro-batches less the plain query's)
+and what its first micro-batch costs beyond its others (ftlayer's first-batch excess less
+the plain query's: work done once per query inside it -- the replay reader's first offset,
+the columns a query builds once); a cost paid once per query that the fit were given would
+read as a cost per micro-batch and per record (both cadences run one query).
+``<variant>_micro_batches`` (replay rounds included), ``<variant>_trigger_s_per_batch``
+(Spark's ``triggerExecution`` per micro-batch), ``<variant>_outside_batches_s`` (a run's
+wall time less its micro-batches'), ``<variant>_first_batch_excess_s`` (its first
+micro-batch's ``triggerExecution`` less the median of its others') and
+``<variant>_tail_micro_batches`` / ``<variant>_tail_s`` (the micro-batches after the input
+ended, in which no source read a row: replays alone, and their seconds -- a cost of a
+finite input, which a stream that goes on pays inside micro-batches it runs anyway; a
+DataFrame stage's failed rows ride them, those of a Python stage are retried in their
+task). Beside it, ``python_source_s_per_query``: what Spark charges any query for a Python
+streaming source (the API the replay stream is written in), measured in the same session
+on a source that never has data. ``replays_read_back_entered``: per ftlayer variant, a
+run's replays read back from their files and those that entered at the stage they failed
+in (medians). What Redis received (its ``total_net_input_bytes``):
+``ft_on_redis_bytes_per_record`` and, where at least 1 % of the events failed for ftlayer
+(not retried in their task), ``ft_on_failing_redis_bytes_per_failure`` (beyond the same
+round's run without failures, per failure; goal: the failing stage's input row,
+``stage_input_arrow_bytes``, + 64).
 
 ``--source kafka``: the same events as JSON values of a 4-partition Kafka topic (on a
 throwaway tansu broker), read by ftlayer's Kafka source (``maxOffsetsPerTrigger`` cutting
@@ -106,12 +111,24 @@ LOOKUP = [(k, f"region-{k % 7}", 1.0 + k / 100) for k in range(LOOKUP_KEYS)]
 below for ``arrow``."""
 _KEYS, _REGIONS, _RATES = (pa.array(col) for col in zip(*LOOKUP, strict=True))
 GOAL_FT_ON = {5_000: 0.85, 50_000: 0.90}
-"""``ratio_stream_*_ft_on_vs_plain`` at these events per micro-batch."""
+"""``ratio_stream_*_ft_on_vs_plain`` (and ``..._ft_on_marked_...``) at these events per
+micro-batch."""
 GOAL_FAILING = 0.80
 """``ratio_stream_*_ft_on_failing_vs_plain``, at both cadences."""
 GOAL_FIT = {"ft_ms_per_batch": 30.0, "ft_us_per_record": 1.0}
 GOAL_KAFKA_REDIS_BYTES = 16
 """``ft_on_redis_bytes_per_record`` reading Kafka: a reference, no payload."""
+MARKED = ("df",)
+"""The pipelines also run as ``ft_on_marked`` (a stage with ``failed=`` that marks no
+row)."""
+
+
+def variants(pipeline: str) -> tuple[str, ...]:
+    """The ftlayer queries of ``pipeline``, in the order they are reported."""
+    return ("ft_on", "ft_on_marked", "ft_on_failing") if pipeline in MARKED else \
+        ("ft_on", "ft_on_failing")
+
+
 MIN_FAILURES = 0.01
 """Redis bytes per failure are reported where the failing run's failures (those ftlayer
 counted: not the attempts retried in their task) were at least this share of the events."""
@@ -332,8 +349,7 @@ class Runs:
         if variant == "plain":
             job = self._plain(name, pipeline, self.inputs[cadence], work, c)
         else:
-            job = self._ft(name, pipeline, self.inputs[cadence], work, c,
-                           variant == "ft_on_failing")  # fmt: skip
+            job = self._ft(name, pipeline, self.inputs[cadence], work, c, variant)
 
         def named() -> Callable[[], None]:
             check = job()
@@ -378,7 +394,7 @@ class Runs:
         return job
 
     def _ft(self, name: str, pipeline: str, root: Any, work: Path, c: Cadence,
-            failing: bool) -> Callable[[], Any]:  # fmt: skip
+            variant: str) -> Callable[[], Any]:  # fmt: skip
         from pyspark.sql import functions as F  # noqa: N812
 
         out = str(work / "out")
@@ -392,10 +408,12 @@ class Runs:
         if self.kafka is not None:  # Kafka rows -> the events' columns, as the plain job
             p = p.transform(df_events) if pipeline == "df" else p.map_batches(arrow_events,
                                                                                 SCHEMA)
+        failing = variant == "ft_on_failing"
         if pipeline == "df":
+            failed = {"ft_on_failing": F.rand() < FAIL_RATE,
+                      "ft_on_marked": F.col("vat").isNull()}.get(variant)  # fmt: skip
             p = (p.transform(df_enrich(self.lookup)).partition_by(["key"], PARTITIONS)
-                 .transform(df_vat, failed=(F.rand() < FAIL_RATE) if failing else None,
-                            errors="injected failure"))  # fmt: skip
+                 .transform(df_vat, failed=failed, errors="injected failure"))  # fmt: skip
         else:
             vat = FailLate(arrow_vat, FAIL_RATE) if failing else arrow_vat
             p = (p.map_batches(arrow_enrich, ENRICHED).partition_by(["key"], PARTITIONS)
@@ -479,7 +497,7 @@ def run(cadences: list[Cadence], pipelines: list[str], width: int, repeat: int, 
     tmp = Path(tempfile.mkdtemp(prefix="ftbench-stream-"))
     broker = contextlib.ExitStack()
     pairs = {f"{p}:{c.name}:{v}": f"{p}:{c.name}:plain" for c in cadences for p in pipelines
-             for v in ("ft_on", "ft_on_failing")}  # fmt: skip
+             for v in variants(p)}  # fmt: skip
     try:
         with redis_for_benchmark(url) as client, broker:
             inputs: dict[str, Any] = {}
@@ -508,7 +526,9 @@ def run(cadences: list[Cadence], pipelines: list[str], width: int, repeat: int, 
     finally:
         spark.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    counted = {k: v[-repeat * (1 + k.endswith(":plain")):] for k, v in runs.progress.items()}
+    # a plain query runs beside each ftlayer query of its pipeline: that many a round
+    counted = {k: v[-repeat * (len(variants(k.split(":")[0])) if k.endswith(":plain") else 1):]
+               for k, v in runs.progress.items()}  # fmt: skip
     r = result(rounds, counted, cadences, pipelines, width, repeat, warmup, redis_version)
     r["python_source_s_per_query"] = floor
     r["source"] = source
@@ -533,7 +553,7 @@ def result(rounds: PairedRounds, progress: dict[str, list[Progress]],
             plain = rounds.times[f"{p}:{c.name}:plain"]
             fig: dict[str, Any] = {"plain_s_per_batch": round(med(plain) / c.batches, 4)}
             fig.update(spark_figures("plain", progress[f"{p}:{c.name}:plain"], plain))
-            for v in ("ft_on", "ft_on_failing"):
+            for v in variants(p):
                 name = f"{p}:{c.name}:{v}"
                 key = f"ratio_stream_{p}_{v}_vs_plain"
                 fig[key] = round(med(rounds.ratios[name]), 3)
@@ -616,7 +636,9 @@ def goals(cadences: list[Cadence], pipelines: list[str]) -> dict[str, str]:
     for c in cadences:
         for p in pipelines:
             if c.per_batch in GOAL_FT_ON:
-                g[f"{c.name}:ratio_stream_{p}_ft_on_vs_plain"] = f">= {GOAL_FT_ON[c.per_batch]}"
+                for v in variants(p)[:-1]:  # ft_on, ft_on_marked
+                    g[f"{c.name}:ratio_stream_{p}_{v}_vs_plain"] = \
+                        f">= {GOAL_FT_ON[c.per_batch]}"
             g[f"{c.name}:ratio_stream_{p}_ft_on_failing_vs_plain"] = f">= {GOAL_FAILING}"
     if len(cadences) > 1:
         for p in pipelines:
@@ -633,8 +655,10 @@ def text(r: dict[str, Any]) -> str:
             if p not in cad:
                 continue
             f = cad[p]
-            for v in ("ft_on", "ft_on_failing"):
+            for v in variants(p):
                 key = f"ratio_stream_{p}_{v}_vs_plain"
+                if key not in f:  # recorded before the variant existed
+                    continue
                 q = f[f"{key}_quartiles"]
                 lines.append(
                     f"    {p:5s} {v:14s} {f[key]:.3f}x plain (quartiles {q[0]:.3f}-{q[1]:.3f})"

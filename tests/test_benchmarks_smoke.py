@@ -206,9 +206,15 @@ def test_stream_overhead_smoke(tmp_path: Path) -> None:
                 assert f["ft_on_failing_micro_batches"] == cad["batches"]
                 assert f["ft_on_failing_tail_micro_batches"] == 0
             assert f["plain_tail_micro_batches"] == f["ft_on_tail_micro_batches"] == 0
-            for v in ("ft_on", "ft_on_failing"):
+            ran = ("ft_on", "ft_on_marked", "ft_on_failing") if p == "df" else \
+                ("ft_on", "ft_on_failing")  # a DataFrame stage whose failed= marks no row
+            for v in ran:
                 assert f[f"ratio_stream_{p}_{v}_vs_plain"] > 0
                 assert f[f"{v}_s_per_batch"] > 0
+            assert "ratio_stream_arrow_ft_on_marked_vs_plain" not in f
+            if p == "df":  # it marks no row: no replay, nothing after the input
+                assert f["ft_on_marked_micro_batches"] == cad["batches"]
+                assert f["ft_on_marked_tail_micro_batches"] == 0
             for v in ("plain", "ft_on", "ft_on_failing"):  # part of the cost per query
                 assert isinstance(f[f"{v}_first_batch_excess_s"], float)
             assert f["ft_on_redis_bytes_per_record"] > 0  # at 200 events: mostly scripts

@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 
-from benchmarks.stream_overhead import Cadence, Progress, fit_per_batch, spark_figures
+from benchmarks.stream_overhead import (
+    Cadence,
+    Progress,
+    fit_per_batch,
+    goals,
+    spark_figures,
+    variants,
+)
 
 CADENCES = [Cadence(5000, 20), Cadence(50000, 8)]
 
@@ -66,3 +73,18 @@ def test_the_tail_is_the_micro_batches_after_the_input_ended() -> None:
     got = spark_figures("ft_on_failing", runs, [2.1, 1.8, 2.4])
     assert got["ft_on_failing_tail_micro_batches"] == 2
     assert got["ft_on_failing_tail_s"] == pytest.approx(0.49)
+
+
+def test_a_stage_that_can_fail_rows_is_held_to_the_goals_of_one_that_cannot() -> None:
+    """``ft_on_marked`` (a DataFrame stage with ``failed=`` that marks no row: what a
+    pipeline people write has) has ``ft_on``'s goals at each cadence, for ``df`` only (a
+    Python stage's checks are in its ``ft_on`` already). Catches: the variant reported
+    without a goal, or with the failing runs' lower one."""
+    g = goals([Cadence.parse("5000x20"), Cadence.parse("50000x8")], ["df", "arrow"])
+    for c in ("5000x20", "50000x8"):
+        assert g[f"{c}:ratio_stream_df_ft_on_marked_vs_plain"] == \
+            g[f"{c}:ratio_stream_df_ft_on_vs_plain"]
+        assert f"{c}:ratio_stream_arrow_ft_on_marked_vs_plain" not in g
+    assert g["50000x8:ratio_stream_df_ft_on_marked_vs_plain"] == ">= 0.9"
+    assert variants("df") == ("ft_on", "ft_on_marked", "ft_on_failing")
+    assert variants("arrow") == ("ft_on", "ft_on_failing")

@@ -28,11 +28,13 @@ def render_stream(page: Page) -> None:
             f = cad.get(p)
             if not isinstance(f, dict):
                 continue
+            ran = [v for v in ("ft_on", "ft_on_marked", "ft_on_failing")
+                   if f"ratio_stream_{p}_{v}_vs_plain" in f]  # (marked: df, since 2026-11-30)
             progress += [[f"`{p}` `{v}`, {cname}", num(f.get(f"{v}_micro_batches")),
                           num(f.get(f"{v}_trigger_s_per_batch")),
                           num(f.get(f"{v}_outside_batches_s"))]
-                         for v in ("plain", "ft_on", "ft_on_failing")]  # fmt: skip
-            for v in ("ft_on", "ft_on_failing"):
+                         for v in ("plain", *ran)]  # fmt: skip
+            for v in ran:
                 key = f"ratio_stream_{p}_{v}_vs_plain"
                 page.row(f"`{p}` `{v}` ÷ plain, {shape}", f.get(f"{v}_s_per_batch"),
                          f.get("plain_s_per_batch"), "plain", f.get(key),
