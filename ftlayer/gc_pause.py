@@ -15,10 +15,10 @@ lets it run again inside such a block while code that is not ftlayer's runs (a s
 function, which may make cycles of its own).
 
 Invariants: collection runs whenever no thread is inside :func:`paused`, or some thread
-is inside :func:`resumed` (a sink's function and a DataFrame stage's function run with it
-on, as does a wait for room under ``max_pending``); the collector is left as it was
-found (a process that disabled it keeps it disabled). Blocks nest and may run in several
-threads at once.
+is inside :func:`resumed` (a sink's function, a DataFrame stage's function and the wait
+for a batch's Spark job run with it on, as does a wait for room under ``max_pending``);
+the collector is left as it was found (a process that disabled it keeps it disabled).
+Blocks nest and may run in several threads at once.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from ftlayer import gc_pause
 from ftlayer.connection import is_cluster
 from ftlayer.errors import ConfigError
 from ftlayer.spark import jvm_args
@@ -105,8 +106,8 @@ class VectorRun(OfRun):
                 fresh: bool) -> Residues | None:  # fmt: skip
         """Run the batch's job; its residues (None: FT off)."""
         out = self.dataframe(df, pipeline, replay_limit)
-        with fields_set(df.sparkSession, RunFields.of(self.plan)):
-            finals = [row[0] for row in out.collect()]
+        with fields_set(df.sparkSession, RunFields.of(self.plan)), gc_pause.resumed():
+            finals = [row[0] for row in out.collect()]  # (Spark's job: a wait, collector on)
         got = self.residues(finals)
         if got is None:
             return None

@@ -100,7 +100,8 @@ class BatchEngine:
     def run(self, pipeline: Pipeline, df: DataFrame, batch_id: Any) -> BatchResult:
         """One batch through plan, intake, execute, settle and report. Python's cyclic
         collector is held off until report (ftlayer.gc_pause): ftlayer's objects of a batch
-        are freed by reference counting; a sink's function runs with it on."""
+        are freed by reference counting; a sink's function and the wait for the batch's
+        Spark job run with it on."""
         started = time.monotonic()
         kind_of = FrameRun if pipeline.frames else VectorRun
         with gc_pause.paused():  # ftlayer's driver code (a sink's function: resumed)

@@ -430,6 +430,43 @@ def test_fan_out_alone_leaves_nothing_pending(
     assert_settled(ft)
 
 
+def test_the_collector_is_on_while_a_batchs_spark_job_runs(spark: SparkSession,
+                                                          make_ft: Any) -> None:
+    """ftlayer holds Python's cyclic collector off only while its own driver code plans
+    and settles a batch (ftlayer.gc_pause), not while the batch's Spark job runs -- which
+    may take minutes, and other threads of the driver go on making garbage. A thread
+    samples the collector while the job's stage sleeps 1.5 s: on in most samples, and on
+    after the batch. Catches: the whole batch run with the collector off."""
+    import gc
+    import threading
+
+    ft = make_ft()
+
+    def slow(b: pa.RecordBatch) -> pa.RecordBatch:
+        time.sleep(1.5)  # one partition of one batch: the job lasts at least this long
+        return b.select(["id", "key"])
+
+    samples: list[bool] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.01):
+            samples.append(gc.isenabled())
+
+    pipeline = ft.pipeline().map_batches(slow, "id long, key long").sink_batches(lambda b: None)
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        res = ft.run_batch(pipeline, source_df(spark, 200, parts=1), 0)
+    finally:
+        stop.set()
+        thread.join(5)
+    assert res.fold_ok and res.failed == 0
+    assert len(samples) > 50 and sum(samples) > 0.8 * len(samples), \
+        (sum(samples), len(samples))
+    assert gc.isenabled()
+
+
 # -- 4: unconfirmed sink writes stay pending, time out and replay ---------------------------
 @pytest.mark.parametrize("backend", ["single", "cluster"])
 def test_unconfirmed_sink_rows_time_out_and_replay(
