@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from ftlayer.errors import ConfigError, FTLayerError
-from ftlayer.ids import LOCAL_BIT
 from ftlayer.limits import DEAD_NOW
 from ftlayer.spark import jvm_args
 from ftlayer.spark.frame_entries import FULL_SHARE, Kept, kept_column, kept_rows, share_after
@@ -191,7 +190,7 @@ class Observations:
                 why, pos = errors[str(err)], int(pos_text)
                 held += why.attempts == 0
                 if loc_text is None or loc_text == "":
-                    if not pos & _LOCAL_BIT:  # a replay (identity.is_replay)
+                    if is_replay(None, pos):
                         replays.setdefault(pos & U64, why)
                         continue
                     ident: tuple[int | None, int] = (None, pos)
@@ -281,10 +280,6 @@ class Observations:
                 res.by_reference[(loc, pos)] = why
         return res
 
-
-_LOCAL_BIT = int(LOCAL_BIT)
-"""The bit of a batch-local id (a copied row of this batch's source pass): an identity
-without a location and without it names a replay."""
 
 _STAGE_FIELDS = ("rows", "nfailed", "failed", "errors")
 """The aggregates of every stage's observation (:func:`_observed_columns`), in order: two
