@@ -9,11 +9,13 @@ whose value returns to 0 after their init (invariants 2 and 4), and counts every
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
 import redis
+import xxhash
 from redis.cluster import RedisCluster
 
 from ftlayer.connection import is_cluster
@@ -26,13 +28,19 @@ from ftlayer.tally import Tally
 from ftlayer.wire import (
     ENTRY_BYTES,
     FAIL_HEAD,
+    FAIL_PAYLOAD,
+    NEW_PAYLOAD,
     NOFRAME,
     PERSIST_HEAD,
     REASON_CODES,
     XOR_BYTES,
 )
 
-__all__ = ["AckEntry", "RedisAckerTable", "ShardBatch", "pack_fails"]
+__all__ = ["AckEntry", "Fail", "RedisAckerTable", "ShardBatch", "pack_fails"]
+
+Fail = tuple[int, str, str] | tuple[int, str, str, bytes | None]
+"""A failure a flush carries: (source id, reason, error), and optionally the payload the
+record is stored with from now on (None: its own; wire.NEW_PAYLOAD)."""
 
 _ENTRY_HEAD = struct.Struct(">Q")
 _ENTRY_TAIL = struct.Struct(">IH")
@@ -85,7 +93,7 @@ class ShardBatch:
     to end, and each stored record's size in bytes."""
     xor_srcs: np.ndarray | None = None
     xor_deltas: np.ndarray | None = None
-    fails: list[tuple[int, str, str]] = field(default_factory=list)
+    fails: list[Fail] = field(default_factory=list)
     local_completed: int = 0
 
     def add_persist(self, delta: int, source_id: int, stored: bytes) -> None:
@@ -171,15 +179,20 @@ def _check_replicated(acked: int) -> None:
         )
 
 
-def _packed_fails(fails: list[tuple[int, str, str]]) -> list[bytes]:
+def _packed_fails(fails: Sequence[Fail]) -> list[bytes]:
     out = []
-    for src, reason, error in fails:
+    for src, reason, error, *payload in fails:
         err = error.encode("utf-8", "replace")[:MAX_ERROR_BYTES]
-        out.append(FAIL_HEAD.pack(src, REASON_CODES[reason], len(err)) + err)
+        if payload and payload[0] is not None:  # stored with this payload from now on
+            new = payload[0]
+            out.append(FAIL_HEAD.pack(src, REASON_CODES[reason] | NEW_PAYLOAD, len(err)) + err
+                       + FAIL_PAYLOAD.pack(len(new), xxhash.xxh32_intdigest(new)) + new)
+        else:
+            out.append(FAIL_HEAD.pack(src, REASON_CODES[reason], len(err)) + err)
     return out
 
 
-def pack_fails(fails: list[tuple[int, str, str]]) -> bytes:
+def pack_fails(fails: Sequence[Fail]) -> bytes:
     return b"".join(_packed_fails(fails))
 
 

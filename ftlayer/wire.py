@@ -66,6 +66,14 @@ FAIL_HEAD_LUA = ">c8BI2"
 REASON_CODES = {"explicit": 1, "timeout": 2, "dead_letter": 3, "held": 4}
 """``dead_letter``: an explicit failure that no replay can fix (dead-lettered now);
 ``held``: not attempted (its stage's breaker was open): queued again, no attempt spent."""
+NEW_PAYLOAD = 0x80
+"""Set in a reason code: the error is followed by FAIL_PAYLOAD and a new payload that the
+record is stored with from now on (its header and lineage id kept): a replay read back
+from its source that failed again, kept as the input of the stage it failed in
+(ftlayer.stage_rows)."""
+FAIL_PAYLOAD = struct.Struct(">II")
+FAIL_PAYLOAD_LUA = ">I4I4"
+"""The new payload's length and checksum (xxh32, as serialization/stored.py)."""
 
 # -- a replay queue entry ----------------------------------------------------------------
 QUEUE_ENTRY = np.dtype([("source_id", ">u8"), ("hash_code", ">i4"), ("partition", ">i4"),
@@ -102,7 +110,8 @@ assert STORED_U16_LUA == _lua_fields(STORED_DTYPE, ("max_replays",))
 
 
 def _stored_constants() -> list[str]:
-    at = {"QUEUE": "hash_code", "SOURCE": "source", "BUDGET": "max_replays"}
+    at = {"QUEUE": "hash_code", "SOURCE": "source", "BUDGET": "max_replays",
+          "CHECKSUM": "checksum"}
     return [
         f"local STORED_HEAD = {STORED_HEADER_SIZE}",
         f"local STORED_HEAD_FIELDS = '{STORED_HEAD_LUA}'",
@@ -168,6 +177,8 @@ def lua_constants() -> list[str]:
         f"local FAIL_HEAD = '{FAIL_HEAD_LUA}'",
         f"local REASONS = {{{reasons}}}",
         f"local DEAD_LETTER_CODE = {REASON_CODES['dead_letter']}",
+        f"local NEW_PAYLOAD = {NEW_PAYLOAD}",
+        f"local FAIL_PAYLOAD = '{FAIL_PAYLOAD_LUA}'",
         f"local QUEUE_ENTRY = '{QUEUE_ENTRY_LUA}'",
         f"local PERSIST_HEAD = '{PERSIST_HEAD_LUA}'",
         f"local SEGMENT = '{SEGMENT_LUA}'",

@@ -338,3 +338,41 @@ def test_a_records_lineage_id_survives_replays_dead_letters_and_redrives(make_la
     redriven = layer.claim_replays(3, 10)
     assert {c.frame.lineage for c in redriven} == born
     assert not born & {c.record_id.source_id for c in redriven}, "new ids, same lineage"
+
+
+def test_a_failure_may_store_the_record_with_a_new_payload(make_layer) -> None:
+    """A replay read back from its source that fails again is kept as its stage's input
+    (wire.NEW_PAYLOAD): the record is requeued with the new payload, under the checksum
+    of that payload, its hash code, partition, budget and lineage id kept, its history
+    grown; past its budget its dead letter holds the new payload. Catches: the new
+    payload ignored, a header field or the lineage id lost on the way, a checksum left
+    from the old payload (the claim would reject the record as corrupt)."""
+    from ftlayer.acker import ShardBatch
+
+    layer = make_layer(shards=4, max_replays=2)
+    src = layer.handler(partition=5)
+    rid = src.persist(b"a reference", hash_code=-42, source=2)
+    src.flush()
+    layer.fail([rid], error="first")
+    [claimed] = layer.claim_replays(2, 10)
+    lineage = claimed.frame.lineage
+    kept = b"the stage's input" * 3
+    sid = claimed.record_id.source_id
+
+    def fail(rid_: int, payload: bytes | None, token: str) -> None:
+        batch = ShardBatch(fails=[(rid_, "explicit", "again", payload)])
+        layer.acker.apply({shard_of(rid_, 4): batch}, token=token)
+
+    fail(sid, kept, "t1")
+    [again] = layer.claim_replays(2, 10)
+    f = again.frame
+    assert f.payload == kept, f
+    assert (f.hash_code, again.original_partition, f.lineage) == (-42, 5, lineage)
+    assert [h.error for h in layer.persistence.history(again.record_id.source_id)] == \
+        ["first", "again"]
+    fail(again.record_id.source_id, None, "t2")  # its own payload (the new one) from now on
+    st = layer.stats()
+    assert st.dead_lettered == 1 and st.pending == 0, st
+    [dead] = layer.persistence.dead_letters()
+    assert dead.frame is not None and dead.frame.payload == kept
+    assert dead.frame.lineage == lineage

@@ -75,6 +75,7 @@ TWINS = {  # the name a script knows a layout by -> (its Python twin's width per
     "XOR": [wire.XOR_BYTES],
     "PERSIST_HEAD": [wire.PERSIST_HEAD.size],
     "FAIL_HEAD": [wire.FAIL_HEAD.size],
+    "FAIL_PAYLOAD": [wire.FAIL_PAYLOAD.size],
     "QUEUE_ENTRY": [wire.QUEUE_ENTRY.itemsize],
     # what pack_segments writes: a member, then each distinct error text once, per failed
     # row a unit and its text's index, per pending row a unit; the fixed runs' widths are
@@ -86,7 +87,8 @@ TWINS = {  # the name a script knows a layout by -> (its Python twin's width per
                        - segment_bytes([(UNIT, ERR, 1)], []) - len(UNIT)],
     "SEGMENT_PENDING": [segment_bytes([], [(UNIT, b"v" * 8)]) - HEAD - 1 - len(UNIT)],
     "STORED_HEAD_FIELDS": [span(STORED_DTYPE, "payload_len", "max_replays")],
-    "STORED_LEN": [STORED_DTYPE["payload_len"].itemsize],
+    "STORED_LEN": [STORED_DTYPE["payload_len"].itemsize,  # and the checksum (with_payload)
+                   STORED_DTYPE["checksum"].itemsize],
     "STORED_QUEUE_FIELDS": [span(STORED_DTYPE, "hash_code", "source")],
     "STORED_U16": [STORED_DTYPE["source"].itemsize, STORED_DTYPE["max_replays"].itemsize],
 }

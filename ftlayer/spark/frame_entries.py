@@ -6,7 +6,8 @@ input of its segment, in the same job, and its replay enters there
   starts by copying its input's user columns under hidden names (``__ft_in_<i>``, tagged
   with :data:`CARRIED`): a stage may drop or recompute its input's columns, and the
   copies ride along as the identity columns do. Spark prunes them where nothing reads
-  them. The first segment keeps nothing (:func:`keeps_until`).
+  them. The first segment keeps only the replays read back from their source
+  (:func:`keeps_until`): its copies are null in the other rows.
 * **Keep.** The stage's observation (ftlayer.spark.frame_observations) also collects,
   for its failed rows only, ``location,position,`` and Spark's ``to_json`` of the copies
   (fields named by position), in base64. A stage whose output lost a copy keeps
@@ -75,6 +76,8 @@ class Kept:
     schema: StructType
     hash: int
     copies: tuple[str, ...]
+    replays_only: bool = False
+    """The copies hold only the replays' values (the first segment's: :func:`carry`)."""
 
     def row(self, location: int | None, position: int, body: bytes) -> StageRow:
         """A kept row (ftlayer.stage_rows)."""
@@ -82,15 +85,19 @@ class Kept:
                         body)  # fmt: skip
 
 
-def keeps_until(plan: VectorPlan, index: int, ft: bool) -> int | None:
+def keeps_until(plan: VectorPlan, index: int, ft: bool, read_back: bool = False) -> int | None:
     """The last stage of segment ``index`` that keeps its failed rows as the segment's
-    input (None: none does -- FT off, ``max_kept_rows=0``, ``replay_from="source"``, the
-    first segment, no DataFrame stage with ``failed=``, or a Python stage before it, which
-    takes only its own columns). The first segment's input is the source row: a replay
-    from the source enters there anyway, and keeping a copy of it costs more than
-    reading it back (every failed row's columns through the driver; measured with
-    ``benchmarks.dataframe_overhead``, whose stage 1 fails)."""
-    if not ft or not index or not plan.config.max_kept_rows or plan.replay_from == "source":
+    input (None: none does -- FT off, ``max_kept_rows=0``, ``replay_from="source"``, no
+    DataFrame stage with ``failed=``, or a Python stage before it, which takes only its
+    own columns). The first segment's input is the source row: a fresh row failing there
+    goes back to its source (keeping a copy of every failed row costs more than reading
+    them back once: every failed row's columns through the driver; measured with
+    ``benchmarks.dataframe_overhead``, whose stage 1 fails), but a replay read back from
+    its source (``read_back``: the batch has some) that fails there again keeps its
+    values: reading its file again would cost a pass over the file for a few rows."""
+    if not ft or not plan.config.max_kept_rows or plan.replay_from == "source":
+        return None
+    if not index and not read_back:
         return None
     seg = plan.segments[index]
     last = None
@@ -120,17 +127,22 @@ def user_schema(df: DataFrame) -> StructType:
                        if f.name not in (LOC_COL, POS_COL) and not f.name.startswith(_PREFIX)])
 
 
-def carry(df: DataFrame, entry: Entry, cache: dict[Any, Any], key: Any) -> tuple[DataFrame, Kept]:
+def carry(df: DataFrame, entry: Entry, cache: dict[Any, Any], key: Any,
+          replays_only: bool = False) -> tuple[DataFrame, Kept]:  # fmt: skip
     """``df`` (a segment's input) with hidden copies of its user columns, and what its
-    failing stages keep. The schema is read once per ``key`` (the pipeline's segment and
-    the source's schema: the same in every batch of a query)."""
+    failing stages keep; ``replays_only``: the copies hold the replays' values (rows
+    without a location), null in the fresh rows. The schema is read once per ``key`` (the
+    pipeline's segment and the source's schema: the same in every batch of a query)."""
     from pyspark.sql import functions as F  # noqa: N812
 
     if key not in cache:
         schema = user_schema(df)
         copies = tuple(f"{_PREFIX}{i}" for i in range(len(schema.fields)))
-        kept = Kept(entry.segment, entry.fingerprint(), schema, schema_hash(schema), copies)
-        cols = [F.col(f"`{f.name}`").alias(c, metadata=CARRIED)
+        kept = Kept(entry.segment, entry.fingerprint(), schema, schema_hash(schema), copies,
+                    replays_only)  # fmt: skip
+        replay = F.col(LOC_COL).isNull()
+        cols = [(F.when(replay, F.col(f"`{f.name}`")) if replays_only else
+                 F.col(f"`{f.name}`")).alias(c, metadata=CARRIED)
                 for f, c in zip(schema.fields, copies, strict=True)]  # fmt: skip
         cache[key] = (kept, cols)
     kept, cols = cache[key]
@@ -157,6 +169,8 @@ def kept_column(kept: Kept, failed: Column, share: int) -> Column:
     b64 = F.translate(F.base64(body), "\r\n", "")
     row = F.concat_ws(",", F.coalesce(F.col(LOC_COL).cast("string"), F.lit("")),
                       F.col(POS_COL).cast("string"), b64)  # fmt: skip
+    if kept.replays_only:
+        failed = failed & F.col(LOC_COL).isNull()
     if share < FULL_SHARE:
         failed = failed & (F.pmod(F.xxhash64(F.col(LOC_COL), F.col(POS_COL)),
                                   F.lit(FULL_SHARE)) < share)  # fmt: skip
@@ -223,9 +237,12 @@ def entries_known(replays: Replays | None, plan: VectorPlan,
                   cache: dict[Any, Any]) -> Iterator[int]:  # fmt: skip
     """The segments ``k > 0`` whose entry has stage rows in ``replays``, in order, as long
     as the entry's input schema is known from an earlier batch of the query (in
-    ``cache``: :func:`entering` can then read them without the segment's input)."""
-    for k in sorted(k for k, table in (replays.entered if replays else {}).items()
-                    if k and table.num_rows):  # fmt: skip
+    ``cache``: :func:`entering` can then read them without the segment's input); none
+    when some enter before segment 0 (replays read back that failed again there)."""
+    entered = {k: t for k, t in (replays.entered if replays else {}).items() if t.num_rows}
+    if 0 in entered:
+        return
+    for k in sorted(k for k in entered if k):
         if entering_key(plan, k) not in cache:
             return
         yield k

@@ -17,6 +17,7 @@ import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import TYPE_CHECKING, Any, cast
 
 from ftlayer.errors import ConfigError, FTLayerError
@@ -151,7 +152,7 @@ class Observations:
         aggregates, keep = built
         return jvm_args.observe(out, obs, aggregates, self.columns, key).filter(keep)
 
-    def residues(self, run: BatchRun, sink: str, copies: bool) -> Residues:
+    def residues(self, run: BatchRun, sink: str) -> Residues:
         """Read the observations (the counts, the failed rows, the replays read): the
         batch's residues. ``fresh`` counts the rows the first observation saw (a stage filtering
         rows before it makes it smaller; those rows completed)."""
@@ -166,11 +167,10 @@ class Observations:
         ran, before_first = self._ran(run)
         r = run.result
         r.replayed = len(ran)
-        fresh: dict[tuple[int | None, int], Failure] = {}
-        replays: dict[int, Failure] = {}
+        fails: dict[tuple[int | None, int], Failure] = {}  # by identity (_residues)
         r.fresh = max(int(first["rows"]) - before_first, 0)
         config = run.plan.config
-        twice: set[tuple[int | None, int]] = set()  # fresh records failing more than once
+        twice: set[tuple[int | None, int]] = set()  # records failing more than once
         for label, m in metrics:
             if m is None:  # the sink's action skipped this stage: nothing can be assumed
                 raise FTLayerError(f"{label}'s rows were not all seen by the sink's job: "
@@ -189,17 +189,11 @@ class Observations:
             for loc_text, pos_text, err in failed:  # (a loop over every failed row: kept lean)
                 why, pos = errors[str(err)], int(pos_text)
                 held += why.attempts == 0
-                if loc_text is None or loc_text == "":
-                    if is_replay(None, pos):
-                        replays.setdefault(pos & U64, why)
-                        continue
-                    ident: tuple[int | None, int] = (None, pos)
-                else:
-                    ident = (int(loc_text), pos)
-                if ident in fresh:
+                ident: tuple[int | None, int] = (int(loc_text) if loc_text else None, pos)
+                if ident in fails:
                     twice.add(ident)
                 else:  # (a NamedTuple built whole: _replace is slow)
-                    fresh[ident] = Failure(why.error, why.attempts, why.stage,
+                    fails[ident] = Failure(why.error, why.attempts, why.stage,
                                            rows_kept.get(ident))  # fmt: skip
             rows = int(m["rows"])
             if label == self.sink_label:  # a Python sink answers its failed rows only
@@ -209,8 +203,8 @@ class Observations:
                     StageCounts(rows, rows - len(failed), len(failed), held=held))  # fmt: skip
             r.written = rows - len(failed)
         for ident in twice:  # siblings failed (a fan-out): keeping one would lose the
-            fresh[ident] = fresh[ident]._replace(kept=None)  # others: back to the source
-        return self._residues(run, set(ran), fresh, replays, copies)
+            fails[ident] = fails[ident]._replace(kept=None)  # others: back to the source
+        return self._residues(run, set(ran), fails)
 
     def _metrics(self) -> list[tuple[str, dict[str, Any] | None]]:
         """Each observed stage's metrics, in order: its observation's, or its reports'
@@ -236,7 +230,7 @@ class Observations:
             before_first += len(ids) if entry <= first_segment else 0
         return ran, before_first
 
-    def fail_everything(self, run: BatchRun, text: str, copies: bool) -> Residues:
+    def fail_everything(self, run: BatchRun, text: str) -> Residues:
         """The sink raised: every record of the batch fails with its error (the source's
         identities read again: the failure path's one extra pass)."""
         r = run.result
@@ -253,30 +247,31 @@ class Observations:
             for table in run.replays.entered.values():
                 ran |= {s & U64 for s in table.column(SRC_COL).to_pylist()}
         why = Failure(text, 1, self.sink_label or SOURCE_STAGE)
-        fresh = {(lo, p): why for lo, p in zip(loc, pos, strict=True) if not is_replay(lo, p)}
-        r.replayed, r.fresh = len(ran), len(fresh)
+        fails = {(lo, p): why for lo, p in zip(loc, pos, strict=True) if not is_replay(lo, p)}
+        r.replayed, r.fresh = len(ran), len(fails)
+        fails.update(((None, s), why) for s in ran)
         r.errors.append(text)
-        return self._residues(run, ran, fresh, dict.fromkeys(ran, why), copies)
+        return self._residues(run, ran, fails)
 
     def _residues(self, run: BatchRun, ran: set[int],
-                  fresh: dict[tuple[int | None, int], Failure], replays: dict[int, Failure],
-                  copies: bool) -> Residues:  # fmt: skip
+                  fails: dict[tuple[int | None, int], Failure]) -> Residues:  # fmt: skip
         """Count the batch and make its residues: the replays that ran (``ran``, by
-        source id), failed fresh rows (by identity: a reference, or a copy's batch-local
-        id) and failed replays."""
+        source id) and the failed rows, by identity: (location, position) of a fresh row
+        kept by reference, (None, id) of a replay (its source id, as a signed int64
+        or not) or of a copy (its batch-local id)."""
         r = run.result
-        r.failed = len(fresh) + len(replays)
+        r.failed = len(fails)
         r.acked = r.fresh + r.replayed - r.failed
-        for why in [*fresh.values(), *replays.values()][:MAX_MESSAGES]:
+        for why in islice(fails.values(), MAX_MESSAGES):
             if len(r.errors) < MAX_MESSAGES and why.error not in r.errors:
                 r.errors.append(why.error)
         taken = run.replays.injected if run.replays is not None else {}
         self.ran = {s: c for s, c in taken.items() if s in ran}
-        res = Residues(failed=dict(replays))
-        for (loc, pos), why in fresh.items():
-            if copies:
+        res = Residues()
+        for (loc, pos), why in fails.items():
+            if loc is None:  # a replay (failing again: settle.replays) or a copy
                 res.failed[pos & U64] = why
-            elif loc is not None:
+            else:
                 res.by_reference[(loc, pos)] = why
         return res
 

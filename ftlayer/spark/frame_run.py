@@ -110,11 +110,6 @@ class FrameRun(OfRun):
     def __post_init__(self) -> None:
         self.seen = Observations(self.run.plan.salt, columns=self.run.columns)
 
-    @property
-    def ran(self) -> dict[int, int]:
-        """The replays the job ran: source id -> current id."""
-        return self.seen.ran
-
     # -- the stage kind (ftlayer.spark.engine.StageKind) ----------------------------------
     @staticmethod
     def enters(plan: VectorPlan) -> bool:
@@ -147,7 +142,7 @@ class FrameRun(OfRun):
         else:
             settlement.by_reference(res.by_reference, self.result.fresh)
         refs = self.run.replays.references if self.run.replays is not None else {}
-        settlement.replays(self.ran, refs, res)
+        settlement.replays(self.seen.ran, refs, res)
 
     # -- the plan ----------------------------------------------------------------------
     def frame(self, df: DataFrame, key: tuple[str, ...], partitions: int | None,
@@ -183,11 +178,12 @@ class FrameRun(OfRun):
         def segment(i: int, out: DataFrame) -> DataFrame:
             nonlocal known
             seg = plan.segments[i]
-            kept, keep_to = None, keeps_until(plan, i, self.layer is not None)
+            kept, keep_to = None, keeps_until(plan, i, self.layer is not None,
+                                              not i and reads_back(self.run))  # fmt: skip
             if keep_to is not None:  # its failed rows are kept as its input: carried
                 self.run.columns.setdefault(("segment", id(seg)), seg)  # its id its own
                 out, kept = carry(out, plan.entries[i], self.run.columns,
-                                  ("entry", id(seg), plan.inputs[0]))  # fmt: skip
+                                  ("entry", id(seg), plan.inputs[0]), not i)  # fmt: skip
             for j, (kind, stage) in enumerate(seg.ops):
                 if kind == "frame":
                     last = i == len(plan.segments) - 1 and j == len(seg.ops) - 1
@@ -341,8 +337,8 @@ class FrameRun(OfRun):
             text = error_text(name, e)
             log.error("DataFrame sink failed batch_id=%s: every record of the batch "
                       "replays: %s", self.result.batch_id, text)  # fmt: skip
-            return self.seen.fail_everything(self.run, text, self.copies)
-        return self.seen.residues(self.run, name, self.copies)
+            return self.seen.fail_everything(self.run, text)
+        return self.seen.residues(self.run, name)
 
 
 
@@ -382,6 +378,12 @@ def _column(spec: Any, df: DataFrame) -> Column | None:
     if callable(spec) and not type(spec).__name__ == "Column":
         return spec(df)
     return spec
+
+
+def reads_back(run: BatchRun) -> bool:
+    """Whether the batch runs replays read back from their source (kept by reference;
+    the first segment keeps those that fail again: frame_entries.keeps_until)."""
+    return run.reads is not None and run.replays is not None and bool(run.replays.references)
 
 
 def holds_no_rows(df: DataFrame) -> bool:

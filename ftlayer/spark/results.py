@@ -101,6 +101,9 @@ class BatchResult(RecordCounts):
     (ftlayer.stage_rows), the source not read again."""
     read_back: int = 0
     """Replays kept by reference, read back from their source."""
+    kept_again: int = 0
+    """Of those, the ones that failed again and were kept as the input of the stage they
+    failed in (ftlayer.stage_rows): their next replay enters there."""
     tasks: int = 0
     elapsed_s: float = 0.0
     redis_calls: int = 0

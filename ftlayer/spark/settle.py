@@ -270,7 +270,7 @@ class Settlement:
             reason = ("dead_letter" if why.attempts & DEAD_NOW else
                       "held" if why.attempts == 0 else "explicit")  # fmt: skip
             batches.setdefault(shard_of(src, shards), ShardBatch()).fails.append(
-                (src, reason, why.error))
+                (src, reason, why.error, self._kept_again(src, why, references)))
             self.sent.setdefault("", {})[src] = why.stage
         done_srcs, done_curs = srcs[~undone], curs[~undone]
         where = shards_of(done_srcs, shards)
@@ -285,6 +285,21 @@ class Settlement:
                 self.sent.pop("", None)
             self.settled.merge(tally)
             self.calls += len(batches)
+
+    def _kept_again(self, src: int, why: Failure,
+                    references: dict[int, tuple[int, int, int]]) -> bytes | None:  # fmt: skip
+        """The payload a replay read back from its source (``references``) that failed
+        again is stored with from now on: the row kept as the input of the stage it
+        failed in, naming its source record (None: none kept, or over
+        ``max_record_bytes``: it stays a reference)."""
+        ref = references.get(src)
+        if why.kept is None or ref is None:
+            return None
+        payload = encode_stage_row(why.kept._replace(location=ref[1], position=ref[2]))
+        if len(payload) > self.layer.config.max_record_bytes:
+            return None
+        self.result.kept_again += 1
+        return payload
 
     def _not_found(self, ran: dict[int, int], references: dict[int, tuple[int, int, int]],
                    res: Residues) -> None:  # fmt: skip

@@ -174,6 +174,42 @@ def test_a_batch_of_stage_rows_only_starts_its_plan_at_their_entry(
     assert ft.layer is not None and ft.layer.stats().pending == 0
 
 
+def test_replays_read_back_that_fail_again_in_the_first_segment_keep_their_values(
+    spark: SparkSession, make_ft: Any, tmp_path: Path
+) -> None:
+    """Rows failing in segment 0 (a DataFrame stage before the shuffle, the source kept
+    by reference) go back to their source; the next micro-batch reads them back and they
+    fail again: now they are kept as segment 0's input, and once the regions arrive their
+    replays enter there. Each failing record is read back from its file once, not once
+    per failed attempt, and lands once with its timestamp to the microsecond and its
+    array as written. Catches: a replay read back for every attempt (a pass over its
+    file each time), kept values changed on the way, a fresh row's null copies kept in
+    place of its reference (it would land with nulls, or not at all)."""
+    ft = make_ft(timeout_s=5.0, max_replays=3)
+    n = 900
+    regions, out, files = missing_regions(tmp_path, n, halves=True)
+    pipeline = (ft.pipeline(reads=files, name="first")
+                .transform(lookup(regions), failed="region IS NULL",
+                           errors="no region for its key")
+                .partition_by(["key"], 4)
+                .sink_dataframe(lambda df, _: df.write.mode("append").parquet(str(out))))
+    run_stream(spark, pipeline, files, tmp_path / "ck")  # batch 1 reads batch 0's back
+    failing = {i for i in range(n) if i % KEYS in MISSING}
+    first_half = {i for i in failing if i < n // 2}
+    assert sum(r.kept_again for r in ft.results) == len(first_half), ft.results
+    write_regions(regions, skip=set())
+    assert ft.drain(timeout_s=60, pipeline=pipeline).drained
+    rows = written(spark, out)
+    got = Counter(r["id"] for r in rows)
+    assert set(got) == set(range(n)) and max(got.values()) == 1, "lost or duplicated"
+    for r in rows:
+        assert r["at"].strftime("%S.%f") == at(r["id"])[17:26], r
+        assert r["tags"] == [f"t{r['id'] % 3}", "x"] and r["region"], r
+    assert sum(r.read_back for r in ft.results) == len(failing), "read back again"
+    assert sum(r.entered for r in ft.results) == len(first_half)
+    assert ft.layer is not None and ft.layer.stats().pending == 0
+
+
 def test_a_pipeline_changed_before_the_failing_segment_replays_from_the_source(
     spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path
 ) -> None:

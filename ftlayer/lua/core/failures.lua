@@ -217,8 +217,10 @@ end
 -- src: its 8-byte id, or false (made from b and slot if a dead letter needs it). off: its
 -- frame's offset if the caller read the entry already, else false (looked up now).
 -- budget: replays allowed, -1 for the record's own (from its stored record).
+-- new_payload: nil, or {checksum, payload}: the record is requeued (or dead-lettered) with
+-- this payload in place of its stored one (core/records.lua with_payload).
 -- Returns REPLAYED, DEAD or ORPHAN; writes are buffered (commit_failures()).
-local function fail_one(src, b, slot, off, reason, err, budget)
+local function fail_one(src, b, slot, off, reason, err, budget, new_payload)
   if not off then
     local hi, _, _, _, o = get(b, slot)
     if not hi then
@@ -236,6 +238,11 @@ local function fail_one(src, b, slot, off, reason, err, budget)
   if not flen and not frame then
     count('orphans')
     return ORPHAN
+  end
+  if new_payload then -- stored from now on with the payload given (NEW_PAYLOAD)
+    frame = with_payload(frame or ssub(b.frames, off + 1, off + flen), new_payload[2],
+                         new_payload[1])
+    flen = nil
   end
   count(FAILED[reason] or ('failed_' .. reason))
   local packed = histories_of(b)[schar(slot)]
@@ -288,7 +295,7 @@ local function fail_records(list, hold_until)
     if f[2] == 'held' then
       outcome = hold_one(bucket(hi, lo), slot, f[3], hold_until)
     else
-      outcome = fail_one(f[1], bucket(hi, lo), slot, false, f[2], f[3], f[4])
+      outcome = fail_one(f[1], bucket(hi, lo), slot, false, f[2], f[3], f[4], f[5])
     end
     done[outcome] = done[outcome] + 1
   end
@@ -296,18 +303,27 @@ local function fail_records(list, hold_until)
 end
 
 -- Parse a packed list of failures: repeated [source id 8][reason u8: 1 explicit,
--- 2 timeout, 3 explicit and dead-lettered now][err_len u16][err].
+-- 2 timeout, 3 explicit and dead-lettered now, 4 held; + NEW_PAYLOAD: a new payload
+-- follows the error][err_len u16][err], then with NEW_PAYLOAD [payload_len u32]
+-- [checksum u32][payload].
 local function parse_fails(fails, max_replays)
   local list = {}
   local pos, n = 1, #fails
   while pos <= n do
-    local src, code, elen
+    local src, code, elen, new_payload
     src, code, elen, pos = sunpack(FAIL_HEAD, fails, pos)
     local err = ssub(fails, pos, pos + elen - 1)
     pos = pos + elen
+    if code >= NEW_PAYLOAD then
+      local plen, sum
+      code = code - NEW_PAYLOAD
+      plen, sum, pos = sunpack(FAIL_PAYLOAD, fails, pos)
+      new_payload = {sum, ssub(fails, pos, pos + plen - 1)}
+      pos = pos + plen
+    end
     local budget = max_replays
     if code == DEAD_LETTER_CODE then budget = 0 end
-    list[#list + 1] = {src, REASONS[code] or 'explicit', err, budget}
+    list[#list + 1] = {src, REASONS[code] or 'explicit', err, budget, new_payload}
   end
   return list
 end

@@ -1,8 +1,8 @@
 -- core/records.lua -- stored records (serialization/stored.py) read in place, and the
 -- deadline of a record persisted now. Owns: deadline_for, tmo_key, source_of, budget_of,
--- queue_fields_of, frame_len. Invariant: readers take a record at a byte offset of any
--- string and copy nothing; a record is only ever copied whole (its lineage id and
--- checksum go with it).
+-- queue_fields_of, frame_len, with_payload. Invariant: readers take a record at a byte
+-- offset of any string and copy nothing; a record is only ever copied whole (its lineage
+-- id and checksum go with it), or with a new payload and that payload's checksum.
 -- Deadline of a record persisted now: the end of the bucket B intervals ahead, so it
 -- fails between (B-1)*I = T and B*I = T*B/(B-1) after it was persisted.
 local function deadline_for(interval_ms, buckets)
@@ -36,6 +36,16 @@ end
 local function queue_fields_of(frame, off)
   local hc, part, source = sunpack(STORED_QUEUE_FIELDS, frame, (off or 0) + STORED_QUEUE_AT)
   return hc, part, source
+end
+
+-- The stored record ``frame`` with the payload ``payload`` (``sum``: its checksum, from
+-- the caller) in place of its own: its hash code, partition, source, budget and lineage
+-- id kept (a replay read back from its source that failed again, now kept as the input
+-- of the stage it failed in).
+local function with_payload(frame, payload, sum)
+  return spack(STORED_LEN, #payload) .. ssub(frame, 5, STORED_CHECKSUM_AT - 1)
+    .. spack(STORED_LEN, sum) -- (a u32, as the length)
+    .. ssub(frame, STORED_CHECKSUM_AT + 4, STORED_HEAD) .. payload
 end
 
 local function frame_len(frames, off)
