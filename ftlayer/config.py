@@ -105,6 +105,12 @@ class FTConfig:
     driver in Spark's observations (driver memory): a stage whose last batch failed more
     keeps about this many (a share chosen by a hash of their identity), the rest replay
     from their source. 0: none kept."""
+    max_kept_bytes: int = 0
+    """Bytes of those rows a stage keeps per batch, about: their values travel through
+    the driver's heap (as Spark's JSON, in base64, several copies at once), so a stage
+    whose rows could pass this (in its first segment: when every replay read back in the
+    batch failed again) keeps a share, as for ``max_kept_rows``. 0: 1/64 of the driver's
+    heap (16 MiB of 1 GiB)."""
     script_mode: ScriptMode = "auto"
     """How the Lua scripts run: ``"auto"`` as a Redis 7 function library where the server
     takes ``FUNCTION LOAD`` (a call then skips rebuilding the scripts' shared prelude:
@@ -125,6 +131,8 @@ class FTConfig:
             raise ConfigError(f"timeout_s must be > 0, not {self.timeout_s}")
         if self.max_kept_rows < 0:
             raise ConfigError(f"max_kept_rows must be >= 0, not {self.max_kept_rows}")
+        if self.max_kept_bytes < 0:
+            raise ConfigError(f"max_kept_bytes must be >= 0, not {self.max_kept_bytes}")
         if self.buckets < 2:
             raise ConfigError(f"buckets must be >= 2 (a rotation needs two), not {self.buckets}")
         if self.rotation_interval_s < 0.01:

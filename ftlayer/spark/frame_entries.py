@@ -13,8 +13,10 @@ input of its segment, in the same job, and its replay enters there
   (fields named by position), in base64. A stage whose output lost a copy keeps
   nothing: its failed rows go back to their source, as before; so does a record two of
   whose rows failed (a fan-out: one stored row cannot stand for both).
-* **Bound.** A batch keeps about ``FTConfig.max_kept_rows`` rows a stage: when the
-  stage's last batch failed more, a deterministic share of rows (by a hash of their
+* **Bound.** A batch keeps about ``FTConfig.max_kept_rows`` rows a stage, and about
+  :func:`kept_budget` bytes of them (the observation brings them through the driver's
+  heap): when the stage's last batch failed more (the first segment: when more replays
+  read back could fail again), a deterministic share of rows (by a hash of their
   identity) is kept and the rest go back to their source. A kept row larger than
   ``max_record_bytes`` goes back to its source too (ftlayer.spark.settle).
 * **Enter.** A batch's stage rows for entry ``k`` are read with ``from_json`` and the
@@ -54,15 +56,18 @@ if TYPE_CHECKING:
     from ftlayer.spark.intake import Replays
     from ftlayer.spark.vector_plan import VectorPlan
 
-__all__ = ["CARRIED", "FULL_SHARE", "Kept", "carry", "entering", "entering_key", "entries_known",
-           "keeps_until", "kept_column", "kept_rows", "no_rows", "rows_ids", "share_after",
-           "still_carried", "user_schema"]
+__all__ = ["CARRIED", "FULL_SHARE", "WIDTH", "Kept", "carry", "entering", "entering_key",
+           "entries_known", "keeps_until", "kept_budget", "kept_column", "kept_rows", "no_rows",
+           "rows_ids", "share_after", "still_carried", "user_schema"]
 
 CARRIED = {"ftlayer": "entry"}
 """The tag of a segment input's hidden copies (lost when a stage recomputes one)."""
 _PREFIX = "__ft_in_"
 FULL_SHARE = 1024
 """Hash buckets of the keeping share (all kept: every bucket)."""
+WIDTH = 2048
+"""The bytes a kept row is taken to cost through the driver before its stage kept any
+(then: the mean of its last batch's)."""
 
 
 @dataclass(frozen=True)
@@ -177,12 +182,33 @@ def kept_column(kept: Kept, failed: Column, share: int) -> Column:
     return F.array_join(F.collect_list(F.when(failed, row)), ";").alias("kept")
 
 
-def share_after(failed: int, most: int) -> int:
+def share_after(failed: int, most: int, width: int = 0, budget: int = 0) -> int:
     """The hash buckets (of 1024) to keep in a stage's next batch when this one failed
-    ``failed`` rows and a batch keeps about ``most``."""
-    if failed <= most:
-        return FULL_SHARE
-    return max(1, FULL_SHARE * most // failed)
+    ``failed`` rows (or when at most that many can fail) and a batch keeps about ``most``
+    rows and about ``budget`` bytes (0: no byte bound) of rows ``width`` bytes wide."""
+    share = FULL_SHARE
+    if failed > most:
+        share = FULL_SHARE * most // failed
+    if budget and failed * width > budget:
+        share = min(share, FULL_SHARE * budget // (failed * width))
+    return max(1, share)
+
+
+def kept_budget(spark: Any, cache: dict[Any, Any], configured: int = 0) -> int:
+    """The bytes of kept rows one stage may send through the driver in a batch:
+    ``configured`` (FTConfig.max_kept_bytes), else 1/64 of the driver's heap (16 MiB of
+    1 GiB: a 1 GiB local driver ran out of heap at about 70 MB of them, each a base64
+    text in the observation's buffers, merged, joined and served: several copies), read
+    once a query (Spark Connect: 1 GiB assumed)."""
+    if configured:
+        return configured
+    if "kept_budget" not in cache:
+        try:
+            heap = int(spark._jvm.java.lang.Runtime.getRuntime().maxMemory())
+        except Exception:  # no JVM at hand (Spark Connect)
+            heap = 1 << 30
+        cache["kept_budget"] = max(1 << 20, heap // 64)
+    return int(cache["kept_budget"])
 
 
 def kept_rows(values: str, kept: Kept) -> dict[tuple[int | None, int], StageRow]:

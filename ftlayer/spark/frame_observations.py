@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING, Any, cast
 from ftlayer.errors import ConfigError, FTLayerError
 from ftlayer.limits import DEAD_NOW
 from ftlayer.spark import jvm_args
-from ftlayer.spark.frame_entries import FULL_SHARE, Kept, kept_column, kept_rows, share_after
+from ftlayer.spark.frame_entries import (
+    FULL_SHARE,
+    WIDTH,
+    Kept,
+    kept_column,
+    kept_rows,
+    share_after,
+)
 from ftlayer.spark.frame_reports import Reported
 from ftlayer.spark.frame_tasks import ATTEMPTS_COL, DEAD_COL, ERROR_COL, FAILED_COL
 from ftlayer.spark.identity import U64, is_replay
@@ -51,8 +58,8 @@ class Observations:
     reports (a Python stage: ftlayer.spark.frame_reports), in order, each counting the rows
     it sees (no stage is observed: ("", a count at the sink's input) among them)."""
     replays_seen: list[tuple[int, Watched]] = field(default_factory=list)
-    """(entry, watched Observation) of the ids of the replays from their source the job read (a
-    reference read back and not found is not among them)."""
+    """(entry, watched Observation) of the ids of the replays from their source the job
+    read (a reference read back and not found is not among them)."""
     entered: dict[int, list[int]] = field(default_factory=dict)
     """The ids of the stage rows the job took in, by the entry they came in at (a local
     relation: read whole by a job that ran)."""
@@ -63,11 +70,16 @@ class Observations:
     after every segment)."""
     keeps: dict[str, tuple[Kept, Any]] = field(default_factory=dict)
     """Stages keeping their failed rows as stage rows (frame_entries): label -> (what
-    they keep, the key their keeping share is kept under in ``columns``)."""
+    they keep, the stage's key: its share, its rows' width under ``("share"|"width",
+    key)`` in ``columns``)."""
+    bound: tuple[int, int] = (0, 0)
+    """The rows and bytes a stage keeps at most in a batch, about (frame_entries)."""
+    read_back: int = 0
+    """The replays the batch reads back (the first segment keeps as many at most)."""
     plain_source: DataFrame | None = None
     """The batch's source rows without observations: read again only if the sink raised."""
     sink_label: str = ""
-    """A Python sink's label (its observation counts its failed rows only)."""
+    """A Python sink's label (its observation counts only its failed rows)."""
     ran: dict[int, int] = field(default_factory=dict)
     """The replays the job ran: source id -> current id (once the residues are read)."""
     columns: dict[Any, Any] = field(default_factory=dict)
@@ -139,8 +151,11 @@ class Observations:
         self.segment_of[label] = segment
         share = FULL_SHARE
         if kept is not None:
-            self.keeps[label] = (kept, ("share", key))
+            self.keeps[label] = (kept, key)
             share = self.columns.get(("share", key), FULL_SHARE)
+            if kept.replays_only:  # at most every replay read back fails again
+                share = share_after(self.read_back, self.bound[0],
+                                    self.columns.get(("width", key), WIDTH), self.bound[1])
             key = (key, kept, share)
         built = self.columns.get(key) if key is not None else None
         if built is None:
@@ -169,7 +184,6 @@ class Observations:
         r.replayed = len(ran)
         fails: dict[tuple[int | None, int], Failure] = {}  # by identity (_residues)
         r.fresh = max(int(first["rows"]) - before_first, 0)
-        config = run.plan.config
         twice: set[tuple[int | None, int]] = set()  # records failing more than once
         for label, m in metrics:
             if m is None:  # the sink's action skipped this stage: nothing can be assumed
@@ -182,9 +196,7 @@ class Observations:
                       for e in (json.loads(listed) if isinstance(listed, str) else listed)}
             rows_kept: dict[tuple[int | None, int], StageRow] = {}
             if label in self.keeps:
-                kept, share_key = self.keeps[label]
-                rows_kept = kept_rows(m.get("kept") or "", kept)
-                self.columns[share_key] = share_after(len(failed), config.max_kept_rows)
+                rows_kept = self._kept(label, m.get("kept") or "", len(failed))
             held = 0
             for loc_text, pos_text, err in failed:  # (a loop over every failed row: kept lean)
                 why, pos = errors[str(err)], int(pos_text)
@@ -205,6 +217,19 @@ class Observations:
         for ident in twice:  # siblings failed (a fan-out): keeping one would lose the
             fails[ident] = fails[ident]._replace(kept=None)  # others: back to the source
         return self._residues(run, set(ran), fails)
+
+    def _kept(self, label: str, text: str, failed: int) -> dict[tuple[int | None, int], StageRow]:
+        """The rows stage ``label`` kept (``text``: its observation's), by identity; their
+        width through the driver and its share after ``failed`` failed rows noted for its
+        next batch (the first segment's share: by the replays it reads back, :meth:`stage`)."""
+        kept, key = self.keeps[label]
+        rows = kept_rows(text, kept)
+        width = len(text) // len(rows) + 1 if rows else self.columns.get(("width", key), WIDTH)
+        self.columns[("width", key)] = width
+        if not kept.replays_only:
+            self.columns[("share", key)] = share_after(failed, self.bound[0], width,
+                                                       self.bound[1])  # fmt: skip
+        return rows
 
     def _metrics(self) -> list[tuple[str, dict[str, Any] | None]]:
         """Each observed stage's metrics, in order: its observation's, or its reports'

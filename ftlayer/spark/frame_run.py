@@ -50,6 +50,7 @@ from ftlayer.spark.frame_entries import (
     entering_key,
     entries_known,
     keeps_until,
+    kept_budget,
     no_rows,
     rows_ids,
     still_carried,
@@ -108,7 +109,8 @@ class FrameRun(OfRun):
     """The batch's observations (its failed rows, its counts, the replays it ran)."""
 
     def __post_init__(self) -> None:
-        self.seen = Observations(self.run.plan.salt, columns=self.run.columns)
+        self.seen = Observations(self.run.plan.salt, columns=self.run.columns,
+                                 bound=keeping(self.run))  # fmt: skip
 
     # -- the stage kind (ftlayer.spark.engine.StageKind) ----------------------------------
     @staticmethod
@@ -169,6 +171,7 @@ class FrameRun(OfRun):
         if not parts:
             return None
         out = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+        self.seen.read_back = read_back(self.run)
         out = self._enter(plan.entries[0], out)
         self.seen.plain_source = out
         if key and partitions and not start:
@@ -179,7 +182,7 @@ class FrameRun(OfRun):
             nonlocal known
             seg = plan.segments[i]
             kept, keep_to = None, keeps_until(plan, i, self.layer is not None,
-                                              not i and reads_back(self.run))  # fmt: skip
+                                              not i and self.seen.read_back > 0)  # fmt: skip
             if keep_to is not None:  # its failed rows are kept as its input: carried
                 self.run.columns.setdefault(("segment", id(seg)), seg)  # its id its own
                 out, kept = carry(out, plan.entries[i], self.run.columns,
@@ -380,10 +383,19 @@ def _column(spec: Any, df: DataFrame) -> Column | None:
     return spec
 
 
-def reads_back(run: BatchRun) -> bool:
-    """Whether the batch runs replays read back from their source (kept by reference;
-    the first segment keeps those that fail again: frame_entries.keeps_until)."""
-    return run.reads is not None and run.replays is not None and bool(run.replays.references)
+def read_back(run: BatchRun) -> int:
+    """The replays the batch reads back from their source (kept by reference; the first
+    segment keeps those that fail again: frame_entries.keeps_until)."""
+    return len(run.replays.references) if run.reads is not None and run.replays else 0
+
+
+def keeping(run: BatchRun) -> tuple[int, int]:
+    """The rows and bytes a stage of ``run`` keeps in a batch at most, about
+    (frame_entries; none: FT off, or ``max_kept_rows=0``)."""
+    config = run.plan.config
+    if run.layer is None or not config.max_kept_rows:
+        return (0, 0)
+    return (config.max_kept_rows, kept_budget(run.spark, run.columns, config.max_kept_bytes))
 
 
 def holds_no_rows(df: DataFrame) -> bool:
