@@ -197,7 +197,8 @@ def split_stage_rows(claimed: Sequence[ClaimedRecord], entries: tuple[Entry, ...
             continue
         if not prints:
             prints = [e.fingerprint() for e in entries] or [-1]
-        if row.entry < len(entries) and prints[row.entry] == row.fingerprint:
+        if row.entry < len(entries) and prints[row.entry] == row.fingerprint \
+                and _reads(entries[row.entry], row):
             entered.setdefault(row.entry, []).append((c, row))
         elif (payload := source_payload(row, names)) is not None:
             sources.append(c._replace(frame=c.frame._replace(payload=payload)))
@@ -206,6 +207,16 @@ def split_stage_rows(claimed: Sequence[ClaimedRecord], entries: tuple[Entry, ...
                         f"{row.entry} by another version of the pipeline (a stage before it "
                         "changed), and a copy has no source to go back to"))  # fmt: skip
     return sources, entered, bad
+
+
+def _reads(entry: Entry, row: StageRow) -> bool:
+    """Whether ``entry``'s stage kind reads the stage row ``row``: DataFrame stages keep
+    JSON, Python stages msgpack maps, and only DataFrame stages take rows in before
+    segment 0 -- whose fingerprint names the source alone, whatever kind of stages
+    follow it (a pipeline changed from one kind to the other between runs)."""
+    if entry.kind == "frame":
+        return row.format == "json"
+    return row.format == "msgpack" and entry.segment > 0
 
 
 def _entered_table(rows: list[tuple[ClaimedRecord, StageRow]]) -> pa.Table:

@@ -210,6 +210,35 @@ def test_replays_read_back_that_fail_again_in_the_first_segment_keep_their_value
     assert ft.layer is not None and ft.layer.stats().pending == 0
 
 
+def test_rows_kept_before_segment_0_go_back_to_their_source_for_python_stages(
+    spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path
+) -> None:
+    """Replays read back that failed again before segment 0 are kept in DataFrame stages'
+    form; the drain then runs the same source through Python stages (the pipeline
+    changed kind between runs: entry 0's fingerprint names the source alone). The kept
+    rows cannot enter there: they go back to their source, are read back through the
+    new stage and land. Catches: stage rows taken in by a stage kind that never enters
+    them before segment 0 (claimed, never run, timed out round after round)."""
+    ft = make_ft(timeout_s=5.0, max_replays=3)
+    n = 900
+    regions, out, files = missing_regions(tmp_path, n, halves=True)
+    frames = (ft.pipeline(reads=files, name="kinds")
+              .transform(lookup(regions), failed="region IS NULL",
+                         errors="no region for its key")
+              .sink_dataframe(lambda df, _: df.write.mode("append").parquet(str(out))))
+    run_stream(spark, frames, files, tmp_path / "ck")
+    failing = {i for i in range(n) if i % KEYS in MISSING}
+    first_half = {i for i in failing if i < n // 2}
+    assert sum(r.kept_again for r in ft.results) == len(first_half)
+    python = (ft.pipeline(reads=files, name="kinds").map_batches(Counted(probe, "py"), SCHEMA)
+              .sink_batches(lambda b: None))
+    assert ft.drain(timeout_s=60, pipeline=python).drained
+    assert set(calls(probe, "py")) == failing, "the replays did not all run"
+    assert sum(r.entered for r in ft.results) == 0
+    assert sum(r.read_back for r in ft.results) == len(failing) + len(first_half)
+    assert ft.layer is not None and ft.layer.stats().pending == 0
+
+
 def test_a_stage_keeps_about_max_kept_bytes_and_the_rest_go_back_to_their_source(
     spark: SparkSession, make_ft: Any, tmp_path: Path
 ) -> None:
