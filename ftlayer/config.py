@@ -110,7 +110,8 @@ class FTConfig:
     the driver's heap (as Spark's JSON, in base64, several copies at once), so a stage
     whose rows could pass this (in its first segment: when every replay read back in the
     batch failed again) keeps a share, as for ``max_kept_rows``. 0: 1/64 of the driver's
-    heap (16 MiB of 1 GiB)."""
+    heap (16 MiB of 1 GiB). Python stages keep about this many bytes a task (0: 16 MiB),
+    in its summary."""
     script_mode: ScriptMode = "auto"
     """How the Lua scripts run: ``"auto"`` as a Redis 7 function library where the server
     takes ``FUNCTION LOAD`` (a call then skips rebuilding the scripts' shared prelude:

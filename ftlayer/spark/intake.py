@@ -156,11 +156,15 @@ class Intake:
         """Decode ``claimed``; reject what does not decode; stage rows to the entries
         they enter (ftlayer.stage_rows), or back to their source."""
         sources, entered, bad = split_stage_rows(claimed, self.entries)
+        first = entered.pop(0, []) if self.entries and self.entries[0].kind == "python" else []
+        # before Python stages' segment 0: a map of the source's columns, read as a copy
+        sources += [c._replace(frame=c.frame._replace(
+            payload=r.body if isinstance(r.body, bytes) else r.body.encode())) for c, r in first]
         table, undecodable = replay_table(sources, self.stored)
         self.calls += reject(self.layer, [*bad, *undecodable], self.counts, self.where)
         refs = references(table) if LOC_COL in table.schema.names and table.num_rows else {}
         if self.counts is not None:
-            self.counts.entered += sum(len(rows) for rows in entered.values())
+            self.counts.entered += len(first) + sum(len(rows) for rows in entered.values())
             self.counts.read_back += len(refs)
         return Replays(table, refs, {k: _entered_table(rows) for k, rows in entered.items()})
 
@@ -211,12 +215,12 @@ def split_stage_rows(claimed: Sequence[ClaimedRecord], entries: tuple[Entry, ...
 
 def _reads(entry: Entry, row: StageRow) -> bool:
     """Whether ``entry``'s stage kind reads the stage row ``row``: DataFrame stages keep
-    JSON, Python stages msgpack maps, and only DataFrame stages take rows in before
-    segment 0 -- whose fingerprint names the source alone, whatever kind of stages
-    follow it (a pipeline changed from one kind to the other between runs)."""
+    JSON, Python stages msgpack maps (before segment 0: the source's columns, a copy's
+    form). The fingerprint of segment 0's entry names the source alone, whatever kind of
+    stages follow it (a pipeline changed from one kind to the other between runs)."""
     if entry.kind == "frame":
         return row.format == "json"
-    return row.format == "msgpack" and entry.segment > 0
+    return row.format == "msgpack"
 
 
 def _entered_table(rows: list[tuple[ClaimedRecord, StageRow]]) -> pa.Table:

@@ -67,6 +67,8 @@ __all__ = ["run_vector_task", "segment_bytes"]
 log = logging.getLogger(__name__)
 
 _MARKER_HIGH = np.uint64(int(marker_id(0)) >> 40)
+TASK_KEPT_BYTES = 16 << 20
+"""The bytes of kept rows a task's summary carries at most, without ``max_kept_bytes``."""
 
 
 def _markers(src: np.ndarray) -> np.ndarray:
@@ -285,31 +287,42 @@ def _residue(task: TaskRun, src: np.ndarray, texts: list[str], stages: list[str]
 
 
 class _Keep:
-    """Which failed rows of a task past a shuffle are kept as its segment's input
-    (VectorPlan.keeps; ftlayer.stage_rows): fresh ones (a replay keeps the row it
-    was stored as), each input row once, as msgpack maps of its input columns, up to
-    ``max_kept_rows`` a task and ``max_record_bytes`` a row. Every failed fresh input row
-    is reported, the ones not kept with an empty body: the driver keeps a record only
-    when one row of it failed (ftlayer.spark.vector_entries.kept_rows)."""
+    """Which failed rows of a task are kept as its segment's input (VectorPlan.keeps;
+    ftlayer.stage_rows): past a shuffle, fresh ones (a replay keeps the row it was stored
+    as); in a source task, replays (one read back from its source is then not read back
+    again: the driver stores the row in its place; a fresh row goes back to its source,
+    read back once). Each input row once, as msgpack maps of its input columns, up to
+    ``max_kept_rows`` and ``max_kept_bytes`` (default :data:`TASK_KEPT_BYTES`) a task and
+    ``max_record_bytes`` a row: they travel in its summary. Every failed input row of
+    those is reported, the ones not kept with an empty body: the driver keeps a record
+    only when one row of it failed (ftlayer.spark.vector_entries.kept_rows)."""
 
     def __init__(self, plan: VectorPlan, stage: int, batch: pa.RecordBatch) -> None:
-        self.on = plan.keeps and stage > 0
+        self.on, self.fresh = plan.keeps, stage > 0
         self.batch, self.most = batch, plan.config.max_kept_rows
         self.max_bytes = plan.config.max_record_bytes - 64
+        self.budget = plan.config.max_kept_bytes or TASK_KEPT_BYTES
 
     def __call__(self, task: TaskRun, rows: np.ndarray,
                  src: np.ndarray) -> tuple[np.ndarray, list[bytes]] | None:  # fmt: skip
         if not self.on or not len(rows):
             return None
         rows = np.unique(rows)
-        rows = rows[is_local(src[rows])]
+        local = is_local(src[rows])
+        rows = rows[local if self.fresh else ~local]
         if not len(rows):
             return None
         room = max(self.most - len(task.kept_body), 0)
         codecs = arrow_codecs(self.batch.schema)
         taken = self.batch.take(pa.array(rows[:room])).to_pylist()
         bodies = [encode_record(r, codecs) for r in taken] + [b""] * (len(rows) - len(taken))
-        return src[rows], [b if len(b) <= self.max_bytes else b"" for b in bodies]
+        left = self.budget - sum(map(len, task.kept_body))  # the summary's bytes, bounded
+        out = []
+        for b in bodies:
+            keep = 0 < len(b) <= min(self.max_bytes, left)
+            left -= len(b) if keep else 0
+            out.append(b if keep else b"")
+        return src[rows], out
 
 
 def run_vector_task(

@@ -239,6 +239,67 @@ def test_rows_kept_before_segment_0_go_back_to_their_source_for_python_stages(
     assert ft.layer is not None and ft.layer.stats().pending == 0
 
 
+class FailsUntilOpen:
+    """A batch stage failing the rows whose key is in MISSING until the probe's ``open``
+    key is set, counting each id it sees under ``s0``."""
+
+    def __init__(self, probe: Probe) -> None:
+        self.probe = probe
+        self.__name__ = "fails_until_open"
+
+    def __call__(self, b: pa.RecordBatch) -> Any:
+        ids = b.column("id").to_numpy()
+        times_seen(self.probe, "s0", ids)
+        shut = self.probe.r.get(f"{self.probe.prefix}:open") is None
+        failed = np.isin(b.column("key").to_numpy(), list(MISSING)) & shut
+        return Outcome(b, failed=failed, errors="no region yet")
+
+
+def test_python_stage_replays_read_back_that_fail_again_before_the_shuffle_keep_their_values(
+    spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path
+) -> None:
+    """A Python stage in segment 0 fails the rows of two keys until a flag opens; the
+    next micro-batch reads them back and they fail again: the source task keeps them
+    (msgpack maps of the source's columns) and the driver stores each in its record's
+    place. Once the flag opens, the drain runs them from those values: each failing
+    record is read back from its file once, and lands once. Catches: a replay read back
+    for every attempt, a kept row not entering (or entering twice), values changed."""
+    ft = make_ft(timeout_s=5.0, max_replays=3)
+    n = 900
+    _, _, files = missing_regions(tmp_path, n, halves=True)
+    pipeline = (ft.pipeline(reads=files, name="py0", immediate_replays=0)
+                .map_batches(FailsUntilOpen(probe), SCHEMA)
+                .partition_by(["key"], 4).sink_batches(Sunk(probe)))
+    run_stream(spark, pipeline, files, tmp_path / "ck")
+    failing = {i for i in range(n) if i % KEYS in MISSING}
+    first_half = {i for i in failing if i < n // 2}
+    assert sum(r.kept_again for r in ft.results) == len(first_half), [
+        (r.fresh, r.replayed, r.failed, r.read_back, r.kept_again, r.entered) for r in ft.results]
+    probe.r.set(f"{probe.prefix}:open", 1)
+    assert ft.drain(timeout_s=60, pipeline=pipeline).drained
+    got = Counter(probe.ids())
+    assert set(got) == set(range(n)) and max(got.values()) == 1, "lost or duplicated"
+    assert sorted(probe.strings("at")) == sorted(at(i)[17:26] for i in range(n))
+    assert sum(r.read_back for r in ft.results) == len(failing), "read back again"
+    assert sum(r.entered for r in ft.results) == len(first_half)
+    assert ft.layer is not None and ft.layer.stats().pending == 0
+
+
+class Sunk:
+    """A sink writing each row's id (and its timestamp, as written) to the probe."""
+
+    def __init__(self, probe: Probe) -> None:
+        self.probe = probe
+        self.__name__ = "sunk"
+
+    def __call__(self, b: pa.RecordBatch) -> None:
+        ids = b.column("id").to_pylist()
+        ats = [t.strftime("%S.%f") for t in b.column("at").to_pylist()]
+        if ids:
+            self.probe.r.rpush(f"{self.probe.prefix}:sink", *ids)
+            self.probe.r.rpush(f"{self.probe.prefix}:at", *ats)
+
+
 def test_a_stage_keeps_about_max_kept_bytes_and_the_rest_go_back_to_their_source(
     spark: SparkSession, make_ft: Any, tmp_path: Path
 ) -> None:
