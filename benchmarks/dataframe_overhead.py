@@ -14,7 +14,9 @@ order, after ``--warmup`` uncounted rounds):
 * ``df_ft_on_failing``: ``df_ft_on`` with 5 % of the attempts of stage 1 failing
   (``failed=rand() < 0.05``), before the shuffle: their replays run inside the measured
   time (the run ends when nothing is pending) -- stage 1 is in the first segment, whose
-  input is the source row, so they are read back from the files; beside ``dataframe``.
+  input is the source row, so they are read back from the files (a replay failing there
+  again is kept as that input, within ``max_kept_bytes``, and enters there); beside
+  ``dataframe``.
   ``failing_replays``: per run, the drain's batches (replay rounds, a Spark job each) and
   the replays read back or entered;
 * ``df_ft_on_failing_late``: the same with 5 % of the attempts of stage 2 failing, after

@@ -145,9 +145,10 @@ def test_dataframe_overhead_smoke(tmp_path: Path) -> None:
     for k in ("ratio_df_ft_on_vs_dataframe", "ratio_df_ft_on_failing_vs_dataframe",
               "ratio_df_ft_on_failing_late_vs_dataframe", "ratio_df_parquet_vs_plain"):  # fmt: skip
         assert r[k] > 0, k
-    # failing before the shuffle reads its rows back from the files; after it, they enter
-    # at their stage and no file is read again
-    assert r["failing_replays"]["read_back"] > 0 == r["failing_replays"]["entered"]
+    # failing before the shuffle reads its rows back from the files, once (a replay failing
+    # there again is kept, and enters there); after it, they enter at their stage and no
+    # file is read again
+    assert r["failing_replays"]["read_back"] > r["failing_replays"]["entered"] >= 0
     assert r["failing_late_replays"]["entered"] > 0 == r["failing_late_replays"]["read_back"]
     assert r["redis_bytes_per_record"] > 0 and r["records"] == 3000
     assert not {"dataframe_stages", "wide_events", "stale_figure"} & set(r)
