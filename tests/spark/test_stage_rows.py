@@ -285,6 +285,32 @@ def test_python_stage_replays_read_back_that_fail_again_before_the_shuffle_keep_
     assert ft.layer is not None and ft.layer.stats().pending == 0
 
 
+def test_rows_kept_before_segment_0_by_python_stages_go_back_to_their_source_for_dataframe_stages(
+    spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path
+) -> None:
+    """The reverse of the kind change: replays kept before segment 0 by a Python stage (a
+    msgpack map of the source's columns), drained through DataFrame stages, go back to
+    their source and land once. Catches: a Python-kept row handed to DataFrame stages'
+    ``from_json`` (dead-lettered as another schema, or never run)."""
+    ft = make_ft(timeout_s=5.0, max_replays=3)
+    n = 900
+    _, out, files = missing_regions(tmp_path, n, halves=True)
+    python = (ft.pipeline(reads=files, name="kinds2", immediate_replays=0)
+              .map_batches(FailsUntilOpen(probe), SCHEMA).sink_batches(Sunk(probe)))
+    run_stream(spark, python, files, tmp_path / "ck")
+    failing = {i for i in range(n) if i % KEYS in MISSING}
+    first_half = {i for i in failing if i < n // 2}
+    assert sum(r.kept_again for r in ft.results) == len(first_half)
+    frames = (ft.pipeline(reads=files, name="kinds2").transform(lambda df: df)
+              .sink_dataframe(lambda df, _: df.write.mode("append").parquet(str(out))))
+    assert ft.drain(timeout_s=60, pipeline=frames).drained
+    got = Counter([*probe.ids(), *(r["id"] for r in written(spark, out))])
+    assert set(got) == set(range(n)) and max(got.values()) == 1, "lost or duplicated"
+    assert sum(r.entered for r in ft.results) == 0
+    assert sum(r.read_back for r in ft.results) == len(failing) + len(first_half)
+    assert ft.layer is not None and ft.layer.stats().pending == 0
+
+
 class Sunk:
     """A sink writing each row's id (and its timestamp, as written) to the probe."""
 
