@@ -67,6 +67,13 @@ def missing_regions(tmp_path: Path, n: int,
     return regions, out, FileSource("json", str(tmp_path / "in"), SCHEMA, **per_trigger)
 
 
+def failing_ids(n: int) -> tuple[set[int], set[int]]:
+    """The ids of ``n`` events whose key has no region (MISSING), and those of them in the
+    first of two files (``missing_regions(..., halves=True)``: the first micro-batch)."""
+    failing = {i for i in range(n) if i % KEYS in MISSING}
+    return failing, {i for i in failing if i < n // 2}
+
+
 def lookup(regions: Path) -> Any:
     """Segment 1's stage: the region of each key (a left join); a key without one fails."""
 
@@ -194,8 +201,7 @@ def test_replays_read_back_that_fail_again_in_the_first_segment_keep_their_value
                 .partition_by(["key"], 4)
                 .sink_dataframe(lambda df, _: df.write.mode("append").parquet(str(out))))
     run_stream(spark, pipeline, files, tmp_path / "ck")  # batch 1 reads batch 0's back
-    failing = {i for i in range(n) if i % KEYS in MISSING}
-    first_half = {i for i in failing if i < n // 2}
+    failing, first_half = failing_ids(n)
     assert sum(r.kept_again for r in ft.results) == len(first_half), ft.results
     write_regions(regions, skip=set())
     assert ft.drain(timeout_s=60, pipeline=pipeline).drained
@@ -227,8 +233,7 @@ def test_rows_kept_before_segment_0_go_back_to_their_source_for_python_stages(
                          errors="no region for its key")
               .sink_dataframe(lambda df, _: df.write.mode("append").parquet(str(out))))
     run_stream(spark, frames, files, tmp_path / "ck")
-    failing = {i for i in range(n) if i % KEYS in MISSING}
-    first_half = {i for i in failing if i < n // 2}
+    failing, first_half = failing_ids(n)
     assert sum(r.kept_again for r in ft.results) == len(first_half)
     python = (ft.pipeline(reads=files, name="kinds").map_batches(Counted(probe, "py"), SCHEMA)
               .sink_batches(lambda b: None))
@@ -271,8 +276,7 @@ def test_python_stage_replays_read_back_that_fail_again_before_the_shuffle_keep_
                 .map_batches(FailsUntilOpen(probe), SCHEMA)
                 .partition_by(["key"], 4).sink_batches(Sunk(probe)))
     run_stream(spark, pipeline, files, tmp_path / "ck")
-    failing = {i for i in range(n) if i % KEYS in MISSING}
-    first_half = {i for i in failing if i < n // 2}
+    failing, first_half = failing_ids(n)
     assert sum(r.kept_again for r in ft.results) == len(first_half), [
         (r.fresh, r.replayed, r.failed, r.read_back, r.kept_again, r.entered) for r in ft.results]
     probe.r.set(f"{probe.prefix}:open", 1)
@@ -298,8 +302,7 @@ def test_rows_kept_before_segment_0_by_python_stages_go_back_to_their_source_for
     python = (ft.pipeline(reads=files, name="kinds2", immediate_replays=0)
               .map_batches(FailsUntilOpen(probe), SCHEMA).sink_batches(Sunk(probe)))
     run_stream(spark, python, files, tmp_path / "ck")
-    failing = {i for i in range(n) if i % KEYS in MISSING}
-    first_half = {i for i in failing if i < n // 2}
+    failing, first_half = failing_ids(n)
     assert sum(r.kept_again for r in ft.results) == len(first_half)
     frames = (ft.pipeline(reads=files, name="kinds2").transform(lambda df: df)
               .sink_dataframe(lambda df, _: df.write.mode("append").parquet(str(out))))
