@@ -57,8 +57,9 @@ if TYPE_CHECKING:
     from ftlayer.spark.vector_plan import VectorPlan
 
 __all__ = ["CARRIED", "FULL_SHARE", "WIDTH", "Kept", "carry", "entering", "entering_key",
-           "entries_known", "keeps_until", "kept_budget", "kept_column", "kept_rows", "no_rows",
-           "rows_ids", "share_after", "still_carried", "user_schema"]
+           "entries_known", "keeps_until", "kept_budget", "kept_column",
+           "kept_rows", "no_rows", "row_cap", "rows_ids", "share_after", "still_carried",
+           "user_schema"]
 
 CARRIED = {"ftlayer": "entry"}
 """The tag of a segment input's hidden copies (lost when a stage recomputes one)."""
@@ -161,9 +162,15 @@ def still_carried(out: DataFrame, kept: Kept) -> bool:
                for c in kept.copies)  # fmt: skip
 
 
-def kept_column(kept: Kept, failed: Column, share: int) -> Column:
-    """The observation's aggregate of a stage's kept rows: ``location,position,body``
-    of each failed row (of the ``share`` of 1024 hash buckets kept), joined by ``;``."""
+def kept_column(kept: Kept, failed: Column, share: int,
+                cap: tuple[int, int] | None = None) -> list[Column]:  # fmt: skip
+    """The observation's aggregates of a stage's kept rows: ``kept``, the
+    ``location,position,body`` of each failed row (of the ``share`` of 1024 hash buckets
+    kept), joined by ``;``. ``cap`` (rows, width; :func:`row_cap`): at most ``rows`` rows
+    of at most ``width`` characters are kept -- those of the lowest identity hashes, by
+    a bounded ``min_by`` that holds no more in a task or in the driver -- and
+    ``kept_width`` measures the mean width of all the failed rows (the next batch's
+    share and cap)."""
     from pyspark.sql import functions as F  # noqa: N812
 
     body = F.to_json(F.struct(*[F.col(c).alias(str(i)) for i, c in enumerate(kept.copies)]),
@@ -176,10 +183,44 @@ def kept_column(kept: Kept, failed: Column, share: int) -> Column:
                       F.col(POS_COL).cast("string"), b64)  # fmt: skip
     if kept.replays_only:
         failed = failed & F.col(LOC_COL).isNull()
+    ident = F.xxhash64(F.col(LOC_COL), F.col(POS_COL))
     if share < FULL_SHARE:
-        failed = failed & (F.pmod(F.xxhash64(F.col(LOC_COL), F.col(POS_COL)),
-                                  F.lit(FULL_SHARE)) < share)  # fmt: skip
-    return F.array_join(F.collect_list(F.when(failed, row)), ";").alias("kept")
+        failed = failed & (F.pmod(ident, F.lit(FULL_SHARE)) < share)
+    if cap is None:
+        return [F.array_join(F.collect_list(F.when(failed, row)), ";").alias("kept")]
+    rows, width = cap
+    wanted = failed & (F.length(row) <= width)
+    lowest = F.min_by(F.when(wanted, row), F.when(wanted, ident), rows)
+    return [F.coalesce(F.array_join(lowest, ";"), F.lit("")).alias("kept"),  # none: null
+            F.avg(F.when(failed, F.length(row))).cast("string").alias("kept_width")]
+
+
+def row_cap(spark: Any, cache: dict[Any, Any], most: int, budget: int,
+            width: int | None) -> tuple[int, int] | None:  # fmt: skip
+    """(rows, width): what a stage keeps at most in a batch its history sizes no share
+    for (its first, or one after a batch that failed few rows), where nothing else
+    bounds how many of its rows fail: ``budget`` bytes as rows ``width`` wide (the mean
+    of its last batch's failed rows; ``WIDTH`` before any), ``most`` rows at most, each
+    at most ``WIDTH`` characters (four times ``width``, once it is known). Both are
+    rounded down to a power of two (the rows from the budget), so that a batch's columns
+    are built again only when they change by half. None where Spark cannot bound an
+    aggregate's rows (``min_by`` with ``k`` came in Spark 4.2): such a batch keeps every
+    failed row, as before."""
+    if "min_by_k" not in cache:
+        try:
+            major, minor = (int(x) for x in str(spark.version).split(".")[:2])
+        except (ValueError, AttributeError):
+            major, minor = 0, 0
+        cache["min_by_k"] = (major, minor) >= (4, 2)
+    if not cache["min_by_k"]:
+        return None
+    rows = max(1, min(budget // (width or WIDTH), MAX_K))
+    cap = WIDTH if width is None else max(WIDTH, 4 * width)
+    return min(most, 1 << (rows.bit_length() - 1)), 1 << (cap.bit_length() - 1)
+
+
+MAX_K = 100_000
+"""The most rows Spark's ``min_by`` keeps (its ``k``)."""
 
 
 def share_after(failed: int, most: int, width: int = 0, budget: int = 0) -> int:

@@ -29,6 +29,7 @@ from ftlayer.spark.frame_entries import (
     Kept,
     kept_column,
     kept_rows,
+    row_cap,
     share_after,
 )
 from ftlayer.spark.frame_reports import Reported
@@ -146,22 +147,26 @@ class Observations:
         from pyspark.sql import functions as F  # noqa: N812
 
         obs = Observation(f"ft-{self.salt:x}-{len(self.observed)}")
-        fields = _STAGE_FIELDS + (("kept",) if kept else ())
-        self.observed.append((label, Watched(obs, fields, 2)))
-        self.segment_of[label] = segment
-        share = FULL_SHARE
+        share, cap = FULL_SHARE, None
         if kept is not None:
             self.keeps[label] = (kept, key)
             share = self.columns.get(("share", key), FULL_SHARE)
             if kept.replays_only:  # at most every replay read back fails again
                 share = share_after(self.read_back, self.bound[0],
                                     self.columns.get(("width", key), WIDTH), self.bound[1])
-            key = (key, kept, share)
+            elif share == FULL_SHARE:  # its last batch failed few rows, or it has none yet
+                cap = row_cap(out.sparkSession, self.columns, *self.bound,
+                              self.columns.get(("width", key)))  # fmt: skip
+            key = (key, kept, share, cap)
+        fields = _STAGE_FIELDS + (("kept",) if kept else ()) + (("kept_width",) if cap else ())
+        self.observed.append((label, Watched(obs, fields, 2)))
+        self.segment_of[label] = segment
         built = self.columns.get(key) if key is not None else None
         if built is None:
             built = _observed_columns(*answer())
             if kept is not None:
-                built = ([*built[0], kept_column(kept, F.col(FAILED_COL), share)], built[1])
+                built = ([*built[0], *kept_column(kept, F.col(FAILED_COL), share, cap)],
+                         built[1])  # fmt: skip
             if key is not None:
                 self.columns[key] = built
         aggregates, keep = built
@@ -196,7 +201,8 @@ class Observations:
                       for e in (json.loads(listed) if isinstance(listed, str) else listed)}
             rows_kept: dict[tuple[int | None, int], StageRow] = {}
             if label in self.keeps:
-                rows_kept = self._kept(label, m.get("kept") or "", len(failed))
+                rows_kept = self._kept(label, m.get("kept") or "", len(failed),
+                                       m.get("kept_width"))  # fmt: skip
             held = 0
             for loc_text, pos_text, err in failed:  # (a loop over every failed row: kept lean)
                 why, pos = errors[str(err)], int(pos_text)
@@ -218,13 +224,17 @@ class Observations:
             fails[ident] = fails[ident]._replace(kept=None)  # others: back to the source
         return self._residues(run, set(ran), fails)
 
-    def _kept(self, label: str, text: str, failed: int) -> dict[tuple[int | None, int], StageRow]:
+    def _kept(self, label: str, text: str, failed: int,
+              measured: str | None = None) -> dict[tuple[int | None, int], StageRow]:  # fmt: skip
         """The rows stage ``label`` kept (``text``: its observation's), by identity; their
-        width through the driver and its share after ``failed`` failed rows noted for its
-        next batch (the first segment's share: by the replays it reads back, :meth:`stage`)."""
+        width through the driver (``measured``: the mean of all its failed rows', when
+        its keeping was capped) and its share after ``failed`` failed rows noted for its next batch
+        (the first segment's share: by the replays it reads back, :meth:`stage`)."""
         kept, key = self.keeps[label]
         rows = kept_rows(text, kept)
         width = len(text) // len(rows) + 1 if rows else self.columns.get(("width", key), WIDTH)
+        if measured:
+            width = int(float(measured)) + 1
         self.columns[("width", key)] = width
         if not kept.replays_only:
             self.columns[("share", key)] = share_after(failed, self.bound[0], width,
