@@ -57,9 +57,9 @@ if TYPE_CHECKING:
     from ftlayer.spark.vector_plan import VectorPlan
 
 __all__ = ["CARRIED", "FULL_SHARE", "WIDTH", "Kept", "carry", "entering", "entering_key",
-           "entries_known", "keeps_until", "kept_budget", "kept_column",
-           "kept_rows", "no_rows", "row_cap", "rows_ids", "share_after", "still_carried",
-           "user_schema"]
+           "entries_known", "keep_size", "keeps_until", "kept_budget", "kept_column",
+           "kept_rows", "no_rows", "note_kept", "row_cap", "rows_ids", "share_after",
+           "still_carried", "user_schema"]
 
 CARRIED = {"ftlayer": "entry"}
 """The tag of a segment input's hidden copies (lost when a stage recomputes one)."""
@@ -193,6 +193,32 @@ def kept_column(kept: Kept, failed: Column, share: int,
     lowest = F.min_by(F.when(wanted, row), F.when(wanted, ident), rows)
     return [F.coalesce(F.array_join(lowest, ";"), F.lit("")).alias("kept"),  # none: null
             F.avg(F.when(failed, F.length(row))).cast("string").alias("kept_width")]
+
+
+def keep_size(kept: Kept, key: Any, cache: dict[Any, Any], bound: tuple[int, int],
+              read_back: int, spark: Any) -> tuple[int, tuple[int, int] | None]:  # fmt: skip
+    """(share, cap) of a stage keeping ``kept`` in this batch (``key``: the stage's, in
+    ``cache``; ``bound``: rows and bytes, about): the share its last batch sized
+    (:func:`note_kept`); in the first segment, as if every replay read back
+    (``read_back``) failed again; where no share is sized, the cap :func:`row_cap`."""
+    share = cache.get(("share", key), FULL_SHARE)
+    if kept.replays_only:  # at most every replay read back fails again
+        return share_after(read_back, bound[0], cache.get(("width", key), WIDTH),
+                           bound[1]), None  # fmt: skip
+    if share < FULL_SHARE:
+        return share, None
+    return share, row_cap(spark, cache, *bound, cache.get(("width", key)))
+
+
+def note_kept(kept: Kept, key: Any, cache: dict[Any, Any], bound: tuple[int, int],
+              failed: int, width: int | None, measured: str | None) -> None:
+    """What a stage's batch tells its next: the width of its kept rows through the driver
+    (``width``: theirs; ``measured``: the mean of all its failed rows', where its keeping
+    was capped; else the last known) and its share after ``failed`` failed rows."""
+    width = int(float(measured)) + 1 if measured else width
+    cache[("width", key)] = width = width or cache.get(("width", key), WIDTH)
+    if not kept.replays_only:
+        cache[("share", key)] = share_after(failed, bound[0], width, bound[1])
 
 
 def row_cap(spark: Any, cache: dict[Any, Any], most: int, budget: int,

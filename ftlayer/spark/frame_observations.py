@@ -25,12 +25,11 @@ from ftlayer.limits import DEAD_NOW
 from ftlayer.spark import jvm_args
 from ftlayer.spark.frame_entries import (
     FULL_SHARE,
-    WIDTH,
     Kept,
+    keep_size,
     kept_column,
     kept_rows,
-    row_cap,
-    share_after,
+    note_kept,
 )
 from ftlayer.spark.frame_reports import Reported
 from ftlayer.spark.frame_tasks import ATTEMPTS_COL, DEAD_COL, ERROR_COL, FAILED_COL
@@ -150,13 +149,8 @@ class Observations:
         share, cap = FULL_SHARE, None
         if kept is not None:
             self.keeps[label] = (kept, key)
-            share = self.columns.get(("share", key), FULL_SHARE)
-            if kept.replays_only:  # at most every replay read back fails again
-                share = share_after(self.read_back, self.bound[0],
-                                    self.columns.get(("width", key), WIDTH), self.bound[1])
-            elif share == FULL_SHARE:  # its last batch failed few rows, or it has none yet
-                cap = row_cap(out.sparkSession, self.columns, *self.bound,
-                              self.columns.get(("width", key)))  # fmt: skip
+            share, cap = keep_size(kept, key, self.columns, self.bound, self.read_back,
+                                   out.sparkSession)  # fmt: skip
             key = (key, kept, share, cap)
         fields = _STAGE_FIELDS + (("kept",) if kept else ()) + (("kept_width",) if cap else ())
         self.observed.append((label, Watched(obs, fields, 2)))
@@ -226,19 +220,12 @@ class Observations:
 
     def _kept(self, label: str, text: str, failed: int,
               measured: str | None = None) -> dict[tuple[int | None, int], StageRow]:  # fmt: skip
-        """The rows stage ``label`` kept (``text``: its observation's), by identity; their
-        width through the driver (``measured``: the mean of all its failed rows', when
-        its keeping was capped) and its share after ``failed`` failed rows noted for its next batch
-        (the first segment's share: by the replays it reads back, :meth:`stage`)."""
+        """The rows stage ``label`` kept (``text``: its observation's), by identity; what
+        sizes its next batch's keeping noted (frame_entries.note_kept)."""
         kept, key = self.keeps[label]
         rows = kept_rows(text, kept)
-        width = len(text) // len(rows) + 1 if rows else self.columns.get(("width", key), WIDTH)
-        if measured:
-            width = int(float(measured)) + 1
-        self.columns[("width", key)] = width
-        if not kept.replays_only:
-            self.columns[("share", key)] = share_after(failed, self.bound[0], width,
-                                                       self.bound[1])  # fmt: skip
+        note_kept(kept, key, self.columns, self.bound, failed,
+                  len(text) // len(rows) + 1 if rows else None, measured)  # fmt: skip
         return rows
 
     def _metrics(self) -> list[tuple[str, dict[str, Any] | None]]:

@@ -105,6 +105,7 @@ class FrameRun(OfRun):
     """Python stages in the batch's job (they read the run's fields: run_fields)."""
     unchecked: list[tuple[str, DataFrame]] = field(default_factory=list)
     """DataFrame stages whose identity columns were not checked yet: (label, output)."""
+    ids_dropped: bool = False  # the last stage dropped the identity columns (sink: none)
     seen: Observations = field(init=False)
     """The batch's observations (its failed rows, its counts, the replays it ran)."""
 
@@ -188,17 +189,21 @@ class FrameRun(OfRun):
                 out, kept = carry(out, plan.entries[i], self.run.columns,
                                   ("entry", id(seg), plan.inputs[0]), not i)  # fmt: skip
             for j, (kind, stage) in enumerate(seg.ops):
+                done = kept.copies if kept is not None and j == keep_to else ()
                 if kind == "frame":
                     last = i == len(plan.segments) - 1 and j == len(seg.ops) - 1
-                    out, known = self._stage(out, frame_label(i, j, stage.fn), stage, last,
-                                             i, kept), None  # fmt: skip
+                    if last and _sink_without_ids(seg):  # with its flag: one step less
+                        done, self.ids_dropped = (*done, LOC_COL, POS_COL), True
+                    out, dropped = self._stage(out, frame_label(i, j, stage.fn), stage, last,
+                                               i, kept, done)  # fmt: skip
+                    known = None
                 else:
                     output = arrow_schema(stage.schema, spark)
                     out = self._python(out, stage_label(i, j, stage.fn), stage, output, known,
                                        i)  # fmt: skip
-                    known = output
-                if kept is not None and j == keep_to:
-                    out, kept = jvm_args.drop(out, kept.copies, self.run.columns), None
+                    known, dropped = output, False
+                if done:  # the copies end here (dropped with the stage's flag, or now)
+                    out, kept = out if dropped else jvm_args.drop(out, done, self.run.columns), None
             return out
 
         return walk(plan.entries[start:], plan.segments, out, segment, self._enter,
@@ -253,11 +258,14 @@ class FrameRun(OfRun):
         return self.seen.replay_ids(replays, 0)
 
     def _stage(self, df: DataFrame, label: str, stage: FrameStage, last: bool,
-               segment: int = 0, kept: Kept | None = None) -> DataFrame:  # fmt: skip
+               segment: int = 0, kept: Kept | None = None,
+               done: tuple[str, ...] = ()) -> tuple[DataFrame, bool]:  # fmt: skip
         """A DataFrame stage (of ``segment``), its failed rows observed (with the
         segment's input ``kept`` for them, where its output still carries it) and
         filtered out. Its identity columns are checked before they are used (its
-        ``failed=``, the next Python stage, the sink: ``last``)."""
+        ``failed=``, the next Python stage, the sink: ``last``). ``done``: hidden columns
+        no one needs after it, dropped with its flag (one step less for Spark to analyse);
+        and whether they were (False: no flag)."""
 
         with gc_pause.resumed():  # the user's code
             out = stage.fn(df)
@@ -268,7 +276,7 @@ class FrameRun(OfRun):
             check_identity(self.unchecked)
         flag = _flag(self.run.columns, stage, out)
         if flag is None:
-            return out
+            return out, False
         if kept is not None and not still_carried(out, kept):
             kept = None  # the stage dropped or recomputed a copy: its rows go to the source
         answer = partial(_frame_answer, label, stage.errors)
@@ -276,7 +284,7 @@ class FrameRun(OfRun):
         key = ("frame", label, id(stage))
         self.run.columns.setdefault(("stage", id(stage)), stage)  # its id stays its own
         out = self.seen.stage(out, label, answer, key, segment, kept)
-        return jvm_args.drop(out, (FAILED_COL,), self.run.columns)
+        return jvm_args.drop(out, (FAILED_COL, *done), self.run.columns), True
 
     def _python(self, df: DataFrame, label: str, stage: BatchStage, output: pa.Schema | None,
                 inputs: pa.Schema | None, segment: int | None = None) -> DataFrame:  # fmt: skip
@@ -284,17 +292,11 @@ class FrameRun(OfRun):
         outputs and its failed rows (ftlayer.spark.frame_tasks), observed and filtered.
         ``inputs``: its user columns, when known without asking Spark (after the source or
         a Python stage; after a DataFrame stage, None: Spark's analysis says)."""
-        from pyspark.sql.pandas.types import to_arrow_schema
-        from pyspark.sql.types import StructType
-
         check_identity(self.unchecked)
-        if inputs is None:
-            user = StructType([f for f in df.schema.fields if f.name not in (LOC_COL, POS_COL)])
-            inputs = to_arrow_schema(user, timezone="UTC")
+        inputs = inputs if inputs is not None else _user_columns(df)
         where = len(self.plan.segments) - 1 if segment is None else segment
-        budget = self.plan.immediate_replays  # past a shuffle, Storm's rule retries none
-        if where and self.plan.replay_from == "source":
-            budget = 0
+        budget = 0 if where and self.plan.replay_from == "source" else \
+            self.plan.immediate_replays  # past a shuffle, Storm's rule retries none
         step = PythonStep(stage, label, inputs, output, stage.errors or self.plan.errors, budget,
                           reports=reports_of(df.sparkSession, self.run.columns, self.plan.source))
         self.python += 1
@@ -317,8 +319,8 @@ class FrameRun(OfRun):
             out = with_lineage(out, seg.sink_lineage, self.plan, self.layer is not None,
                                self.run.replays)  # fmt: skip
         if seg.sink_per == "dataframe":
-            given = out if seg.sink_ids else jvm_args.drop(out, (LOC_COL, POS_COL),
-                                                           self.run.columns)  # fmt: skip
+            given = out if seg.sink_ids or self.ids_dropped else \
+                jvm_args.drop(out, (LOC_COL, POS_COL), self.run.columns)
             name = f"sink_dataframe {stage_name(user_sink)}"
 
             def write() -> None:
@@ -343,6 +345,21 @@ class FrameRun(OfRun):
             return self.seen.fail_everything(self.run, text)
         return self.seen.residues(self.run, name)
 
+
+
+def _user_columns(df: DataFrame) -> pa.Schema:
+    """The Arrow schema of ``df``'s columns less ftlayer's identity (Spark's analysis)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    user = StructType([f for f in df.schema.fields if f.name not in (LOC_COL, POS_COL)])
+    return to_arrow_schema(user, timezone="UTC")
+
+
+def _sink_without_ids(seg: Any) -> bool:
+    """Whether the pipeline's sink (``seg``: the last segment) takes the last stage's rows
+    without ftlayer's identity columns and nothing between needs them (no lineage)."""
+    return seg.sink_per == "dataframe" and not seg.sink_ids and seg.sink_lineage is None
 
 
 def _flag(cache: dict[Any, Any], stage: FrameStage, out: DataFrame) -> Column | None:
