@@ -109,10 +109,9 @@ class FTConfig:
     """Bytes of those rows a stage keeps per batch, about: their values travel through
     the driver's heap (as Spark's JSON, in base64, several copies at once), so a stage
     whose rows could pass this (in its first segment: when every replay read back in the
-    batch failed again) keeps a share, as for ``max_kept_rows``. A batch that its stage's
-    last batch sizes no share for (its first, or one after a batch that failed few rows)
-    keeps at most this many bytes of rows as wide as the last batch's (2 KB before any),
-    counted in the job (Spark >= 4.2; before, every failed row of such a batch is kept).
+    batch failed again) keeps a share, as for ``max_kept_rows``, sized by its last batch.
+    A stage's first batch keeps at most this many bytes of rows up to 2 KB wide,
+    counted in the job (Spark >= 4.2; before, it keeps every failed row).
     0: 1/64 of the driver's heap (16 MiB of 1 GiB). Python stages keep about this many
     bytes a task (0: 16 MiB), in its summary."""
     script_mode: ScriptMode = "auto"
