@@ -209,7 +209,7 @@ def keep_size(kept: Kept, key: Any, cache: dict[Any, Any], bound: tuple[int, int
                            bound[1]), None  # fmt: skip
     if ("share", key) in cache:
         return cache[("share", key)], None
-    return FULL_SHARE, row_cap(spark, cache, *bound, None)
+    return FULL_SHARE, row_cap(spark, cache, *bound)
 
 
 def note_kept(kept: Kept, key: Any, cache: dict[Any, Any], bound: tuple[int, int],
@@ -223,16 +223,13 @@ def note_kept(kept: Kept, key: Any, cache: dict[Any, Any], bound: tuple[int, int
         cache[("share", key)] = share_after(failed, bound[0], width, bound[1])
 
 
-def row_cap(spark: Any, cache: dict[Any, Any], most: int, budget: int,
-            width: int | None) -> tuple[int, int] | None:  # fmt: skip
-    """(rows, width): what a stage keeps at most in a batch where nothing else bounds
-    how many of its rows fail or how wide they are (its first): ``budget`` bytes as rows
-    ``width`` wide (``WIDTH`` when not known), ``most`` rows at most, each at most
-    ``WIDTH`` characters (four times ``width``, when known). Both are rounded down to a
-    power of two (the rows from the budget), so that columns built for them are built
-    again only when they change by half. None where Spark cannot bound an aggregate's
-    rows (``min_by`` with ``k`` came in Spark 4.2): such a batch keeps every failed row,
-    as before."""
+def row_cap(spark: Any, cache: dict[Any, Any], most: int,
+            budget: int) -> tuple[int, int] | None:  # fmt: skip
+    """(rows, width): what a stage keeps at most in its first batch, where nothing bounds
+    how many of its rows fail or how wide they are: ``budget`` bytes as rows of at most
+    ``WIDTH`` characters, ``most`` rows at most. None where Spark cannot bound an
+    aggregate's rows (``min_by`` with ``k`` came in Spark 4.2): such a batch keeps every
+    failed row, as before."""
     if "min_by_k" not in cache:
         try:
             major, minor = (int(x) for x in str(spark.version).split(".")[:2])
@@ -241,9 +238,7 @@ def row_cap(spark: Any, cache: dict[Any, Any], most: int, budget: int,
         cache["min_by_k"] = (major, minor) >= (4, 2)
     if not cache["min_by_k"]:
         return None
-    rows = max(1, min(budget // (width or WIDTH), MAX_K))
-    cap = WIDTH if width is None else max(WIDTH, 4 * width)
-    return min(most, 1 << (rows.bit_length() - 1)), 1 << (cap.bit_length() - 1)
+    return max(1, min(most, budget // WIDTH, MAX_K)), WIDTH
 
 
 MAX_K = 100_000

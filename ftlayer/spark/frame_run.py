@@ -105,7 +105,6 @@ class FrameRun(OfRun):
     """Python stages in the batch's job (they read the run's fields: run_fields)."""
     unchecked: list[tuple[str, DataFrame]] = field(default_factory=list)
     """DataFrame stages whose identity columns were not checked yet: (label, output)."""
-    ids_dropped: bool = False  # the last stage dropped the identity columns (sink: none)
     seen: Observations = field(init=False)
     """The batch's observations (its failed rows, its counts, the replays it ran)."""
 
@@ -192,8 +191,6 @@ class FrameRun(OfRun):
                 done = kept.copies if kept is not None and j == keep_to else ()
                 if kind == "frame":
                     last = i == len(plan.segments) - 1 and j == len(seg.ops) - 1
-                    if last and _sink_without_ids(seg):  # with its flag: one step less
-                        done, self.ids_dropped = (*done, LOC_COL, POS_COL), True
                     out, dropped = self._stage(out, frame_label(i, j, stage.fn), stage, last,
                                                i, kept, done)  # fmt: skip
                     known = None
@@ -263,9 +260,9 @@ class FrameRun(OfRun):
         """A DataFrame stage (of ``segment``), its failed rows observed (with the
         segment's input ``kept`` for them, where its output still carries it) and
         filtered out. Its identity columns are checked before they are used (its
-        ``failed=``, the next Python stage, the sink: ``last``). ``done``: hidden columns
-        no one needs after it, dropped with its flag (one step less for Spark to analyse);
-        and whether they were (False: no flag)."""
+        ``failed=``, the next Python stage, the sink: ``last``). ``done``: the segment's
+        hidden copies, when they end at this stage: dropped with its flag (one plan step
+        less for Spark to analyse); and whether they were (False: no flag)."""
 
         with gc_pause.resumed():  # the user's code
             out = stage.fn(df)
@@ -319,7 +316,7 @@ class FrameRun(OfRun):
             out = with_lineage(out, seg.sink_lineage, self.plan, self.layer is not None,
                                self.run.replays)  # fmt: skip
         if seg.sink_per == "dataframe":
-            given = out if seg.sink_ids or self.ids_dropped else \
+            given = out if seg.sink_ids else \
                 jvm_args.drop(out, (LOC_COL, POS_COL), self.run.columns)
             name = f"sink_dataframe {stage_name(user_sink)}"
 
@@ -354,12 +351,6 @@ def _user_columns(df: DataFrame) -> pa.Schema:
 
     user = StructType([f for f in df.schema.fields if f.name not in (LOC_COL, POS_COL)])
     return to_arrow_schema(user, timezone="UTC")
-
-
-def _sink_without_ids(seg: Any) -> bool:
-    """Whether the pipeline's sink (``seg``: the last segment) takes the last stage's rows
-    without ftlayer's identity columns and nothing between needs them (no lineage)."""
-    return seg.sink_per == "dataframe" and not seg.sink_ids and seg.sink_lineage is None
 
 
 def _flag(cache: dict[Any, Any], stage: FrameStage, out: DataFrame) -> Column | None:
