@@ -110,8 +110,10 @@ class FTConfig:
     the driver's heap (as Spark's JSON, in base64, several copies at once), so a stage
     whose rows could pass this (in its first segment: when every replay read back in the
     batch failed again) keeps a share, as for ``max_kept_rows``, sized by its last batch.
-    A stage's first batch keeps at most this many bytes of rows up to 2 KB wide,
-    counted in the job (Spark >= 4.2; before, it keeps every failed row).
+    A stage's first batch keeps at most this many bytes of rows, counted in the job at
+    their width (exact for numbers, dates and timestamps; 2 KB where a row has a string
+    or a nested column, and wider rows not kept) (Spark >= 4.2; before, it keeps every
+    failed row).
     0: 1/64 of the driver's heap (16 MiB of 1 GiB). Python stages keep about this many
     bytes a task (0: 16 MiB), in its summary."""
     script_mode: ScriptMode = "auto"

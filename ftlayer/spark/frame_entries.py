@@ -58,8 +58,8 @@ if TYPE_CHECKING:
 
 __all__ = ["CARRIED", "FULL_SHARE", "WIDTH", "Kept", "carry", "entering", "entering_key",
            "entries_known", "keep_size", "keeps_until", "kept_budget", "kept_column",
-           "kept_rows", "no_rows", "note_kept", "row_cap", "rows_ids", "share_after",
-           "still_carried", "user_schema"]
+           "kept_fields", "kept_rows", "no_rows", "note_kept", "row_cap", "rows_ids",
+           "share_after", "still_carried", "text_width", "user_schema"]
 
 CARRIED = {"ftlayer": "entry"}
 """The tag of a segment input's hidden copies (lost when a stage recomputes one)."""
@@ -84,6 +84,9 @@ class Kept:
     copies: tuple[str, ...]
     replays_only: bool = False
     """The copies hold only the replays' values (the first segment's: :func:`carry`)."""
+    width: int | None = None
+    """The most characters a kept row's text can take (:func:`text_width`); None where
+    its columns' width has no bound (strings, arrays...)."""
 
     def row(self, location: int | None, position: int, body: bytes) -> StageRow:
         """A kept row (ftlayer.stage_rows)."""
@@ -145,7 +148,7 @@ def carry(df: DataFrame, entry: Entry, cache: dict[Any, Any], key: Any,
         schema = user_schema(df)
         copies = tuple(f"{_PREFIX}{i}" for i in range(len(schema.fields)))
         kept = Kept(entry.segment, entry.fingerprint(), schema, schema_hash(schema), copies,
-                    replays_only)  # fmt: skip
+                    replays_only, text_width(schema))  # fmt: skip
         replay = F.col(LOC_COL).isNull()
         cols = [(F.when(replay, F.col(f"`{f.name}`")) if replays_only else
                  F.col(f"`{f.name}`")).alias(c, metadata=CARRIED)
@@ -168,9 +171,10 @@ def kept_column(kept: Kept, failed: Column, share: int,
     ``location,position,body`` of each failed row (of the ``share`` of 1024 hash buckets
     kept), joined by ``;``. ``cap`` (rows, width; :func:`row_cap`): at most ``rows`` rows
     of at most ``width`` characters are kept -- those of the lowest identity hashes, by
-    a bounded ``min_by`` that holds no more in a task or in the driver -- and
-    ``kept_width`` measures the mean width of all the failed rows (the next batch's
-    share and cap)."""
+    a bounded ``min_by`` that holds no more in a task or in the driver -- and, where the
+    rows' width has no bound (``Kept.width``), ``kept_width`` measures the mean width of
+    all the failed rows (the next batch's share); rows of a bounded width are neither
+    measured nor checked (each check builds the row's text again: about 4 µs a row)."""
     from pyspark.sql import functions as F  # noqa: N812
 
     body = F.to_json(F.struct(*[F.col(c).alias(str(i)) for i, c in enumerate(kept.copies)]),
@@ -189,10 +193,17 @@ def kept_column(kept: Kept, failed: Column, share: int,
     if cap is None:
         return [F.array_join(F.collect_list(F.when(failed, row)), ";").alias("kept")]
     rows, width = cap
-    wanted = failed & (F.length(row) <= width)
+    wanted = failed if kept.width is not None else failed & (F.length(row) <= width)
     lowest = F.min_by(F.when(wanted, row), F.when(wanted, ident), rows)
-    return [F.coalesce(F.array_join(lowest, ";"), F.lit("")).alias("kept"),  # none: null
-            F.avg(F.when(failed, F.length(row))).cast("string").alias("kept_width")]
+    kept_text = F.coalesce(F.array_join(lowest, ";"), F.lit("")).alias("kept")  # none: null
+    if kept.width is not None:
+        return [kept_text]
+    return [kept_text, F.avg(F.when(failed, F.length(row))).cast("string").alias("kept_width")]
+
+
+def kept_fields(kept: Kept, cap: tuple[int, int] | None) -> tuple[str, ...]:
+    """The names of :func:`kept_column`'s aggregates."""
+    return ("kept",) + (("kept_width",) if cap is not None and kept.width is None else ())
 
 
 def keep_size(kept: Kept, key: Any, cache: dict[Any, Any], bound: tuple[int, int],
@@ -209,7 +220,7 @@ def keep_size(kept: Kept, key: Any, cache: dict[Any, Any], bound: tuple[int, int
                            bound[1]), None  # fmt: skip
     if ("share", key) in cache:
         return cache[("share", key)], None
-    return FULL_SHARE, row_cap(spark, cache, *bound)
+    return FULL_SHARE, row_cap(spark, cache, *bound, kept.width or WIDTH)
 
 
 def note_kept(kept: Kept, key: Any, cache: dict[Any, Any], bound: tuple[int, int],
@@ -218,18 +229,18 @@ def note_kept(kept: Kept, key: Any, cache: dict[Any, Any], bound: tuple[int, int
     (``width``: theirs; ``measured``: the mean of all its failed rows', where its keeping
     was capped; else the last known) and its share after ``failed`` failed rows."""
     width = int(float(measured)) + 1 if measured else width
-    cache[("width", key)] = width = width or cache.get(("width", key), WIDTH)
+    cache[("width", key)] = width = width or cache.get(("width", key), kept.width or WIDTH)
     if not kept.replays_only:
         cache[("share", key)] = share_after(failed, bound[0], width, bound[1])
 
 
-def row_cap(spark: Any, cache: dict[Any, Any], most: int,
-            budget: int) -> tuple[int, int] | None:  # fmt: skip
+def row_cap(spark: Any, cache: dict[Any, Any], most: int, budget: int,
+            width: int = WIDTH) -> tuple[int, int] | None:  # fmt: skip
     """(rows, width): what a stage keeps at most in its first batch, where nothing bounds
-    how many of its rows fail or how wide they are: ``budget`` bytes as rows of at most
-    ``WIDTH`` characters, ``most`` rows at most. None where Spark cannot bound an
-    aggregate's rows (``min_by`` with ``k`` came in Spark 4.2): such a batch keeps every
-    failed row, as before."""
+    how many of its rows fail: ``budget`` bytes as rows of at most ``width`` characters
+    (``Kept.width``: exact for columns of bounded width, else an assumption), ``most``
+    rows at most. None where Spark cannot bound an aggregate's rows (``min_by`` with
+    ``k`` came in Spark 4.2): such a batch keeps every failed row, as before."""
     if "min_by_k" not in cache:
         try:
             major, minor = (int(x) for x in str(spark.version).split(".")[:2])
@@ -238,11 +249,37 @@ def row_cap(spark: Any, cache: dict[Any, Any], most: int,
         cache["min_by_k"] = (major, minor) >= (4, 2)
     if not cache["min_by_k"]:
         return None
-    return max(1, min(most, budget // WIDTH, MAX_K)), WIDTH
+    return max(1, min(most, budget // width, MAX_K)), width
 
 
 MAX_K = 100_000
 """The most rows Spark's ``min_by`` keeps (its ``k``)."""
+
+_JSON_WIDTH = {"boolean": 5, "tinyint": 4, "smallint": 6, "int": 11, "bigint": 20,
+               "float": 16, "double": 24, "date": 16, "timestamp": 40, "timestamp_ntz": 40}
+"""The most characters Spark's ``to_json`` (JSON_OPTIONS) writes for a value of these
+types: a sign and every digit of the integers, ``Double.toString``'s longest
+(``-2.2250738585072014E-308``), a quoted date or timestamp to the microsecond with its
+offset, and room to spare for years past 9999."""
+
+
+def text_width(schema: StructType) -> int | None:
+    """The most characters of a kept row's text (:func:`kept_column`: location,
+    position, and the base64 of ``to_json`` of its columns named by position) for a
+    schema of bounded columns only (numbers, booleans, decimals, dates, timestamps);
+    None where a column's width has no bound (strings, binary, nested types). Checked
+    against Spark's own ``to_json`` of the widest values in the tests."""
+    from pyspark.sql.types import DecimalType
+
+    body = 2  # braces
+    for i, f in enumerate(schema.fields):
+        t = f.dataType
+        value = t.precision + 8 if isinstance(t, DecimalType) else _JSON_WIDTH.get(
+            t.simpleString())
+        if value is None:
+            return None
+        body += len(str(i)) + 4 + value  # "i": and a comma
+    return 20 + 1 + 20 + 1 + 4 * -(-body // 3)  # location, position, base64 of the body
 
 
 def share_after(failed: int, most: int, width: int = 0, budget: int = 0) -> int:

@@ -28,6 +28,7 @@ from ftlayer.spark.frame_entries import (
     Kept,
     keep_size,
     kept_column,
+    kept_fields,
     kept_rows,
     note_kept,
 )
@@ -152,7 +153,7 @@ class Observations:
             share, cap = keep_size(kept, key, self.columns, self.bound, self.read_back,
                                    out.sparkSession)  # fmt: skip
             key = (key, kept, share, cap)
-        fields = _STAGE_FIELDS + (("kept",) if kept else ()) + (("kept_width",) if cap else ())
+        fields = _STAGE_FIELDS + (kept_fields(kept, cap) if kept else ())
         self.observed.append((label, Watched(obs, fields, 2)))
         self.segment_of[label] = segment
         built = self.columns.get(key) if key is not None else None

@@ -397,6 +397,73 @@ def test_a_stage_with_no_history_keeps_at_most_its_row_cap_in_its_first_batch(
     assert ft.layer is not None and ft.layer.stats().pending == 0
 
 
+def test_a_stage_whose_input_has_a_bounded_width_keeps_its_rows_by_that_width(
+    spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path
+) -> None:
+    """The same first batch, the stage past the shuffle fed only ``id`` and ``key`` (two
+    bigints: a row's kept text has a known most width, about 110 characters, not the 2 KB
+    assumed of a row with strings): the same ``max_kept_bytes`` of 8 assumed rows keeps
+    all of its 100-odd failed rows, and none is read back. Catches: a first batch capped
+    by the width assumed for strings whatever its columns (a stage of numbers failing
+    50,000 rows of 1,000,000 kept 8,192 and read the rest back: a pass over the input)."""
+    from ftlayer.spark.frame_entries import WIDTH
+
+    n = 1500
+    ft = make_ft(timeout_s=5.0, max_replays=3, max_kept_bytes=8 * WIDTH)
+    regions, out, files = missing_regions(tmp_path, n)
+    pipeline = (ft.pipeline(reads=files, name="narrow")
+                .transform(lambda df: df.drop("amount", "at", "tags")).partition_by(["key"], 4)
+                .transform(lookup(regions), failed="region IS NULL",
+                           errors="no region for its key")
+                .sink_dataframe(lambda df, _: df.write.mode("append").parquet(str(out))))
+    run_stream(spark, pipeline, files, tmp_path / "ck")
+    failing, _ = failing_ids(n)
+    write_regions(regions, skip=set())
+    assert ft.drain(timeout_s=60, pipeline=pipeline).drained
+    got = Counter(r["id"] for r in written(spark, out))
+    assert set(got) == set(range(n)) and max(got.values()) == 1, "lost or duplicated"
+    assert sum(r.entered for r in ft.results) == len(failing)
+    assert sum(r.read_back for r in ft.results) == 0
+    assert ft.layer is not None and ft.layer.stats().pending == 0
+
+
+def test_the_width_of_a_bounded_row_holds_for_sparks_widest_values(spark: SparkSession) -> None:
+    """``text_width`` of columns of every bounded type is at least the length of the kept
+    text Spark writes (``kept_column``: location, position, base64 of ``to_json``) for
+    each type's widest values, and null where a column is unbounded. Catches: a width
+    below what Spark writes (a first batch's rows dropped from its keeping as too wide,
+    and read back from their source)."""
+    from pyspark.sql.types import StructType
+
+    from ftlayer.spark.frame_entries import FULL_SHARE, Kept, kept_column, text_width
+    from ftlayer.spark.vector_plan import LOC_COL, POS_COL
+
+    ddl = ("b boolean, t tinyint, s smallint, i int, l bigint, f float, d double, "
+           "m decimal(38,10), dt date, ts timestamp, tn timestamp_ntz")  # fmt: skip
+    df = spark.sql(
+        "SELECT false b, CAST(-128 AS tinyint) t, CAST(-32768 AS smallint) s, "
+        "-2147483648 i, -9223372036854775808 l, CAST(-1.1754944E-38 AS float) f, "
+        "-2.2250738585072014E-308 d, "
+        f"CAST('-{'9' * 28}.{'9' * 10}' AS decimal(38,10)) m, "
+        "DATE'9999-12-31' dt, TIMESTAMP'9999-12-31 23:59:59.999999' ts, "
+        "TIMESTAMP_NTZ'9999-12-31 23:59:59.999999' tn, "
+        f"-9223372036854775808 {LOC_COL}, -9223372036854775808 {POS_COL}")
+    schema = StructType.fromDDL(ddl)
+    copies = tuple(f.name for f in schema.fields)
+    width = text_width(schema)
+    assert width is not None
+    kept = Kept(1, 0, schema, 0, copies)
+    text = df.agg(*kept_column(kept, F.lit(True), FULL_SHARE)).first()[0]
+    assert text and len(text) <= width, (len(text), width, text)
+    for column in copies:  # each alone, too: a column's own width
+        one = StructType([schema[column]])
+        alone = Kept(1, 0, one, 0, (column,))
+        text = df.agg(*kept_column(alone, F.lit(True), FULL_SHARE)).first()[0]
+        assert len(text) <= (text_width(one) or 0), (column, text)
+    assert text_width(StructType.fromDDL("l bigint, s string")) is None
+    assert text_width(StructType.fromDDL("a array<int>")) is None
+
+
 def test_a_pipeline_changed_before_the_failing_segment_replays_from_the_source(
     spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path
 ) -> None:
