@@ -15,9 +15,11 @@ input of its segment, in the same job, and its replay enters there
   whose rows failed (a fan-out: one stored row cannot stand for both).
 * **Bound.** A batch keeps about ``FTConfig.max_kept_rows`` rows a stage, and about
   :func:`kept_budget` bytes of them (the observation brings them through the driver's
-  heap): when the stage's last batch failed more (the first segment: when more replays
-  read back could fail again), a deterministic share of rows (by a hash of their
-  identity) is kept and the rest go back to their source. A kept row larger than
+  heap): when the stage's last batch failed more, a deterministic share of rows (by a
+  hash of their identity) is kept and the rest go back to their source; where no batch
+  tells (a stage's first; the first segment, when the replays read back could pass the
+  bound if all failed again) the job itself keeps at most the bound's rows, those of
+  the lowest identity hashes (:func:`row_cap`). A kept row larger than
   ``max_record_bytes`` goes back to its source too (ftlayer.spark.settle).
 * **Enter.** A batch's stage rows for entry ``k`` are read with ``from_json`` and the
   entry's schema, named by identity like any replay (null location, the record id as
@@ -210,14 +212,18 @@ def keep_size(kept: Kept, key: Any, cache: dict[Any, Any], bound: tuple[int, int
               read_back: int, spark: Any) -> tuple[int, tuple[int, int] | None]:  # fmt: skip
     """(share, cap) of a stage keeping ``kept`` in this batch (``key``: the stage's, in
     ``cache``; ``bound``: rows and bytes, about): the share its last batch sized
-    (:func:`note_kept`); in the first segment, as if every replay read back
-    (``read_back``) failed again; in its first batch (no share sized yet), the cap
-    :func:`row_cap`. Only there: ``min_by``'s buffer costs each task its ``k`` slots
-    (measured: +90 ms a job at 65,536, +9 ms at 8,192), where ``collect_list`` costs
-    nothing until a row fails."""
-    if kept.replays_only:  # at most every replay read back fails again
-        return share_after(read_back, bound[0], cache.get(("width", key), WIDTH),
-                           bound[1]), None  # fmt: skip
+    (:func:`note_kept`); in its first batch (no share sized yet), the cap
+    :func:`row_cap`; in the first segment, where at most every replay read back
+    (``read_back``) fails again, all of them when that fits the bound, else the cap
+    (a share sized as if all failed again kept a sixth of 50,000 wide replays' 2,500
+    failures and read the rest back: a pass over their files for a few rows). Only
+    there: ``min_by``'s buffer costs each task its ``k`` slots (measured: +90 ms a job
+    at 65,536, +9 ms at 8,192), where ``collect_list`` costs nothing until a row
+    fails."""
+    if kept.replays_only:
+        share = share_after(read_back, bound[0], cache.get(("width", key), WIDTH), bound[1])
+        cap = row_cap(spark, cache, *bound, kept.width or WIDTH) if share < FULL_SHARE else None
+        return (FULL_SHARE, cap) if cap else (share, None)
     if ("share", key) in cache:
         return cache[("share", key)], None
     return FULL_SHARE, row_cap(spark, cache, *bound, kept.width or WIDTH)

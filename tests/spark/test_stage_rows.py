@@ -216,6 +216,47 @@ def test_replays_read_back_that_fail_again_in_the_first_segment_keep_their_value
     assert ft.layer is not None and ft.layer.stats().pending == 0
 
 
+def test_read_back_replays_of_which_few_fail_again_are_all_kept_within_the_bound(
+    spark: SparkSession, make_ft: Any, tmp_path: Path
+) -> None:
+    """The same first-segment failures (keys 4 and 11), ``max_kept_bytes`` below what the
+    replays read back in the next micro-batch would take if all failed again, and the
+    region of key 4 arriving between the two micro-batches: only key 11's replays fail
+    again, fewer than the bound holds, and all of them are kept (a cap counted in the
+    job), none read back a second time; every record lands once. Catches: the keeping of
+    read-back replays sized as if every one failed again (a share of those failing
+    kept, the rest read back: a pass over their files for a few rows)."""
+    from ftlayer.spark.frame_entries import WIDTH
+
+    n = 1800
+    regions, out, files = missing_regions(tmp_path, n, halves=True)
+    failing, first_half = failing_ids(n)
+    again = {i for i in first_half if i % KEYS == 11}
+    ft = make_ft(timeout_s=5.0, max_replays=3,
+                 max_kept_bytes=(len(again) + len(first_half)) // 2 * WIDTH)
+
+    def sink(df: DataFrame, batch_id: int) -> None:
+        df.write.mode("append").parquet(str(out))
+        if batch_id == 0:  # key 4's region arrives before the next micro-batch
+            for old in regions.iterdir():
+                old.unlink()
+            write_regions(regions, skip={11})
+
+    pipeline = (ft.pipeline(reads=files, name="few")
+                .transform(lookup(regions), failed="region IS NULL",
+                           errors="no region for its key")
+                .partition_by(["key"], 4).sink_dataframe(sink))  # fmt: skip
+    run_stream(spark, pipeline, files, tmp_path / "ck")
+    assert sum(r.kept_again for r in ft.results) == len(again), ft.results
+    write_regions(regions, skip=set())
+    assert ft.drain(timeout_s=60, pipeline=pipeline).drained
+    got = Counter(r["id"] for r in written(spark, out))
+    assert set(got) == set(range(n)) and max(got.values()) == 1, "lost or duplicated"
+    second_half = {i for i in failing - first_half if i % KEYS == 11}
+    assert sum(r.read_back for r in ft.results) == len(first_half) + len(second_half)
+    assert ft.layer is not None and ft.layer.stats().pending == 0
+
+
 def test_rows_kept_before_segment_0_go_back_to_their_source_for_python_stages(
     spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path
 ) -> None:
