@@ -148,9 +148,11 @@ class Observations:
 
         obs = Observation(f"ft-{self.salt:x}-{len(self.observed)}")
         share, cap = FULL_SHARE, None
-        if kept is not None:
-            self.keeps[label] = (kept, key)
-            share, cap = keep_size(kept, key, self.columns, self.bound, self.read_back,
+        if kept is not None:  # its history: by what it keeps (its entry's fingerprint),
+            # not by the stage object -- a pipeline built anew for each batch has one too
+            history = ("kept", label, kept)
+            self.keeps[label] = (kept, history)
+            share, cap = keep_size(kept, history, self.columns, self.bound, self.read_back,
                                    out.sparkSession)  # fmt: skip
             key = (key, kept, share, cap)
         fields = _STAGE_FIELDS + (kept_fields(kept, cap) if kept else ())

@@ -505,6 +505,37 @@ def test_the_width_of_a_bounded_row_holds_for_sparks_widest_values(spark: SparkS
     assert text_width(StructType.fromDDL("a array<int>")) is None
 
 
+def test_a_pipeline_built_anew_for_each_batch_keeps_its_stages_history(
+    spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path
+) -> None:
+    """The same failures past the shuffle, over two micro-batches, the pipeline built
+    anew in each (new stage objects, the same definition) under the first batch's row
+    cap of 8: the second batch sizes its keeping by the first's failures (they fit the
+    bound: all about 100 kept), not by the cap of a stage with no history. Catches: a
+    stage's history kept by the stage object, so a job building its pipeline in its
+    ``foreachBatch`` pays a first batch's cap (and its cost) in every batch."""
+    from ftlayer.spark.frame_entries import WIDTH
+
+    ft = make_ft(timeout_s=5.0, max_replays=5, max_kept_bytes=8 * WIDTH)
+    n = 1800
+    regions, out, files = missing_regions(tmp_path, n, halves=True)
+
+    def each(df: DataFrame, batch_id: int) -> None:
+        pipeline_of(ft, probe, regions, out, files)(df, batch_id)
+
+    run_stream(spark, each, files, tmp_path / "ck")
+    _, first_half = failing_ids(n)
+    assert len(ft.results) == 2 and ft.results[1].failed > len(first_half)
+    write_regions(regions, skip=set())
+    before = len(ft.results)
+    assert ft.drain(timeout_s=60, pipeline=pipeline_of(ft, probe, regions, out, files)).drained
+    got = Counter(r["id"] for r in written(spark, out))
+    assert set(got) == set(range(n)) and max(got.values()) == 1, "lost or duplicated"
+    entered = sum(r.entered for r in ft.results[before:])
+    assert entered == ft.results[1].failed, (entered, ft.results)
+    assert ft.layer is not None and ft.layer.stats().pending == 0
+
+
 def test_a_pipeline_changed_before_the_failing_segment_replays_from_the_source(
     spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path
 ) -> None:
