@@ -83,6 +83,13 @@ class StageKind(Protocol):
     def settle(self, settlement: Settlement, res: Residues) -> None: ...
 
 
+CACHE_ENTRIES = 10_000
+"""Entries of a BatchEngine's cache before a batch starts a new one (a pipeline run
+every batch uses a few dozen to a few hundred)."""
+_HISTORY = ("share", "width")
+"""The first element of the cache keys that outlive a new cache (frame_entries.note_kept)."""
+
+
 class BatchEngine:
     """Runs batches of pipelines on one FT layer (None: FT off). ``config``: the
     executors' (its ``redis_url`` filled in); ``replay_limit``: the most replays a batch
@@ -96,6 +103,9 @@ class BatchEngine:
         self.replay_limit, self.backpressure_timeout_s = replay_limit, backpressure_timeout_s
         self.draining = False
         self.columns: dict[Any, Any] = {}
+        """The query's cache of what plans reuse (JVM arguments, columns, stages' keeping
+        history), shared by every pipeline run here (:meth:`_cache`)."""
+        self.cache_entries = CACHE_ENTRIES
 
     def run(self, pipeline: Pipeline, df: DataFrame, batch_id: Any) -> BatchResult:
         """One batch through plan, intake, execute, settle and report. Python's cyclic
@@ -136,7 +146,7 @@ class BatchEngine:
             breakers = Breakers(self.layer, pipeline.source)
             plan = replace(plan, open_stages=breakers.read())
         run = BatchRun(plan, self.layer, result, started, pipeline.reads, spark,
-                       columns=self.columns, breakers=breakers)  # fmt: skip
+                       columns=self._cache(), breakers=breakers)  # fmt: skip
         if self.layer is not None:
             run.intake = Intake(self.layer, pipeline.source, plan.inputs[0],
                                 pipeline.reads is not None, result, f"batch_id={batch_id} ",
@@ -144,6 +154,18 @@ class BatchEngine:
             run.settlement = Settlement(plan, self.layer, result, started, pipeline.reads,
                                         spark)  # fmt: skip
         return run
+
+    def _cache(self) -> dict[Any, Any]:
+        """The cache a batch plans with. Its entries are keyed by the pipeline's objects
+        (``id()``, each pinned while its entries live), so a job that builds its pipeline
+        anew for each batch adds a few every batch; past ``cache_entries`` a batch starts
+        a new cache holding only the stages' keeping history (``("share", ...)``,
+        ``("width", ...)``: by value, one per stage definition). Replaced, never cleared:
+        a batch of another query planning at the same time keeps the cache it began with."""
+        if len(self.columns) > self.cache_entries:
+            self.columns = {k: v for k, v in self.columns.items()
+                            if isinstance(k, tuple) and k[0] in _HISTORY}  # fmt: skip
+        return self.columns
 
     def _run_again(self, source: int, batch_id: Any) -> bool:
         """Whether this batch id of ``source`` began before (its rows may have been

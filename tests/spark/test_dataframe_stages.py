@@ -390,3 +390,27 @@ def test_python_and_dataframe_stages_mix_in_one_pipeline(
     assert all("transform[1.0] parse: bad amount" in letters[i] for i in bad)
     assert ft.layer.stats().pending == 0
 
+
+
+def test_a_pipeline_built_anew_for_each_batch_does_not_grow_the_engines_cache(
+    spark: SparkSession, make_ft: Any
+) -> None:
+    """Twelve batches, each with its pipeline built anew (new stage objects and
+    functions, as a job building it inside its ``foreachBatch``): the engine's cache of
+    plan parts stays near its bound, and every batch's rows are written. Catches: a
+    cache keyed by the pipeline's objects growing by every batch's (a slow leak of Python
+    and JVM objects in a query that runs for weeks)."""
+    ft = make_ft()
+    ft.engine.cache_entries = 20
+    written, sizes = [], []
+    for i in range(12):
+        pipeline = (ft.pipeline(name="anew")
+                    .transform(lambda df: df.withColumn("y", df.id * 2), failed="y < 0",
+                               errors="negative")
+                    .sink_dataframe(lambda df, _: written.append(df.count())))  # fmt: skip
+        result = ft.run_batch(pipeline, spark.range(50), f"anew-{i}")
+        assert result.fresh == 50 and result.failed == 0, result
+        sizes.append(len(ft.engine.columns))
+    assert written == [50] * 12
+    grown = sizes[1] - sizes[0]
+    assert grown > 0 and max(sizes) <= 20 + 2 * grown, sizes

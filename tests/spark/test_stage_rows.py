@@ -511,12 +511,14 @@ def test_a_pipeline_built_anew_for_each_batch_keeps_its_stages_history(
     """The same failures past the shuffle, over two micro-batches, the pipeline built
     anew in each (new stage objects, the same definition) under the first batch's row
     cap of 8: the second batch sizes its keeping by the first's failures (they fit the
-    bound: all about 100 kept), not by the cap of a stage with no history. Catches: a
-    stage's history kept by the stage object, so a job building its pipeline in its
-    ``foreachBatch`` pays a first batch's cap (and its cost) in every batch."""
+    bound: all about 100 kept), not by the cap of a stage with no history -- though each
+    batch starts a new plan cache. Catches: a stage's history kept by the stage object
+    (or lost with the cache), so a job building its pipeline in its ``foreachBatch``
+    pays a first batch's cap (and its cost) in every batch."""
     from ftlayer.spark.frame_entries import WIDTH
 
     ft = make_ft(timeout_s=5.0, max_replays=5, max_kept_bytes=8 * WIDTH)
+    ft.engine.cache_entries = 0  # each batch starts a new plan cache: the history stays
     n = 1800
     regions, out, files = missing_regions(tmp_path, n, halves=True)
 
