@@ -90,6 +90,11 @@ class Kept:
     """The most characters a kept row's text can take (:func:`text_width`); None where
     its columns' width has no bound (strings, arrays...)."""
 
+    @property
+    def row_width(self) -> int:
+        """A kept row's width as the bounds count it: ``width``, else ``WIDTH``."""
+        return self.width or WIDTH
+
     def row(self, location: int | None, position: int, body: bytes) -> StageRow:
         """A kept row (ftlayer.stage_rows)."""
         return StageRow(self.entry, self.fingerprint, self.hash, location, position, "json",
@@ -215,18 +220,16 @@ def keep_size(kept: Kept, key: Any, cache: dict[Any, Any], bound: tuple[int, int
     (:func:`note_kept`); in its first batch (no share sized yet), the cap
     :func:`row_cap`; in the first segment, where at most every replay read back
     (``read_back``) fails again, all of them when that fits the bound, else the cap
-    (a share sized as if all failed again kept a sixth of 50,000 wide replays' 2,500
-    failures and read the rest back: a pass over their files for a few rows). Only
-    there: ``min_by``'s buffer costs each task its ``k`` slots (measured: +90 ms a job
-    at 65,536, +9 ms at 8,192), where ``collect_list`` costs nothing until a row
-    fails."""
+    (not a share sized as if all failed again: the few that usually do are all kept,
+    none read back once more). Only there: ``min_by``'s buffer costs each task its
+    ``k`` slots, where ``collect_list`` costs nothing until a row fails."""
     if kept.replays_only:
         share = share_after(read_back, bound[0], cache.get(("width", key), WIDTH), bound[1])
-        cap = row_cap(spark, cache, *bound, kept.width or WIDTH) if share < FULL_SHARE else None
+        cap = row_cap(spark, cache, *bound, kept.row_width) if share < FULL_SHARE else None
         return (FULL_SHARE, cap) if cap else (share, None)
     if ("share", key) in cache:
         return cache[("share", key)], None
-    return FULL_SHARE, row_cap(spark, cache, *bound, kept.width or WIDTH)
+    return FULL_SHARE, row_cap(spark, cache, *bound, kept.row_width)
 
 
 def note_kept(kept: Kept, key: Any, cache: dict[Any, Any], bound: tuple[int, int],
@@ -235,7 +238,7 @@ def note_kept(kept: Kept, key: Any, cache: dict[Any, Any], bound: tuple[int, int
     (``width``: theirs; ``measured``: the mean of all its failed rows', where its keeping
     was capped; else the last known) and its share after ``failed`` failed rows."""
     width = int(float(measured)) + 1 if measured else width
-    cache[("width", key)] = width = width or cache.get(("width", key), kept.width or WIDTH)
+    cache[("width", key)] = width = width or cache.get(("width", key), kept.row_width)
     if not kept.replays_only:
         cache[("share", key)] = share_after(failed, bound[0], width, bound[1])
 

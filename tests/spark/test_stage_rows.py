@@ -108,6 +108,18 @@ def written(spark: SparkSession, out: Path) -> list[dict[str, Any]]:
     return [r.asDict() for r in spark.read.parquet(str(out)).collect()]
 
 
+def regions_arrive(spark: SparkSession, ft: FaultTolerance, pipeline: Any, regions: Path,
+                   out: Path, n: int) -> int:  # fmt: skip
+    """Every key's region written, the replays drained through ``pipeline``: every one of
+    the ``n`` records landed once. The batches before the drain (its results follow)."""
+    write_regions(regions, skip=set())
+    before = len(ft.results)
+    assert ft.drain(timeout_s=60, pipeline=pipeline).drained
+    got = Counter(r["id"] for r in written(spark, out))
+    assert set(got) == set(range(n)) and max(got.values()) == 1, "lost or duplicated"
+    return before
+
+
 def test_rows_failing_past_the_shuffle_resume_there_without_reading_the_source(
     spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path
 ) -> None:
@@ -248,10 +260,7 @@ def test_read_back_replays_of_which_few_fail_again_are_all_kept_within_the_bound
                 .partition_by(["key"], 4).sink_dataframe(sink))  # fmt: skip
     run_stream(spark, pipeline, files, tmp_path / "ck")
     assert sum(r.kept_again for r in ft.results) == len(again), ft.results
-    write_regions(regions, skip=set())
-    assert ft.drain(timeout_s=60, pipeline=pipeline).drained
-    got = Counter(r["id"] for r in written(spark, out))
-    assert set(got) == set(range(n)) and max(got.values()) == 1, "lost or duplicated"
+    regions_arrive(spark, ft, pipeline, regions, out, n)
     second_half = {i for i in failing - first_half if i % KEYS == 11}
     assert sum(r.read_back for r in ft.results) == len(first_half) + len(second_half)
     assert ft.layer is not None and ft.layer.stats().pending == 0
@@ -392,10 +401,7 @@ def test_a_stage_keeps_about_max_kept_bytes_and_the_rest_go_back_to_their_source
     run_stream(spark, pipeline, files, tmp_path / "ck")
     kept = sum(r.kept_again for r in ft.results)
     assert 0 < kept < failing_first // 2, (kept, failing_first)
-    write_regions(regions, skip=set())
-    assert ft.drain(timeout_s=60, pipeline=pipeline).drained
-    got = Counter(r["id"] for r in written(spark, out))
-    assert set(got) == set(range(n)) and max(got.values()) == 1, "lost or duplicated"
+    regions_arrive(spark, ft, pipeline, regions, out, n)
     failing = sum(1 for i in range(n) if i % KEYS in MISSING)
     assert sum(r.read_back for r in ft.results) == failing + failing_first - kept
     assert ft.layer is not None and ft.layer.stats().pending == 0
@@ -425,10 +431,7 @@ def test_a_stage_with_no_history_keeps_at_most_its_row_cap_in_its_first_batch(
     pipeline = pipeline_of(ft, probe, regions, out, files)
     run_stream(spark, pipeline, files, tmp_path / "ck")
     failing, _ = failing_ids(n)
-    write_regions(regions, skip=set())
-    assert ft.drain(timeout_s=60, pipeline=pipeline).drained
-    got = Counter(r["id"] for r in written(spark, out))
-    assert set(got) == set(range(n)) and max(got.values()) == 1, "lost or duplicated"
+    regions_arrive(spark, ft, pipeline, regions, out, n)
     major, minor = (int(x) for x in spark.version.split(".")[:2])
     kept = len(failing)  # no min_by with k (Spark < 4.2): all, as before
     if (major, minor) >= (4, 2):
@@ -459,10 +462,7 @@ def test_a_stage_whose_input_has_a_bounded_width_keeps_its_rows_by_that_width(
                 .sink_dataframe(lambda df, _: df.write.mode("append").parquet(str(out))))
     run_stream(spark, pipeline, files, tmp_path / "ck")
     failing, _ = failing_ids(n)
-    write_regions(regions, skip=set())
-    assert ft.drain(timeout_s=60, pipeline=pipeline).drained
-    got = Counter(r["id"] for r in written(spark, out))
-    assert set(got) == set(range(n)) and max(got.values()) == 1, "lost or duplicated"
+    regions_arrive(spark, ft, pipeline, regions, out, n)
     assert sum(r.entered for r in ft.results) == len(failing)
     assert sum(r.read_back for r in ft.results) == 0
     assert ft.layer is not None and ft.layer.stats().pending == 0
@@ -528,11 +528,8 @@ def test_a_pipeline_built_anew_for_each_batch_keeps_its_stages_history(
     run_stream(spark, each, files, tmp_path / "ck")
     _, first_half = failing_ids(n)
     assert len(ft.results) == 2 and ft.results[1].failed > len(first_half)
-    write_regions(regions, skip=set())
-    before = len(ft.results)
-    assert ft.drain(timeout_s=60, pipeline=pipeline_of(ft, probe, regions, out, files)).drained
-    got = Counter(r["id"] for r in written(spark, out))
-    assert set(got) == set(range(n)) and max(got.values()) == 1, "lost or duplicated"
+    before = regions_arrive(spark, ft, pipeline_of(ft, probe, regions, out, files), regions,
+                            out, n)
     entered = sum(r.entered for r in ft.results[before:])
     assert entered == ft.results[1].failed, (entered, ft.results)
     assert ft.layer is not None and ft.layer.stats().pending == 0
@@ -579,10 +576,7 @@ def test_replay_from_source_runs_every_stage_again(
     pipeline = pipeline_of(ft, probe, regions, out, files, replay_from="source")
     run_stream(spark, pipeline, files, tmp_path / "ck")
     failing = {i for i in range(n) if i % KEYS in MISSING}
-    write_regions(regions, skip=set())
-    assert ft.drain(timeout_s=60, pipeline=pipeline).drained
-    got = Counter(r["id"] for r in written(spark, out))
-    assert set(got) == set(range(n)) and max(got.values()) == 1, "lost or duplicated"
+    regions_arrive(spark, ft, pipeline, regions, out, n)
     assert sum(r.entered for r in ft.results) == 0
     assert sum(r.read_back for r in ft.results) == len(failing)
     seen = calls(probe, "s1")
