@@ -86,6 +86,9 @@ class Observations:
     columns: dict[Any, Any] = field(default_factory=dict)
     """Columns built once and reused by every batch of the pipeline (a Column is an
     expression, not bound to one DataFrame): building them costs round trips to the JVM."""
+    answered: dict[str, Failure] = field(default_factory=dict)
+    """Stages whose failed rows all have one error (by label): their observations
+    collect no errors."""
 
     def python(self, out: DataFrame, label: str, segment: int, acc: Any) -> DataFrame:
         """A Python stage's answer (``out``, of ``segment``) whose tasks report what they
@@ -130,7 +133,7 @@ class Observations:
                                 "replay_ids")  # fmt: skip
 
     def stage(self, out: DataFrame, label: str,
-              answer: Callable[[], tuple[Column, Column, Column]], key: Any = None,
+              answer: str | Callable[[], tuple[Column, Column, Column]], key: Any = None,
               segment: int = 0, kept: Kept | None = None) -> DataFrame:  # fmt: skip
         """Observe the rows ``__ft_failed`` marks (their identity, error, whether they go
         straight to the dead letters, the attempts they used) and the stage's count;
@@ -139,7 +142,10 @@ class Observations:
         pushing the filter below the stage's projection (which would compute it twice).
         ``key``: the stage's columns are built once under it (its error and dead-letter
         Columns are then the same in every batch); ``answer()`` builds them: the error
-        text, whether the row goes straight to the dead letters, the attempts it used.
+        text, whether the row goes straight to the dead letters, the attempts it used --
+        or ``answer`` is the one error text of all its failed rows (one attempt, not dead
+        now), and the observation collects no errors (a set of them is an aggregate
+        Spark's job pays for whether or not a row fails: about 8 ms a job).
         ``segment``: the stage's; ``kept``:
         the stage also keeps its failed rows' segment input (frame_entries). The caller
         drops ``__ft_failed``."""
@@ -155,12 +161,15 @@ class Observations:
             share, cap = keep_size(kept, history, self.columns, self.bound, self.read_back,
                                    out.sparkSession)  # fmt: skip
             key = (key, kept, share, cap)
-        fields = _STAGE_FIELDS + (kept_fields(kept, cap) if kept else ())
+        if isinstance(answer, str):
+            self.answered[label] = Failure(answer, 1, label or SOURCE_STAGE)
+        fields = (_STAGE_FIELDS[:-1] if isinstance(answer, str) else _STAGE_FIELDS) + \
+            (kept_fields(kept, cap) if kept else ())
         self.observed.append((label, Watched(obs, fields, 2)))
         self.segment_of[label] = segment
         built = self.columns.get(key) if key is not None else None
         if built is None:
-            built = _observed_columns(*answer())
+            built = _observed_columns(answer if isinstance(answer, str) else answer())
             if kept is not None:
                 built = ([*built[0], *kept_column(kept, F.col(FAILED_COL), share, cap)],
                          built[1])  # fmt: skip
@@ -193,9 +202,12 @@ class Observations:
                                    "the batch fails (Spark runs it again)")  # fmt: skip
             failed = _failed_rows(m.get("failed"))
             stage = label or SOURCE_STAGE
-            listed = m.get("errors") or "[]"
-            errors = {str(e["id"]): Failure(e["error"], _attempts(e), stage)
-                      for e in (json.loads(listed) if isinstance(listed, str) else listed)}
+            if label in self.answered:  # one text for all its failed rows
+                errors = {_ONE_ERROR: self.answered[label]}
+            else:
+                listed = m.get("errors") or "[]"
+                errors = {str(e["id"]): Failure(e["error"], _attempts(e), stage)
+                          for e in (json.loads(listed) if isinstance(listed, str) else listed)}
             rows_kept: dict[tuple[int | None, int], StageRow] = {}
             if label in self.keeps:
                 rows_kept = self._kept(label, m.get("kept") or "", len(failed),
@@ -303,7 +315,10 @@ class Observations:
 
 _STAGE_FIELDS = ("rows", "nfailed", "failed", "errors")
 """The aggregates of every stage's observation (:func:`_observed_columns`), in order: two
-counts, then the failed rows' texts (and, keeping, ``kept``)."""
+counts, then the failed rows' texts, their errors (none where the stage has one text for
+all of them) and, keeping, ``kept``."""
+_ONE_ERROR = "0"
+"""The error id of the failed rows of a stage with one error text for all of them."""
 
 
 def _served(jvm: Any, row: Any, start: int) -> list[str | None]:
@@ -345,25 +360,28 @@ def _attempts(error: dict[str, Any]) -> int:
     return n | DEAD_NOW if error["dead"] else n
 
 
-def _observed_columns(error: Column, dead: Column,
-                      attempts: Column) -> tuple[list[Column], Column]:  # fmt: skip
-    """A stage's observation (its row count, its failed rows, its errors) and the filter
-    that keeps the rows that did not fail."""
+def _observed_columns(answer: str | tuple[Column, Column, Column]
+                      ) -> tuple[list[Column], Column]:  # fmt: skip
+    """A stage's observation (its row count, its failed rows, their errors unless
+    ``answer`` is the one text of all of them) and the filter that keeps the rows that
+    did not fail. ``answer``: the error, dead-now and attempts Columns, or that text."""
     from pyspark.sql import functions as F  # noqa: N812
 
     # as text: each failed row "location,position,error id" joined by ";", each distinct
     # error once as JSON (py4j passes a string as it is, where a pickled row of lists
     # crosses byte by byte)
     failed = F.col(FAILED_COL)
-    err_id = F.xxhash64(error, dead, attempts)
+    err_id = F.lit(_ONE_ERROR) if isinstance(answer, str) else F.xxhash64(*answer)
     row = F.concat_ws(",", F.coalesce(F.col(LOC_COL).cast("string"), F.lit("")),
                       F.col(POS_COL).cast("string"), err_id.cast("string"))  # fmt: skip
-    return [F.count(F.lit(1)).alias("rows"), F.count(F.when(failed, 1)).alias("nfailed"),
-            F.array_join(F.collect_list(F.when(failed, row)), ";").alias("failed"),
-            F.to_json(F.collect_set(F.when(failed, F.struct(
-                err_id.alias("id"), error.alias("error"), dead.alias("dead"),
-                attempts.alias("attempts"))))).alias("errors"),
-            ], ~failed  # fmt: skip
+    out = [F.count(F.lit(1)).alias("rows"), F.count(F.when(failed, 1)).alias("nfailed"),
+           F.array_join(F.collect_list(F.when(failed, row)), ";").alias("failed")]
+    if not isinstance(answer, str):
+        error, dead, attempts = answer
+        out.append(F.to_json(F.collect_set(F.when(failed, F.struct(
+            err_id.alias("id"), error.alias("error"), dead.alias("dead"),
+            attempts.alias("attempts"))))).alias("errors"))  # fmt: skip
+    return out, ~failed
 
 
 _EXCLUDED = "spark.sql.adaptive.optimizer.excludedRules"

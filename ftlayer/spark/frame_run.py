@@ -31,6 +31,7 @@ return for. The expressions ftlayer adds are built once per query (``BatchRun.co
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -276,7 +277,7 @@ class FrameRun(OfRun):
             return out, False
         if kept is not None and not still_carried(out, kept):
             kept = None  # the stage dropped or recomputed a copy: its rows go to the source
-        answer = partial(_frame_answer, label, stage.errors)
+        answer = _frame_answer(label, stage.errors)
         out = out.withColumn(FAILED_COL, flag)
         key = ("frame", label, id(stage))
         self.run.columns.setdefault(("stage", id(stage)), stage)  # its id stays its own
@@ -370,12 +371,21 @@ def _flag(cache: dict[Any, Any], stage: FrameStage, out: DataFrame) -> Column | 
     return flag
 
 
-def _frame_answer(label: str, errors: Any) -> tuple[Column, Column, Column]:
-    """A DataFrame stage's failed rows: their error text, not dead now, one attempt."""
+def _frame_answer(label: str, errors: Any) -> str | Callable[[], tuple[Column, Column, Column]]:
+    """A DataFrame stage's failed rows' answer: not dead now, one attempt, and the error
+    text -- one for all of them (``errors`` a text, or None: the stage's name), which the
+    observation then need not collect, or a Column's (``errors`` a Column of the stage's
+    output), built by the callable returned."""
+    if errors is None or isinstance(errors, str):
+        return label if errors is None else f"{label}: {errors}"
+    return partial(_error_columns, label, errors)
+
+
+def _error_columns(label: str, errors: Column) -> tuple[Column, Column, Column]:
+    """The error text (``errors``' value, after the stage's name), dead now, attempts."""
     from pyspark.sql import functions as F  # noqa: N812
 
-    why = F.lit(errors) if isinstance(errors, str) else errors
-    text = F.lit(label) if errors is None else F.concat_ws(": ", F.lit(label), why)
+    text = F.concat_ws(": ", F.lit(label), errors)
     return F.coalesce(text, F.lit(label)), F.lit(False), F.lit(1)
 
 

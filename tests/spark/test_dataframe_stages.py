@@ -221,9 +221,10 @@ def test_a_source_that_cannot_be_read_again_is_copied_once(
 ) -> None:
     """A plain DataFrame (no ``reads=``) through DataFrame stages: its rows are copied
     by one Python pass that stores them (a segment per partition), failed rows replay from
-    their copies (``drain``), the rest complete, and no segment is left. Catches: copies
-    never stored (failed rows lost), segments left to time out (everything replays), a
-    replay of a copy mistaken for a fresh row."""
+    their copies (``drain``), the rest complete, and no segment is left; each stage's
+    failed rows carry its error text. Catches: copies never stored (failed rows lost),
+    segments left to time out (everything replays), a replay of a copy mistaken for a
+    fresh row, a stage's one error text lost or given to another stage's rows."""
     ft: FaultTolerance = make_ft(timeout_s=2.0, max_replays=2)
     out = tmp_path / "out"
     rows = [(i, i % 7, "n/a" if i % 41 == 3 else f"{i}.5") for i in range(400)]
@@ -250,6 +251,11 @@ def test_a_source_that_cannot_be_read_again_is_copied_once(
     letters = pipeline.dead_letters(spark)
     assert sorted(letters.column("id").to_pylist()) == sorted(bad)
     assert set(letters.column("amount").to_pylist()) == {"n/a"}, "the copies' columns"
+    # one text for all of a stage's failed rows: errors=, after the stage's name (none:
+    # the name alone)
+    assert set(letters.column("error").to_pylist()) == {"transform[0.0] parse: bad amount"}
+    assert set(first.errors) == {"transform[0.0] parse: bad amount",
+                                 "transform[1.0] <lambda>"}, first.errors
     st = ft.layer.stats()
     assert st.pending == 0 and st.unsettled_segments == 0 and st.dead_letters == len(bad)
 
