@@ -67,8 +67,8 @@ def observed(df: Any, variant: str) -> Any:
 
     name = f"bench-{uuid.uuid4().hex[:12]}"
     outcome = [f.name for f in outcome_fields()]
-    aggregates, keep = _observed_columns(F.col(ERROR_COL), F.col(DEAD_COL),
-                                         F.col(ATTEMPTS_COL))  # fmt: skip
+    aggregates, keep = _observed_columns((F.col(ERROR_COL), F.col(DEAD_COL),
+                                          F.col(ATTEMPTS_COL)))  # fmt: skip
     if variant == "count":
         df = df.observe(Observation(name), F.count(F.lit(1)).alias("rows"))
     elif variant == "stage":

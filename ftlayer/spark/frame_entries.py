@@ -208,8 +208,10 @@ def kept_column(kept: Kept, failed: Column, share: int,
     return [kept_text, F.avg(F.when(failed, F.length(row))).cast("string").alias("kept_width")]
 
 
-def kept_fields(kept: Kept, cap: tuple[int, int] | None) -> tuple[str, ...]:
-    """The names of :func:`kept_column`'s aggregates."""
+def kept_fields(kept: Kept | None, cap: tuple[int, int] | None) -> tuple[str, ...]:
+    """The names of :func:`kept_column`'s aggregates (none: ``kept`` None)."""
+    if kept is None:
+        return ()
     return ("kept",) + (("kept_width",) if cap is not None and kept.width is None else ())
 
 

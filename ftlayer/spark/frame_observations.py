@@ -87,8 +87,7 @@ class Observations:
     """Columns built once and reused by every batch of the pipeline (a Column is an
     expression, not bound to one DataFrame): building them costs round trips to the JVM."""
     answered: dict[str, Failure] = field(default_factory=dict)
-    """Stages whose failed rows all have one error (by label): their observations
-    collect no errors."""
+    """The one error of all the failed rows of a stage (by label): none observed."""
 
     def python(self, out: DataFrame, label: str, segment: int, acc: Any) -> DataFrame:
         """A Python stage's answer (``out``, of ``segment``) whose tasks report what they
@@ -136,19 +135,15 @@ class Observations:
               answer: str | Callable[[], tuple[Column, Column, Column]], key: Any = None,
               segment: int = 0, kept: Kept | None = None) -> DataFrame:  # fmt: skip
         """Observe the rows ``__ft_failed`` marks (their identity, error, whether they go
-        straight to the dead letters, the attempts they used) and the stage's count;
-        leave the others. The flag
-        is a column, observed, then filtered: the observation also keeps Spark from
-        pushing the filter below the stage's projection (which would compute it twice).
-        ``key``: the stage's columns are built once under it (its error and dead-letter
-        Columns are then the same in every batch); ``answer()`` builds them: the error
-        text, whether the row goes straight to the dead letters, the attempts it used --
-        or ``answer`` is the one error text of all its failed rows (one attempt, not dead
-        now), and the observation collects no errors (a set of them is an aggregate
-        Spark's job pays for whether or not a row fails: about 8 ms a job).
-        ``segment``: the stage's; ``kept``:
-        the stage also keeps its failed rows' segment input (frame_entries). The caller
-        drops ``__ft_failed``."""
+        straight to the dead letters, the attempts they used) and the stage's count; leave
+        the others. The flag is a column, observed, then filtered: the observation also
+        keeps Spark from pushing the filter below the stage's projection (which would
+        compute it twice). ``key``: the stage's columns are built once under it (the same
+        in every batch); ``answer()`` builds them: the error text, whether the row goes
+        straight to the dead letters, the attempts it used -- or ``answer`` is the one
+        text of all its failed rows: no errors observed. ``segment``: the stage's;
+        ``kept``: the stage also keeps its failed rows' segment input (frame_entries).
+        The caller drops ``__ft_failed``."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F  # noqa: N812
 
@@ -161,10 +156,9 @@ class Observations:
             share, cap = keep_size(kept, history, self.columns, self.bound, self.read_back,
                                    out.sparkSession)  # fmt: skip
             key = (key, kept, share, cap)
-        if isinstance(answer, str):
+        if isinstance(answer, str):  # (a set of errors: an aggregate each job pays for)
             self.answered[label] = Failure(answer, 1, label or SOURCE_STAGE)
-        fields = (_STAGE_FIELDS[:-1] if isinstance(answer, str) else _STAGE_FIELDS) + \
-            (kept_fields(kept, cap) if kept else ())
+        fields = (_ONE_TEXT if isinstance(answer, str) else _STAGE_FIELDS) + kept_fields(kept, cap)
         self.observed.append((label, Watched(obs, fields, 2)))
         self.segment_of[label] = segment
         built = self.columns.get(key) if key is not None else None
@@ -202,12 +196,7 @@ class Observations:
                                    "the batch fails (Spark runs it again)")  # fmt: skip
             failed = _failed_rows(m.get("failed"))
             stage = label or SOURCE_STAGE
-            if label in self.answered:  # one text for all its failed rows
-                errors = {_ONE_ERROR: self.answered[label]}
-            else:
-                listed = m.get("errors") or "[]"
-                errors = {str(e["id"]): Failure(e["error"], _attempts(e), stage)
-                          for e in (json.loads(listed) if isinstance(listed, str) else listed)}
+            errors = _stage_errors(m, stage, self.answered.get(label))
             rows_kept: dict[tuple[int | None, int], StageRow] = {}
             if label in self.keeps:
                 rows_kept = self._kept(label, m.get("kept") or "", len(failed),
@@ -317,6 +306,8 @@ _STAGE_FIELDS = ("rows", "nfailed", "failed", "errors")
 """The aggregates of every stage's observation (:func:`_observed_columns`), in order: two
 counts, then the failed rows' texts, their errors (none where the stage has one text for
 all of them) and, keeping, ``kept``."""
+_ONE_TEXT = _STAGE_FIELDS[:3]
+"""The aggregates of a stage whose failed rows have one error text: no errors."""
 _ONE_ERROR = "0"
 """The error id of the failed rows of a stage with one error text for all of them."""
 
@@ -335,6 +326,16 @@ def _served(jvm: Any, row: Any, start: int) -> list[str | None]:
     info = jvm.org.apache.spark.api.python.PythonRDD.serveIterator(rest, "ftlayer-observed")
     with _load_from_socket(info, UTF8Deserializer()) as stream:
         return list(stream)
+
+
+def _stage_errors(m: dict[str, Any], stage: str, one: Failure | None) -> dict[str, Failure]:
+    """A stage's errors by id: the set its observation ``m`` collected, or the one text
+    of all its failed rows (``one``)."""
+    if one is not None:
+        return {_ONE_ERROR: one}
+    listed = m.get("errors") or "[]"
+    return {str(e["id"]): Failure(e["error"], _attempts(e), stage)
+            for e in (json.loads(listed) if isinstance(listed, str) else listed)}  # fmt: skip
 
 
 def _python_answer() -> tuple[Column, Column, Column]:
