@@ -16,12 +16,14 @@ first):
 * ``count``: observed with one ``count(1)``;
 * ``stage``: observed exactly as ftlayer observes a stage's failed rows
   (``frame_observations._observed_columns``: its row count, the failed rows' count, their
-  identities and their distinct errors).
+  identities and their distinct errors: a Python stage, or ``errors=`` a Column);
+* ``stage_one_text``: as ftlayer observes a stage whose failed rows share one error text
+  (``errors=`` a text, or none): no set of errors.
 
 Per cadence (events per micro-batch): the median seconds of a job (``plain_s``,
-``count_s``, ``stage_s``), ``ms_per_observation_<count|stage>``, the median of
+``count_s``, ``stage_s``, ``stage_one_text_s``), ``ms_per_observation_<variant>``, the median of
 the per-round extra times (variant minus its plain run) divided by the job's observations,
-with quartiles; ``ratio_<count|stage>_vs_plain`` (plain time / variant time, the median of
+with quartiles; ``ratio_<variant>_vs_plain`` (plain time / variant time, the median of
 the per-round ratios). A cost that does not grow with the events is paid per micro-batch:
 what cutting observations out of a batch's plan would save. No goal rides on it.
 
@@ -52,7 +54,7 @@ from ftlayer.spark.frame_tasks import outcome_fields
 
 OBSERVED = 2
 """Observations per job in the ``count`` and ``stage`` variants: one per ``mapInArrow``."""
-VARIANTS = ("count", "stage")
+VARIANTS = ("count", "stage", "stage_one_text")
 _DDL = {pa.int64(): "long", pa.bool_(): "boolean", pa.string(): "string", pa.int32(): "int"}
 
 
@@ -67,11 +69,12 @@ def observed(df: Any, variant: str) -> Any:
 
     name = f"bench-{uuid.uuid4().hex[:12]}"
     outcome = [f.name for f in outcome_fields()]
-    aggregates, keep = _observed_columns((F.col(ERROR_COL), F.col(DEAD_COL),
-                                          F.col(ATTEMPTS_COL)))  # fmt: skip
+    answer = "a stage's one error text" if variant == "stage_one_text" else \
+        (F.col(ERROR_COL), F.col(DEAD_COL), F.col(ATTEMPTS_COL))
+    aggregates, keep = _observed_columns(answer)
     if variant == "count":
         df = df.observe(Observation(name), F.count(F.lit(1)).alias("rows"))
-    elif variant == "stage":
+    elif variant in ("stage", "stage_one_text"):
         df = df.observe(Observation(name), *aggregates)
     return df.filter(keep).drop(*outcome)
 
@@ -148,7 +151,7 @@ def text(r: dict[str, Any]) -> str:
         lines.append(f"  {int(events):,} events: plain {f['plain_s']:.3f} s")
         for v in VARIANTS:
             q = f[f"ms_per_observation_{v}_quartiles"]
-            lines.append(f"    {v:5s}: +{f[f'ms_per_observation_{v}']:.1f} ms per observation "
+            lines.append(f"    {v:14s}: +{f[f'ms_per_observation_{v}']:.1f} ms per observation "
                          f"(quartiles {q[0]:.1f} to {q[1]:.1f}), "
                          f"{f[f'ratio_{v}_vs_plain']:.3f}x plain")
     return "\n".join(lines)

@@ -237,13 +237,13 @@ def test_stream_overhead_smoke(tmp_path: Path) -> None:
 
 
 def test_observation_cost_smoke(tmp_path: Path) -> None:
-    """The price of one observation per job (benchmarks.observation_cost), tiny: both
-    variants measured against their plain runs, per cadence."""
+    """The price of one observation per job (benchmarks.observation_cost), tiny: every
+    variant measured against its plain runs, per cadence."""
     r = _bench(tmp_path, "benchmarks.observation_cost", "--cadences", "300", "--repeat", "1",
                "--warmup", "0", "--payload-bytes", "100")  # fmt: skip
     f = r["cadences"]["300"]
     assert r["observations_per_job"] == 2 and f["plain_s"] > 0
-    for v in ("count", "stage"):
+    for v in ("count", "stage", "stage_one_text"):
         assert isinstance(f[f"ms_per_observation_{v}"], float) and f[f"ratio_{v}_vs_plain"] > 0
 
 

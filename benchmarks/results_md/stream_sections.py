@@ -97,7 +97,9 @@ def render_observation_cost(page: Page) -> None:
     cadences = d.get("cadences") or {}
     for events in sorted(cadences, key=int):
         f = cadences[events]
-        for v in ("count", "stage"):
+        for v in ("count", "stage", "stage_one_text"):
+            if f"{v}_s" not in f:  # (a file recorded before the variant existed)
+                continue
             page.row(f"`{v}` job, {num(int(events))} events", f.get(f"{v}_s"),
                      f.get("plain_s"), "plain job", f.get(f"ratio_{v}_vs_plain"),
                      f.get(f"ratio_{v}_vs_plain_quartiles"), unit="s")  # fmt: skip
