@@ -382,7 +382,8 @@ def _frame_answer(label: str, errors: Any) -> str | Callable[[], tuple[Column, C
 
 
 def _error_columns(label: str, errors: Column) -> tuple[Column, Column, Column]:
-    """The error text (``errors``' value, after the stage's name), dead now, attempts."""
+    """The error text (``errors``' value, after the stage's name), not dead now, one
+    attempt: a failed row's answer, as Columns."""
     from pyspark.sql import functions as F  # noqa: N812
 
     text = F.concat_ws(": ", F.lit(label), errors)
