@@ -86,8 +86,8 @@ class Observations:
     columns: dict[Any, Any] = field(default_factory=dict)
     """Columns built once and reused by every batch of the pipeline (a Column is an
     expression, not bound to one DataFrame): building them costs round trips to the JVM."""
-    answered: dict[str, Failure] = field(default_factory=dict)
-    """The one error of all the failed rows of a stage (by label): none observed."""
+    answered: dict[str, str] = field(default_factory=dict)
+    """The one error text of all the failed rows of a stage (by label): none observed."""
 
     def python(self, out: DataFrame, label: str, segment: int, acc: Any) -> DataFrame:
         """A Python stage's answer (``out``, of ``segment``) whose tasks report what they
@@ -157,7 +157,7 @@ class Observations:
                                    out.sparkSession)  # fmt: skip
             key = (key, kept, share, cap)
         if isinstance(answer, str):  # (a set of errors: an aggregate each job pays for)
-            self.answered[label] = Failure(answer, 1, label or SOURCE_STAGE)
+            self.answered[label] = answer
         fields = (_ONE_TEXT if isinstance(answer, str) else _STAGE_FIELDS) + kept_fields(kept, cap)
         self.observed.append((label, Watched(obs, fields, 2)))
         self.segment_of[label] = segment
@@ -328,11 +328,11 @@ def _served(jvm: Any, row: Any, start: int) -> list[str | None]:
         return list(stream)
 
 
-def _stage_errors(m: dict[str, Any], stage: str, one: Failure | None) -> dict[str, Failure]:
+def _stage_errors(m: dict[str, Any], stage: str, one: str | None) -> dict[str, Failure]:
     """A stage's errors by id: the set its observation ``m`` collected, or the one text
-    of all its failed rows (``one``)."""
+    of all its failed rows (``one``: one attempt, not dead now)."""
     if one is not None:
-        return {_ONE_ERROR: one}
+        return {_ONE_ERROR: Failure(one, 1, stage)}
     listed = m.get("errors") or "[]"
     return {str(e["id"]): Failure(e["error"], _attempts(e), stage)
             for e in (json.loads(listed) if isinstance(listed, str) else listed)}  # fmt: skip
