@@ -8,6 +8,7 @@ matcher overflows the stream thread's stack. Spark's own check is the oracle her
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import traceback
 from typing import Any
@@ -61,6 +62,48 @@ def test_spark_takes_the_short_text_for_its_stop_and_overflows_on_py4js(
     assert _spark_takes_for_its_stop(spark, short)
     with pytest.raises(Py4JJavaError, match="StackOverflowError"):
         _spark_takes_for_its_stop(spark, raw)
+
+
+def _cancelled_call(spark: SparkSession, group: str) -> Py4JJavaError:
+    """A real Spark job cancelled with its job group while the driver waits for it, as a
+    query's stop cancels the group (its run id) the micro-batch's jobs run in."""
+    sc = spark.sparkContext
+    sc.setJobGroup(group, "a stand-in for a query's run")
+    cancel = threading.Timer(2.0, sc.cancelJobGroup, [group])
+    cancel.start()
+    try:
+        with pytest.raises(Py4JJavaError) as got:
+            spark.range(2, numPartitions=2).mapInArrow(
+                lambda it: (time.sleep(60), *it)[1:], "id long")._jdf.count()
+    finally:
+        cancel.join()
+    return got.value
+
+
+def test_a_job_cancelled_with_the_threads_job_group_is_a_stop_as_spark_says(
+    spark: SparkSession,
+) -> None:
+    """Catches: the stop that lands as a cancelled job (``SPARK_JOB_CANCELLED``, Spark's
+    own stop by its rule) raised with py4j's whole text, or any cancellation taken for it."""
+    sc = spark.sparkContext
+    spark_says = getattr(sc._jvm, STREAM_EXECUTION).isInterruptionException
+    try:
+        raw = _cancelled_call(spark, "ftlayer-test-run")
+        assert "SPARK_JOB_CANCELLED" in str(raw)
+        assert spark_says(raw.java_exception, sc._jsc.sc())
+        text = stop_text(raw)
+        assert text is not None and "cancelled by the query's stop" in text
+        try:
+            raise BatchInterruptedError(7, text) from None
+        except BatchInterruptedError as e:
+            short = e
+        assert _spark_takes_for_its_stop(spark, short)
+        sc.setJobGroup("another-run", "a thread in another job group")
+        assert not spark_says(raw.java_exception, sc._jsc.sc())
+        assert stop_text(raw) is None
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+        sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
 
 
 def test_other_errors_are_not_taken_for_a_stop(spark: SparkSession) -> None:
