@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -121,42 +121,121 @@ def _run_with_replays(
     lin: np.ndarray | None = None,
     stage: int = 0,
     retryable: np.ndarray | None = None,
+    retries: _Retries | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Run segment ``stage`` over ``batch`` and replay its failed rows at once, in this
+    """Run segment ``stage`` over ``batch``; its failed rows are replayed at once, in this
     task, up to ``budget`` times (Storm's spout re-emitting a failed tuple, at the stage
-    that holds the row: past a shuffle too, so the source is not read again): a replay
-    takes the same path as its first attempt, so it lands where Spark places its key.
-    Rows still failing become residues with the number of attempts they used; rows to
-    dead-letter now are not replayed, nor rows ``retryable`` excludes (a claimed replay
-    past a shuffle: its budget is in Redis), nor rows of a stage whose breaker tripped
-    (ftlayer.spark.breakers); those of a stage open for this batch are held: residues
-    with 0 attempts, none charged (the stage was not called).
+    that holds the row: past a shuffle too, so the source is not read again): gathered in
+    ``retries`` with the failures of the task's other input batches and replayed together
+    (:class:`_Retries`), or, without it, here and now. A replay takes the same path as its
+    first attempt, so it lands where Spark places its key. Rows still failing become
+    residues with the number of attempts they used; rows to dead-letter now are not
+    replayed, nor rows ``retryable`` excludes (a claimed replay past a shuffle: its budget
+    is in Redis), nor rows of a stage whose breaker tripped (ftlayer.spark.breakers);
+    those of a stage open for this batch are held: residues with 0 attempts, none charged
+    (the stage was not called).
     ``before``: attempts each row failed already (a claimed replay's), for stage contexts
     (None: fresh rows, 0). ``lin``: each row's lineage id (None: not wanted)."""
-    wants = plan.wants_context[stage]
     prior = np.zeros(len(src), np.int32) if before is None else before
     ctx = None
-    if wants:  # past a shuffle a row's attempts are not known (claimed replays mix in)
+    if plan.wants_context[stage]:  # past a shuffle a row's attempts are not known
         ctx = _context(plan, task, stage, src, None if stage else prior + 1, lin)
     chain = run_chain(plan, stage, task, batch, src, ctx, lin)
-    attempts, keep = 1, _Keep(plan, stage, batch)
+    if chain.out is not None:
+        yield chain.out
+    keep = _Keep(plan, stage, batch)
+    chain = _not_replayed(plan, task, src, chain, 1, batch.num_rows, retryable, keep)
+    if not len(chain.failed):
+        return
+    if budget < 1:
+        _residue(task, src[chain.failed], chain.texts, chain.stages, 1,
+                 keep(task, chain.failed, src))  # fmt: skip
+        return
+    rows, first = np.unique(chain.failed, return_index=True)
+    task.replayed_now([chain.stages[i] for i in first.tolist()])
+    pending = _Pending(batch.take(pa.array(rows)), src[rows], prior[rows],
+                       None if lin is None else lin[rows])  # fmt: skip
+    if retries is None:
+        yield from _replay_now(plan, task, stage, pending, budget)
+    else:
+        retries.add(pending)
+
+
+class _Pending(NamedTuple):
+    """Rows a first pass failed, to replay at once: their input, source ids, the attempts
+    they had failed before it, their lineage ids (or None)."""
+
+    batch: pa.RecordBatch
+    src: np.ndarray
+    prior: np.ndarray
+    lin: np.ndarray | None
+
+
+class _Retries:
+    """The failed rows a task replays at once, gathered across its input batches (Spark
+    hands a ``mapInArrow`` task batches of about 10,000 rows): with a few percent failing,
+    a replay per input batch calls each stage again on a few hundred rows, then a few,
+    then one, and the calls' fixed costs outweigh the rows'. Gathered, they are replayed
+    when :data:`ROWS` rows or :data:`BYTES` bytes wait, and at the task's end (before its
+    summary: a replay's outcome counts in the task that ran it). Replayed rows come out
+    after the batches they came in with: a retried row keeps no order."""
+
+    ROWS = 8192
+    BYTES = 8 << 20
+
+    def __init__(self, plan: VectorPlan, task: TaskRun, stage: int) -> None:
+        self.plan, self.task, self.stage = plan, task, stage
+        self.waiting: list[_Pending] = []
+        self.rows = self.bytes = 0
+
+    def add(self, pending: _Pending) -> None:
+        self.waiting.append(pending)
+        self.rows += pending.batch.num_rows
+        self.bytes += pending.batch.nbytes
+
+    def due(self) -> bool:
+        return self.rows >= self.ROWS or self.bytes >= self.BYTES
+
+    def replay(self) -> Iterator[pa.RecordBatch]:
+        """Replay the rows waiting (all of them, as one batch)."""
+        if not self.waiting:
+            return
+        parts, self.waiting, self.rows, self.bytes = self.waiting, [], 0, 0
+        lins = [p.lin for p in parts]
+        pending = _Pending(
+            pa.concat_batches([p.batch for p in parts]),
+            np.concatenate([p.src for p in parts]),
+            np.concatenate([p.prior for p in parts]),
+            None if lins[0] is None else np.concatenate(lins))  # type: ignore[arg-type]
+        yield from _replay_now(self.plan, self.task, self.stage, pending,
+                               self.plan.immediate_replays)  # fmt: skip
+
+
+def _replay_now(plan: VectorPlan, task: TaskRun, stage: int, pending: _Pending,
+                budget: int) -> Iterator[pa.RecordBatch]:  # fmt: skip
+    """Replay ``pending`` (each row failed once in this task) through segment ``stage``
+    until it passes or has used ``budget`` replays; what still fails becomes residues with
+    the attempts it used."""
+    batch, src, prior, lin = pending
+    keep = _Keep(plan, stage, batch)
+    rows = np.arange(batch.num_rows)
+    attempts = 1
     while True:
+        sub = None
+        sub_lin = None if lin is None else lin[rows]
+        if plan.wants_context[stage]:
+            sub = _context(plan, task, stage, src[rows], prior[rows] + attempts + 1, sub_lin)
+        part = batch if len(rows) == batch.num_rows else batch.take(pa.array(rows))
+        retry = run_chain(plan, stage, task, part, src[rows], sub, sub_lin)
+        chain = Chain(retry.out, rows[retry.failed], retry.texts, retry.dead, retry.stages)
+        attempts += 1
         if chain.out is not None:
             yield chain.out
-        rows_in = batch.num_rows if attempts == 1 else 0
-        chain = _not_replayed(plan, task, src, chain, attempts, rows_in, retryable, keep)
+        chain = _not_replayed(plan, task, src, chain, attempts, 0, None, keep)
         if not len(chain.failed) or attempts > budget:
             break
         rows, first = np.unique(chain.failed, return_index=True)
         task.replayed_now([chain.stages[i] for i in first.tolist()])
-        sub = None
-        sub_lin = None if lin is None else lin[rows]
-        if wants:
-            sub = _context(plan, task, stage, src[rows], prior[rows] + attempts + 1, sub_lin)
-        retry = run_chain(plan, stage, task, batch.take(pa.array(rows)), src[rows], sub,
-                          sub_lin)  # fmt: skip
-        chain = Chain(retry.out, rows[retry.failed], retry.texts, retry.dead, retry.stages)
-        attempts += 1
     _residue(task, src[chain.failed], chain.texts, chain.stages, attempts,
              keep(task, chain.failed, src))  # fmt: skip
 
@@ -336,6 +415,7 @@ def run_vector_task(
     names = plan.inputs[stage].names
     final = stage == len(plan.segments) - 1
     fresh: list[pa.RecordBatch] = []
+    retries = _Retries(plan, task, stage)
     for batch in batches:
         if batch.num_rows == 0:
             continue
@@ -344,16 +424,21 @@ def run_vector_task(
             if out is not None:
                 yield out
         elif stage == 0:
-            yield from _source_batch(plan, task, batch, batch.select(names), fresh)
+            yield from _source_batch(plan, task, batch, batch.select(names), fresh, retries)
         else:
-            yield from _shuffled_batch(plan, stage, task, batch, batch.select(names))
+            yield from _shuffled_batch(plan, stage, task, batch, batch.select(names), retries)
+        if retries.due():
+            yield from retries.replay()
+    yield from retries.replay()
     yield from _finish(plan, stage, task, fresh, final)
 
 
 def _source_batch(plan: VectorPlan, task: TaskRun, batch: pa.RecordBatch,
-                  user: pa.RecordBatch, fresh: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+                  user: pa.RecordBatch, fresh: list[pa.RecordBatch],
+                  retries: _Retries) -> Iterator[pa.RecordBatch]:  # fmt: skip
     """One input batch of a source task: fresh rows (no id yet: given batch-local ids,
-    kept for the task's segment) and claimed replays (their persisted ids)."""
+    kept for the task's segment; their failures replayed at once, gathered in
+    ``retries``) and claimed replays (their persisted ids)."""
     has_ids = SRC_COL in batch.schema.names
     by_ref = LOC_COL in batch.schema.names
     if has_ids:
@@ -378,7 +463,7 @@ def _source_batch(plan: VectorPlan, task: TaskRun, batch: pa.RecordBatch,
         part, ids, _ = _valid_keys(plan, task, part, ids, None)
         lin = _fresh_lineage(plan, part, ids, refs_now) if plan.wants_lineage[0] else None
         yield from _run_with_replays(plan, task, part, ids, plan.immediate_replays,
-                                     None, lin)  # fmt: skip
+                                     None, lin, retries=retries)  # fmt: skip
     if n_fresh < batch.num_rows:  # claimed replays: their budget is in Redis
         keep = _first_of_each(src, ~is_fresh)
         task.replayed += int(keep.sum())
@@ -397,7 +482,7 @@ def _source_batch(plan: VectorPlan, task: TaskRun, batch: pa.RecordBatch,
 
 
 def _shuffled_batch(plan: VectorPlan, stage: int, task: TaskRun, batch: pa.RecordBatch,
-                    user: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+                    user: pa.RecordBatch, retries: _Retries) -> Iterator[pa.RecordBatch]:
     """One input batch of a task past a shuffle: markers' tokens noted, what crossed the
     edge folded, the segment's stages run."""
     src = u64_ids(batch.column(plan.record_key or SRC_COL))
@@ -421,7 +506,8 @@ def _shuffled_batch(plan: VectorPlan, stage: int, task: TaskRun, batch: pa.Recor
     budget = plan.immediate_replays if retryable is not None and retryable.any() else 0
     if plan.replay_from == "source":  # Storm's rule: back to the source, every stage again
         budget = 0
-    yield from _run_with_replays(plan, task, user, src, budget, None, lin, stage, retryable)
+    yield from _run_with_replays(plan, task, user, src, budget, None, lin, stage, retryable,
+                                 retries)  # fmt: skip
 
 
 def _finish(

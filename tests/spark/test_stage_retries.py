@@ -132,6 +132,58 @@ def test_a_stage_that_mostly_fails_is_retried_at_once_when_its_breaker_never_ope
     assert sorted(probe.ids()) == list(range(n))
 
 
+class Retried:
+    """A batch stage failing the rows whose ``id % 20 == fails`` the first time it sees
+    them; each call noted under ``tag``: 1 when every row of it was seen before (a replay
+    at once), else 0."""
+
+    def __init__(self, probe: Probe, tag: str, fails: int) -> None:
+        self.probe, self.tag, self.fails = probe, tag, fails
+        self.__name__ = f"retried_{tag}"
+
+    def __call__(self, b: pa.RecordBatch) -> Outcome:
+        ids = b.column("id").to_numpy()
+        seen = times_seen(self.probe, self.tag, ids)
+        self.probe.r.rpush(f"{self.probe.prefix}:calls_{self.tag}", int((seen > 1).all()))
+        failed = first_seen(self.probe, f"f_{self.tag}", ids, ids % 20 == self.fails)
+        return Outcome(b, failed=failed, errors="fails the first time")
+
+
+def test_a_tasks_failed_rows_are_replayed_together_not_per_input_batch(
+    spark: SparkSession, make_ft: Any, probe: Probe
+) -> None:
+    """Spark hands each task batches of 100 rows here; 5 % of the rows of a stage before
+    the shuffle and of one after it fail once. Each task replays its failed rows at once,
+    gathered: one more call of the stage a task, not one for each input batch (the fixed
+    cost of a call on a few rows, paid 30 times). Catches: replays at once made per input
+    batch, or rows lost or doubled when gathered."""
+    ft = make_ft(max_replays=3)
+    n, key = 3000, "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, "100")
+    cols = "id long, key long, amount long"
+
+    def sink(b: pa.RecordBatch) -> None:
+        probe.r.rpush(f"{probe.prefix}:sink", *b.column("id").to_pylist())
+
+    try:
+        pipeline = (ft.pipeline().map_batches(Retried(probe, "s1", 0), cols)
+                    .partition_by(["key"], 2).map_batches(Retried(probe, "s2", 7), cols)
+                    .sink_batches(sink))  # fmt: skip
+        res = ft.run_batch(pipeline, source_df(spark, n, parts=3), 0)
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
+    assert sorted(probe.ids()) == list(range(n))
+    assert res.failed == 0 and res.immediate_replays == 2 * n // 20, res
+    for tag, tasks in (("s1", 3), ("s2", 2)):
+        kinds = Counter(probe.ids(f"calls_{tag}"))
+        assert kinds[0] >= 15 and 1 <= kinds[1] <= tasks, (tag, kinds)
+        assert set(calls(probe, tag).values()) <= {1, 2}
+
+
 def test_replay_from_source_retries_nothing_past_the_shuffle(
     spark: SparkSession, make_ft: Any, probe: Probe
 ) -> None:
