@@ -92,6 +92,14 @@ def _indices(value: Indices | None, n_in: int, what: str) -> np.ndarray:
     return arr
 
 
+def _unique_indices(value: Indices | None, n_in: int, what: str) -> np.ndarray:
+    """:func:`_indices`, sorted and each row once (a mask's are already)."""
+    arr = _indices(value, n_in, what)
+    if value is None or np.asarray(value).dtype == bool:
+        return arr
+    return np.unique(arr)
+
+
 def _to_arrow(output: Any, schema: pa.Schema | None, pandas: bool) -> pa.RecordBatch | None:
     if output is None:
         return None
@@ -127,7 +135,7 @@ def _normalize(
                                identity=batch is not None)  # fmt: skip
     out = raw if isinstance(raw, Outcome) else Outcome(output=raw)
     batch = None if is_sink else _to_arrow(out.output, schema, pandas)
-    failed = np.unique(_indices(out.failed, n_in, "failed"))
+    failed = _unique_indices(out.failed, n_in, "failed")
     if isinstance(out.errors, str):
         errors = [out.errors] * len(failed)
     else:
@@ -135,9 +143,11 @@ def _normalize(
             raise StageContractError(f"{len(out.errors)} errors for {len(failed)} failed rows")
         order = np.argsort(_indices(out.failed, n_in, "failed"), kind="stable")
         errors = [str(out.errors[i]) for i in order]
-    unconfirmed = np.setdiff1d(_indices(out.unconfirmed, n_in, "unconfirmed"), failed)
-    dead = np.unique(_indices(out.dead_letter, n_in, "dead_letter"))
-    if not np.isin(dead, failed).all():
+    unconfirmed = _unique_indices(out.unconfirmed, n_in, "unconfirmed")
+    if len(unconfirmed) and len(failed):
+        unconfirmed = np.setdiff1d(unconfirmed, failed, assume_unique=True)
+    dead = _unique_indices(out.dead_letter, n_in, "dead_letter")
+    if len(dead) and not np.isin(dead, failed, assume_unique=True).all():
         raise StageContractError("dead_letter names rows that are not in failed")
     n_out = 0 if batch is None else batch.num_rows
     if out.parents is None:
@@ -152,7 +162,11 @@ def _normalize(
         if len(parents) != n_out:
             raise StageContractError(f"{len(parents)} parents for {n_out} output rows")
     if len(failed) and batch is not None and n_out:
-        keep = ~np.isin(parents, failed)
+        if out.parents is None:  # one output row per input row: failed rows by position
+            keep = np.ones(n_out, bool)
+            keep[failed] = False
+        else:
+            keep = ~np.isin(parents, failed)
         if not keep.all():
             batch = batch.filter(pa.array(keep))
             parents = parents[keep]
