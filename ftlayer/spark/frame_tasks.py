@@ -13,7 +13,9 @@ policies), and the task answers
   columns, the identity, ``__ft_failed`` true and those three.
 
 A fresh row that fails is first replayed at once in the task, at this stage (the source
-is not read again), within the step's budget, unless the stage's breaker opened.
+is not read again), within the step's budget, unless the stage's breaker opened: gathered
+with the task's other failed rows and replayed together (a few calls a task, not a few
+per input batch), answered in a batch of their own.
 
 Under Spark Connect the driver then observes and filters those rows like a DataFrame
 stage's ``failed=``.
@@ -94,11 +96,19 @@ class PythonStep:
         tc = TaskContext.get()
         part, attempt = (tc.partitionId(), tc.attemptNumber()) if tc else (0, 0)
         run = self.run or current()
+        waiting = _Waiting()
         for b in batches:
-            yield self.answer(b, run, part, attempt)
+            yield self.answer(b, run, part, attempt, waiting)
+            if waiting.due():
+                yield self.replayed(waiting, run)
+        if waiting.rows:
+            yield self.replayed(waiting, run)
 
     def answer(self, b: pa.RecordBatch, run: RunFields | None, partition: int = 0,
-               attempt: int = 0) -> pa.RecordBatch:  # fmt: skip
+               attempt: int = 0, waiting: _Waiting | None = None) -> pa.RecordBatch:  # fmt: skip
+        """Input batch ``b`` answered: its rows' outputs and failures, except the failed
+        rows to replay at once, gathered in ``waiting`` with the task's others
+        (vector_tasks._Retries says why) -- or, without it, replayed here."""
         loc, pos = b.column(LOC_COL), b.column(POS_COL)
         user = b.select(self.inputs.names)
         ids = np.asarray(pos.fill_null(0).to_numpy(zero_copy_only=False)).view(np.uint64)
@@ -108,7 +118,22 @@ class PythonStep:
                            None if run is None else run.batch_id,
                            0 if run is None else run.salt)  # fmt: skip
         held = run is not None and self.label in run.open_stages  # its breaker is open
-        got = _Attempts(self, user, ctx, ~replay, held)
+        got = _Attempts(self, user, ctx, ~replay, held, replay_now=waiting is None)
+        if waiting is not None and len(got.again):
+            take = pa.array(got.again)
+            waiting.add(user.take(take), ctx.take(got.again), loc.take(take), pos.take(take))
+        return self._answered(got, loc, pos, run)
+
+    def replayed(self, waiting: _Waiting, run: RunFields | None) -> pa.RecordBatch:
+        """The rows waiting in ``waiting`` replayed at once, together, and answered."""
+        user, ctx, loc, pos = waiting.take()
+        got = _Attempts(self, user, ctx, np.full(user.num_rows, True), tries=2)
+        return self._answered(got, loc, pos, run)
+
+    def _answered(self, got: _Attempts, loc: pa.Array, pos: pa.Array,
+                  run: RunFields | None) -> pa.RecordBatch:  # fmt: skip
+        """The answer of ``got`` (whose rows are ``loc``'s and ``pos``'s), its failed rows
+        reported first when reports are taken (frame_reports), else answered as rows."""
         schema = self.answer_schema
         parts = []
         reported = self.reports is not None
@@ -138,6 +163,41 @@ class PythonStep:
         return pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
 
 
+class _Waiting:
+    """A task's failed rows waiting to be replayed at once, together: their user columns,
+    context and identity (location, position)."""
+
+    ROWS = 8192
+    BYTES = 8 << 20
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[pa.RecordBatch, BatchContext, pa.Array, pa.Array]] = []
+        self.rows = self.bytes = 0
+
+    def add(self, user: pa.RecordBatch, ctx: BatchContext, loc: pa.Array,
+            pos: pa.Array) -> None:  # fmt: skip
+        self.parts.append((user, ctx, loc, pos))
+        self.rows += user.num_rows
+        self.bytes += user.nbytes
+
+    def due(self) -> bool:
+        return self.rows >= self.ROWS or self.bytes >= self.BYTES
+
+    def take(self) -> tuple[pa.RecordBatch, BatchContext, pa.Array, pa.Array]:
+        """All the rows waiting, as one batch (and none wait after)."""
+        parts, self.parts, self.rows, self.bytes = self.parts, [], 0, 0
+        first = parts[0][1]
+        written = [c.written_before for _, c, _, _ in parts]
+        ctx = BatchContext(
+            np.concatenate([c.record_ids for _, c, _, _ in parts]), None, first.partition,
+            first.task_attempt, first.stage, None, None,
+            None if written[0] is None else np.concatenate(written),  # type: ignore[arg-type]
+            first.batch_id, first.run_id)  # fmt: skip
+        return (pa.concat_batches([u for u, _, _, _ in parts]), ctx,
+                pa.concat_arrays([lo for _, _, lo, _ in parts]),
+                pa.concat_arrays([po for _, _, _, po in parts]))  # fmt: skip
+
+
 class _Attempts:
     """A step's calls over one input batch: the first, then its failed fresh rows replayed
     at once, in this task, up to the step's ``budget`` (not rows to dead-letter now, not
@@ -145,10 +205,14 @@ class _Attempts:
     most of the batch failed); none at all when its breaker is open (``held``: every row
     fails, 0 attempts charged). ``outputs``: (output batch, input row of each output row)
     per call; ``failed`` (input rows), ``errors``, ``dead``, ``attempts``: one entry per
-    failed or unconfirmed row, after its last attempt."""
+    failed or unconfirmed row, after its last attempt. ``replay_now`` False: the first
+    call only, its rows to replay at once left in ``again``; ``tries``: the attempt the
+    first call is (2: rows that failed once, replayed together)."""
 
     def __init__(self, step: PythonStep, user: pa.RecordBatch, ctx: BatchContext,
-                 retryable: np.ndarray, held: bool = False) -> None:  # fmt: skip
+                 retryable: np.ndarray, held: bool = False, replay_now: bool = True,
+                 tries: int = 1) -> None:  # fmt: skip
+        self.again = np.zeros(0, np.int64)
         self.outputs: list[tuple[pa.RecordBatch, np.ndarray]] = []
         self.failed: list[int] = []
         self.errors: list[str] = []
@@ -159,7 +223,6 @@ class _Attempts:
                 self._fail(row, f"{step.label}: {HELD}", False, 0)
             return
         rows = np.arange(user.num_rows)
-        tries = 1
         while True:
             res = self._call(step, user, ctx, rows, tries)
             failed = rows[res.failed]
@@ -177,6 +240,9 @@ class _Attempts:
                 return
             rows = np.unique(failed[again])
             tries += 1
+            if not replay_now:
+                self.again = rows
+                return
 
     def _call(self, step: PythonStep, user: pa.RecordBatch, ctx: BatchContext,
               rows: np.ndarray, tries: int) -> Any:  # fmt: skip

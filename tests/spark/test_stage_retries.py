@@ -184,6 +184,40 @@ def test_a_tasks_failed_rows_are_replayed_together_not_per_input_batch(
         assert set(calls(probe, tag).values()) <= {1, 2}
 
 
+def test_a_python_stage_among_dataframe_stages_replays_its_tasks_failures_together(
+    spark: SparkSession, make_ft: Any, probe: Probe, tmp_path: Path
+) -> None:
+    """The same over DataFrame stages: a Python stage past the shuffle, given batches of
+    100 rows, fails 5 % of them once; each task replays its failed rows together, once,
+    and every row lands in the Parquet sink once. Catches: replays at once made per input
+    batch there, or gathered rows lost, doubled or answered without their identity."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    ft = make_ft(max_replays=3)
+    n, key, out = 3000, "spark.sql.execution.arrow.maxRecordsPerBatch", tmp_path / "out"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, "100")
+    try:
+        pipeline = (ft.pipeline(name="frames")
+                    .transform(lambda df: df.withColumn("twice", F.col("id") * 2))
+                    .partition_by(["key"], 2)
+                    .map_batches(Retried(probe, "s2", 7), "id long, key long, amount long, "
+                                                         "twice long")
+                    .sink_dataframe(lambda df, _: df.write.parquet(str(out))))  # fmt: skip
+        res = ft.run_batch(pipeline, source_df(spark, n), 0)
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
+    got = Counter(r["id"] for r in spark.read.parquet(str(out)).select("id").collect())
+    assert set(got) == set(range(n)) and max(got.values()) == 1
+    assert res.failed == 0 and ft.layer.stats().queued_replays == 0, res
+    kinds = Counter(probe.ids("calls_s2"))
+    assert kinds[0] >= 15 and 1 <= kinds[1] <= 2, kinds
+    assert set(calls(probe, "s2").values()) <= {1, 2}
+
+
 def test_replay_from_source_retries_nothing_past_the_shuffle(
     spark: SparkSession, make_ft: Any, probe: Probe
 ) -> None:
