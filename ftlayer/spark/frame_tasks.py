@@ -45,7 +45,7 @@ from ftlayer.spark.plan import BatchStage
 from ftlayer.spark.policy import BatchContext, ErrorPolicy, breaker_open
 from ftlayer.spark.run_fields import RunFields, current
 from ftlayer.spark.vector_plan import LOC_COL, POS_COL
-from ftlayer.spark.vector_tasks import segment_bytes
+from ftlayer.spark.vector_tasks import GATHERED_BYTES, GATHERED_ROWS, segment_bytes
 from ftlayer.spark.worker import worker_layer
 
 __all__ = ["ATTEMPTS_COL", "DEAD_COL", "ERROR_COL", "FAILED_COL", "CopySource", "PythonStep",
@@ -165,10 +165,8 @@ class PythonStep:
 
 class _Waiting:
     """A task's failed rows waiting to be replayed at once, together: their user columns,
-    context and identity (location, position)."""
-
-    ROWS = 8192
-    BYTES = 8 << 20
+    context and identity (location, position), replayed when ``GATHERED_ROWS`` rows or
+    ``GATHERED_BYTES`` bytes wait (ftlayer.spark.vector_tasks) and at the task's end."""
 
     def __init__(self) -> None:
         self.parts: list[tuple[pa.RecordBatch, BatchContext, pa.Array, pa.Array]] = []
@@ -181,7 +179,7 @@ class _Waiting:
         self.bytes += user.nbytes
 
     def due(self) -> bool:
-        return self.rows >= self.ROWS or self.bytes >= self.BYTES
+        return self.rows >= GATHERED_ROWS or self.bytes >= GATHERED_BYTES
 
     def take(self) -> tuple[pa.RecordBatch, BatchContext, pa.Array, pa.Array]:
         """All the rows waiting, as one batch (and none wait after)."""

@@ -67,6 +67,9 @@ __all__ = ["run_vector_task", "segment_bytes"]
 log = logging.getLogger(__name__)
 
 _MARKER_HIGH = np.uint64(int(marker_id(0)) >> 40)
+GATHERED_ROWS, GATHERED_BYTES = 8192, 8 << 20
+"""A task replays the failed rows it gathered when this many rows (or bytes) wait, and at
+its end (:class:`_Retries`; ftlayer.spark.frame_tasks likewise)."""
 TASK_KEPT_BYTES = 16 << 20
 """The bytes of kept rows a task's summary carries at most, without ``max_kept_bytes``."""
 
@@ -176,12 +179,10 @@ class _Retries:
     hands a ``mapInArrow`` task batches of about 10,000 rows): with a few percent failing,
     a replay per input batch calls each stage again on a few hundred rows, then a few,
     then one, and the calls' fixed costs outweigh the rows'. Gathered, they are replayed
-    when :data:`ROWS` rows or :data:`BYTES` bytes wait, and at the task's end (before its
-    summary: a replay's outcome counts in the task that ran it). Replayed rows come out
-    after the batches they came in with: a retried row keeps no order."""
-
-    ROWS = 8192
-    BYTES = 8 << 20
+    when :data:`GATHERED_ROWS` rows or :data:`GATHERED_BYTES` bytes wait, and at the
+    task's end (before its summary: a replay's outcome counts in the task that ran it).
+    Replayed rows come out after the batches they came in with: a retried row keeps no
+    order."""
 
     def __init__(self, plan: VectorPlan, task: TaskRun, stage: int) -> None:
         self.plan, self.task, self.stage = plan, task, stage
@@ -194,7 +195,7 @@ class _Retries:
         self.bytes += pending.batch.nbytes
 
     def due(self) -> bool:
-        return self.rows >= self.ROWS or self.bytes >= self.BYTES
+        return self.rows >= GATHERED_ROWS or self.bytes >= GATHERED_BYTES
 
     def replay(self) -> Iterator[pa.RecordBatch]:
         """Replay the rows waiting (all of them, as one batch)."""
