@@ -104,11 +104,11 @@ class PythonStep:
         if waiting.rows:
             yield self.replayed(waiting, run)
 
-    def answer(self, b: pa.RecordBatch, run: RunFields | None, partition: int = 0,
-               attempt: int = 0, waiting: _Waiting | None = None) -> pa.RecordBatch:  # fmt: skip
+    def answer(self, b: pa.RecordBatch, run: RunFields | None, partition: int,
+               attempt: int, waiting: _Waiting) -> pa.RecordBatch:  # fmt: skip
         """Input batch ``b`` answered: its rows' outputs and failures, except the failed
         rows to replay at once, gathered in ``waiting`` with the task's others
-        (vector_tasks._Retries says why) -- or, without it, replayed here."""
+        (vector_tasks._Retries says why)."""
         loc, pos = b.column(LOC_COL), b.column(POS_COL)
         user = b.select(self.inputs.names)
         ids = np.asarray(pos.fill_null(0).to_numpy(zero_copy_only=False)).view(np.uint64)
@@ -118,8 +118,8 @@ class PythonStep:
                            None if run is None else run.batch_id,
                            0 if run is None else run.salt)  # fmt: skip
         held = run is not None and self.label in run.open_stages  # its breaker is open
-        got = _Attempts(self, user, ctx, ~replay, held, replay_now=waiting is None)
-        if waiting is not None and len(got.again):
+        got = _Attempts(self, user, ctx, ~replay, held, replay_now=False)
+        if len(got.again):
             take = pa.array(got.again)
             waiting.add(user.take(take), ctx.take(got.again), loc.take(take), pos.take(take))
         return self._answered(got, loc, pos, run)

@@ -120,20 +120,20 @@ def _run_with_replays(
     batch: pa.RecordBatch,
     src: np.ndarray,
     budget: int,
-    before: np.ndarray | None = None,
-    lin: np.ndarray | None = None,
-    stage: int = 0,
-    retryable: np.ndarray | None = None,
-    retries: _Retries | None = None,
+    before: np.ndarray | None,
+    lin: np.ndarray | None,
+    stage: int,
+    retryable: np.ndarray | None,
+    retries: _Retries,
 ) -> Iterator[pa.RecordBatch]:
     """Run segment ``stage`` over ``batch``; its failed rows are replayed at once, in this
-    task, up to ``budget`` times (Storm's spout re-emitting a failed tuple, at the stage
-    that holds the row: past a shuffle too, so the source is not read again): gathered in
-    ``retries`` with the failures of the task's other input batches and replayed together
-    (:class:`_Retries`), or, without it, here and now. A replay takes the same path as its
-    first attempt, so it lands where Spark places its key. Rows still failing become
-    residues with the number of attempts they used; rows to dead-letter now are not
-    replayed, nor rows ``retryable`` excludes (a claimed replay past a shuffle: its budget
+    task, up to the plan's ``immediate_replays`` times (``budget`` 0: none are), Storm's
+    spout re-emitting a failed tuple, at the stage that holds the row (past a shuffle too,
+    so the source is not read again): gathered in ``retries`` with the failures of the
+    task's other input batches and replayed together (:class:`_Retries`). A replay takes
+    the same path as its first attempt, so it lands where Spark places its key. Rows still
+    failing become residues with the number of attempts they used; rows to dead-letter now
+    are not replayed, nor rows ``retryable`` excludes (a claimed replay past a shuffle: its budget
     is in Redis), nor rows of a stage whose breaker tripped (ftlayer.spark.breakers);
     those of a stage open for this batch are held: residues with 0 attempts, none charged
     (the stage was not called).
@@ -156,12 +156,8 @@ def _run_with_replays(
         return
     rows, first = np.unique(chain.failed, return_index=True)
     task.replayed_now([chain.stages[i] for i in first.tolist()])
-    pending = _Pending(batch.take(pa.array(rows)), src[rows], prior[rows],
-                       None if lin is None else lin[rows])  # fmt: skip
-    if retries is None:
-        yield from _replay_now(plan, task, stage, pending, budget)
-    else:
-        retries.add(pending)
+    retries.add(_Pending(batch.take(pa.array(rows)), src[rows], prior[rows],
+                         None if lin is None else lin[rows]))  # fmt: skip
 
 
 class _Pending(NamedTuple):
@@ -464,7 +460,7 @@ def _source_batch(plan: VectorPlan, task: TaskRun, batch: pa.RecordBatch,
         part, ids, _ = _valid_keys(plan, task, part, ids, None)
         lin = _fresh_lineage(plan, part, ids, refs_now) if plan.wants_lineage[0] else None
         yield from _run_with_replays(plan, task, part, ids, plan.immediate_replays,
-                                     None, lin, retries=retries)  # fmt: skip
+                                     None, lin, 0, None, retries)  # fmt: skip
     if n_fresh < batch.num_rows:  # claimed replays: their budget is in Redis
         keep = _first_of_each(src, ~is_fresh)
         task.replayed += int(keep.sum())
@@ -479,7 +475,7 @@ def _source_batch(plan: VectorPlan, task: TaskRun, batch: pa.RecordBatch,
         if plan.wants_lineage[0]:
             lin = (_key_lineage(plan, part) if plan.record_key else
                    u64_ids(batch.column(LIN_COL))[keep].view(np.int64))  # fmt: skip
-        yield from _run_with_replays(plan, task, part, ids, 0, before, lin)
+        yield from _run_with_replays(plan, task, part, ids, 0, before, lin, 0, None, retries)
 
 
 def _shuffled_batch(plan: VectorPlan, stage: int, task: TaskRun, batch: pa.RecordBatch,
