@@ -69,7 +69,7 @@ same stage over ``KafkaSource`` (kept by reference). Its results go to
 ``stream_overhead_kafka.json``; Redis bytes per record have a goal there: <= 16.
 
     python -m benchmarks.stream_overhead [--cadences 5000x20,50000x8] [--pipelines df,arrow]
-        [--source files|kafka] [--repeat 5] [--warmup 1] [--payload-bytes 1024]
+        [--source files|kafka] [--repeat 9] [--warmup 1] [--payload-bytes 1024]
         [--source-pairs 5] [--json] [--record | --results DIR]
 """
 
@@ -699,7 +699,7 @@ def main() -> None:
                     help="micro-batches as EVENTSxBATCHES, comma-separated")
     ap.add_argument("--pipelines", default="df,arrow", help="df, arrow or both")
     ap.add_argument("--payload-bytes", type=int, default=1024)
-    ap.add_argument("--repeat", type=int, default=5, help="counted rounds")
+    ap.add_argument("--repeat", type=int, default=9, help="counted rounds")
     ap.add_argument("--warmup", type=int, default=1, help="rounds run, not counted")
     ap.add_argument("--redis-url", default=None, help="default: an embedded redis-server")
     ap.add_argument("--source", choices=["files", "kafka"], default="files",

@@ -7,11 +7,13 @@ Two JSON files (600 events) streamed with ``trigger(availableNow=True)``: stage 
 ``amount`` with ``try_cast`` (ids with ``amount = "n/a"`` fail every attempt: dead letters),
 a keyed shuffle, stage 2 marks ids = 7 (mod 40) failed on their fresh attempt only
 (``failed`` is true only on fresh rows, whose identity has a location), a Python stage
-passing its batches on, and a ``df.write.parquet`` sink; then a DataFrame kept as copies (one
-Python pass stores them) with rows failing every time, drained. Prints one JSON object:
-the ids written, the dead letters' ids and errors, what is pending, the replays that
-entered at their stage (stage 2's failures, kept as its input) and those read back
-(stage 1's: the first segment keeps nothing).
+failing ids = 1 (mod 10) the first time it sees them (given batches of 20 rows: its
+task replays them at once, gathered), and a ``df.write.parquet`` sink; then a DataFrame
+kept as copies (one Python pass stores them) with rows failing every time, drained.
+Prints one JSON object: the ids written, the dead letters' ids and errors, what is
+pending, the replays that entered at their stage (stage 2's failures, kept as its
+input) and those read back (stage 1's: the first segment keeps nothing), and the Python
+stage's calls: how many were replays at once (every row of the call seen before).
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ import tempfile
 from typing import Any
 
 from ftlayer import FTConfig
+from ftlayer.connection import connect
 from ftlayer.history import read_batches
-from ftlayer.spark import FaultTolerance, FileSource
+from ftlayer.spark import FaultTolerance, FileSource, Outcome
 
 N = 600
+ROWS_KEY = "spark.sql.execution.arrow.maxRecordsPerBatch"
 
 
 def main() -> None:
@@ -54,6 +58,8 @@ def run(spark: Any, url: str, ns: str) -> dict[str, Any]:
                 f.write(json.dumps({"id": i, "key": i % 13, "amount": amount}) + "\n")
     files = FileSource("json", tmp, "id long, key long, amount string", maxFilesPerTrigger=1)
     dest = tempfile.mkdtemp() + "/out"
+    before = spark.conf.get(ROWS_KEY, None)
+    spark.conf.set(ROWS_KEY, "20")  # a task's rows in several input batches
     pipeline = (
         ft.pipeline(reads=files, name="connect-frames")
         .transform(lambda df: df.withColumn("amt", F.expr("try_cast(amount AS double)")),
@@ -63,13 +69,17 @@ def run(spark: Any, url: str, ns: str) -> dict[str, Any]:
         # as this segment's input: its replay enters here)
         .transform(lambda df: df, failed="id % 40 = 7 AND __ft_loc IS NOT NULL",
                    errors="first attempt fails")
-        .map_batches(lambda b: b, "id long, key long, amount string, amt double")  # Python
+        .map_batches(fails_first_time(url, ns), "id long, key long, amount string, amt double")
         .sink_dataframe(lambda df, _: df.write.mode("append").parquet(dest))
     )  # fmt: skip
     query = (pipeline.stream(spark).writeStream.foreachBatch(pipeline)
              .option("checkpointLocation", tempfile.mkdtemp())
              .trigger(availableNow=True).start())  # fmt: skip
     query.awaitTermination(300)
+    if before is None:
+        spark.conf.unset(ROWS_KEY)
+    else:
+        spark.conf.set(ROWS_KEY, before)
     out["stream_exception"] = str(query.exception()) if query.exception() else None
     written = spark.read.parquet(dest).select("id").collect()
     letters = pipeline.dead_letters(spark)
@@ -81,6 +91,11 @@ def run(spark: Any, url: str, ns: str) -> dict[str, Any]:
     out.update(written=[r["id"] for r in written], pending=st.pending,
                dead=letters.column("id").to_pylist(), errors=letters.column("error").to_pylist(),
                columns=sorted(spark.read.parquet(dest).columns))  # fmt: skip
+    r = connect(url)
+    calls = [int(c) for c in r.lrange(f"{ns}:py-calls", 0, -1)]
+    out["python_calls"], out["python_replay_calls"] = len(calls), sum(calls)
+    out["python_failed_once"] = sorted(int(i) for i in r.smembers(f"{ns}:py-failed"))
+    r.close()
     # a source that cannot be read again (a DataFrame): copies stored by one Python pass,
     # ids = 4 (mod 30) fail every time (replayed from their copies once, then dead letters)
     dest2 = tempfile.mkdtemp() + "/copies"
@@ -97,6 +112,34 @@ def run(spark: Any, url: str, ns: str) -> dict[str, Any]:
     }
     ft.close()
     return out
+
+
+def fails_first_time(url: str, ns: str) -> Any:
+    """A Python stage (run in the Connect server's workers) failing ids = 1 (mod 10) the
+    first time it sees them; each call noted in Redis: 1 when every row of it was seen
+    before (a replay at once), else 0."""
+    import numpy as np
+
+    def stage(b: Any) -> Any:
+        ids = b.column("id").to_pylist()
+        if not ids:
+            return b
+        r = connect(url)
+        try:
+            pipe = r.pipeline(transaction=False)
+            for i in ids:
+                pipe.sadd(f"{ns}:py-seen", i)
+            new = pipe.execute()
+            r.rpush(f"{ns}:py-calls", int(not any(new)))
+            failed = np.array([bool(n) and i % 10 == 1 for i, n in zip(ids, new, strict=True)])
+            if failed.any():
+                r.sadd(f"{ns}:py-failed", *[i for i, f in zip(ids, failed, strict=True) if f])
+        finally:
+            r.close()
+        return Outcome(b, failed=failed, errors="python stage fails the first time")
+
+    stage.__name__ = "fails_first_time"
+    return stage
 
 
 if __name__ == "__main__":

@@ -108,9 +108,11 @@ def test_dataframe_stages_under_spark_connect(
     """DataFrame stages and a ``df.write.parquet`` sink under Spark Connect (the batch
     function runs in the server's Python process: Connect DataFrames and Observations):
     rows failing once land after their replay, rows failing every time are dead letters
-    with their error, each written row once, ftlayer's columns not in the output.
+    with their error, each written row once, ftlayer's columns not in the output; a
+    Python stage among them replays its failed rows at once, gathered in its task.
     Catches: observations read the classic way (blocking for ever, or empty), identity
-    checks that need the JVM, replays that never run under Connect."""
+    checks that need the JVM, replays that never run under Connect, a Python stage's
+    failed rows answered without their identity or replayed per input batch."""
     out = connect_runs["frames"][2]
     assert out["connect"].startswith("pyspark.sql.connect"), out["connect"]
     assert out["stream_exception"] is None, out["stream_exception"]
@@ -124,6 +126,11 @@ def test_dataframe_stages_under_spark_connect(
     # when they entered); stage 1's replayed from their files
     fail_once = {i for i in range(600) if i % 40 == 7} - bad
     assert out["entered"] == len(fail_once) and out["read_back"] >= len(bad), out
+    # the Python stage's failures (answered as rows under Connect) were replayed at once
+    # in their task, gathered: at most one replay call a task (2 micro-batches of fresh
+    # rows x 4 partitions), where one per input batch of 20 rows would make about 25
+    assert out["python_failed_once"] == [i for i in range(600) if i % 10 == 1], out
+    assert 1 <= out["python_replay_calls"] <= 8, out
     copies, never = out["copies"], [i for i in range(300) if i % 30 == 4]
     assert (copies["fresh"], copies["failed"], copies["drained"]) == (300, 10, True), copies
     assert copies["written"] == [i for i in range(300) if i % 30 != 4], copies
