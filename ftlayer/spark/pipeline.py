@@ -99,8 +99,7 @@ class Pipeline:
     """Where a failed row's replay starts. ``"stage"``: where it failed -- retried at once
     in the task that holds it, then, kept as the input of the segment it failed in, it
     enters there (the source not read again, the stages before that segment not run
-    again; with ``record_key``, a Python stage's failures past a shuffle replay from the
-    source: the ids there are keys).
+    again; with ``record_key``, failures past a shuffle go back to the source).
     ``"source"``: Storm's rule, from its source record through every stage (for stages
     before the failing one that must run again); past a shuffle nothing is retried at
     once."""
