@@ -141,6 +141,23 @@ class Stamps:
         self.r.delete(f"{self.prefix}:failed", f"{self.prefix}:done", f"{self.prefix}:seen")
 
 
+FAIL_SEED = 20_261_130
+"""The seed of :func:`failing_attempts`' draws."""
+
+
+def failing_attempts(rate: float) -> Any:
+    """A DataFrame stage's ``failed=`` failing about ``rate`` of its attempts: Spark's
+    ``rand`` with a fixed seed (a draw for each row in each batch). The seed is fixed
+    because Spark writes it into the code it generates for the stage: an unseeded
+    ``rand`` gives every pipeline built a new seed, and each run would compile its
+    stage's code again (four classes a streaming run here, where the plain job's code
+    comes from Spark's cache) -- a cost of the injection, not of ftlayer, that a stage's
+    own ``failed=`` condition does not have."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    return F.rand(FAIL_SEED) < rate
+
+
 class FailLate:
     """Stage 2, after the shuffle: ``rate`` of the attempts fail (a fresh draw each), or
     (``once_mod``) ids = 3 mod ``once_mod`` on their first attempt, stamped."""

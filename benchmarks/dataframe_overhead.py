@@ -12,10 +12,11 @@ order, after ``--warmup`` uncounted rounds):
   ``partition_by``, ``sink_dataframe``), the source kept by reference; beside
   ``dataframe``, the plain query;
 * ``df_ft_on_failing``: ``df_ft_on`` with 5 % of the attempts of stage 1 failing
-  (``failed=rand() < 0.05``), before the shuffle: their replays run inside the measured
-  time (the run ends when nothing is pending) -- stage 1 is in the first segment, whose
-  input is the source row, so they are read back from the files (a replay failing there
-  again is kept as that input, within ``max_kept_bytes``, and enters there); beside
+  (``failed=rand(seed) < 0.05``: ``_wide.failing_attempts``), before the shuffle: their
+  replays run inside the measured time (the run ends when nothing is pending) -- stage 1
+  is in the first segment, whose input is the source row, so they are read back from the
+  files (a replay failing there again is kept as that input, within ``max_kept_bytes``,
+  and enters there); beside
   ``dataframe``.
   ``failing_replays``: per run, the drain's batches (replay rounds, a Spark job each) and
   the replays read back or entered;
@@ -59,7 +60,7 @@ from benchmarks._common import (
     url_of,
 )
 from benchmarks._paired import PARTITIONS, PairedRounds, goals_unmet, paired_args, spark_session
-from benchmarks._wide import net_input_bytes, read_events, write_events
+from benchmarks._wide import failing_attempts, net_input_bytes, read_events, write_events
 from ftlayer import FTConfig
 from ftlayer.spark import FaultTolerance, FileSource
 
@@ -119,10 +120,8 @@ class Runs:
         return lambda: sink(vat(parse(df).repartition(PARTITIONS, "key")), None)
 
     def pipeline(self, sink: Callable[[Any, Any], None], failing: Failing = "") -> Any:
-        from pyspark.sql import functions as F  # noqa: N812
-
         def fails(where: Failing) -> dict[str, Any]:
-            return ({"failed": F.rand() < FAIL_RATE, "errors": "injected failure"}
+            return ({"failed": failing_attempts(FAIL_RATE), "errors": "injected failure"}
                     if failing == where else {})  # fmt: skip
 
         return (self.ft.pipeline(reads=self.files, name="bench")

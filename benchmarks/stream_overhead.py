@@ -19,17 +19,18 @@ Two pipelines, each written twice:
   ``index_in``/``take``) -- plain, and as ftlayer ``map_batches`` stages, the same sink.
 
 Each ftlayer query runs as ``ft_on`` and as ``ft_on_failing`` (5 % of the attempts of
-stage 3 fail, after the shuffle: their replays are part of the query, which ends when
-nothing is pending); the ``df`` query also as ``ft_on_marked``: stage 3 with
-``failed=F.col("vat").isNull()``, which marks no row -- a DataFrame stage that can fail
-rows adds a column, an observation and a filter to the plan, and a pipeline people write
-has one (a Python stage pays for its answers' checks in ``ft_on`` already). Two cadences,
-each its own input: 20 micro-batches of 5,000 events and 8 of 50,000. Every round runs
-each ftlayer query beside a plain run of its own (alternating which goes first;
-``--warmup`` rounds uncounted); a figure is the median of the per-round ratios (plain time
-/ ftlayer time) with their quartiles. The time of a run is the query's, from building its
-streaming DataFrame to its end; after the clock stops its output is checked: every event
-id once, in the Parquet table or (ftlayer) in the dead letters.
+stage 3 fail, after the shuffle -- ``_wide.failing_attempts`` for ``df``: their replays
+are part of the query, which ends when nothing is pending); the ``df`` query also as
+``ft_on_marked``: stage 3 with ``failed=F.col("vat").isNull()``, which marks no row -- a
+DataFrame stage that can fail rows adds a column, an observation and a filter to the
+plan, and a pipeline people write has one (a Python stage pays for its answers' checks in
+``ft_on`` already). Two cadences, each its own input: 20 micro-batches of 5,000 events
+and 8 of 50,000. Every round runs each ftlayer query beside a plain run of its own
+(alternating which goes first; ``--warmup`` rounds uncounted); a figure is the median of
+the per-round ratios (plain time / ftlayer time) with their quartiles. The time of a run
+is the query's, from building its streaming DataFrame to its end; after the clock stops
+its output is checked: every event id once, in the Parquet table or (ftlayer) in the dead
+letters.
 
 Per cadence and pipeline: ``ratio_stream_<df|arrow>_ft_on_vs_plain``,
 ``ratio_stream_df_ft_on_marked_vs_plain`` and ``..._ft_on_failing_vs_plain``, the plain
@@ -98,7 +99,14 @@ from benchmarks._common import parse_args, provenance, redis_for_benchmark, save
 from benchmarks._kafka_events import arrow_events, df_events, produce_events
 from benchmarks._kafka_events import stream as kafka_stream
 from benchmarks._paired import PARTITIONS, PairedRounds, quartiles, spark_session
-from benchmarks._wide import SCHEMA, FailLate, amount_of, net_input_bytes, write_events
+from benchmarks._wide import (
+    SCHEMA,
+    FailLate,
+    amount_of,
+    failing_attempts,
+    net_input_bytes,
+    write_events,
+)
 from ftlayer import FTConfig
 from ftlayer.spark import FaultTolerance, FileSource, KafkaSource
 
@@ -410,7 +418,7 @@ class Runs:
                                                                                 SCHEMA)
         failing = variant == "ft_on_failing"
         if pipeline == "df":
-            failed = {"ft_on_failing": F.rand() < FAIL_RATE,
+            failed = {"ft_on_failing": failing_attempts(FAIL_RATE),
                       "ft_on_marked": F.col("vat").isNull()}.get(variant)  # fmt: skip
             p = (p.transform(df_enrich(self.lookup)).partition_by(["key"], PARTITIONS)
                  .transform(df_vat, failed=failed, errors="injected failure"))  # fmt: skip
