@@ -45,7 +45,7 @@ from ftlayer.spark.plan import BatchStage
 from ftlayer.spark.policy import BatchContext, ErrorPolicy, breaker_open
 from ftlayer.spark.run_fields import RunFields, current
 from ftlayer.spark.vector_plan import LOC_COL, POS_COL
-from ftlayer.spark.vector_tasks import GATHERED_BYTES, GATHERED_ROWS, segment_bytes
+from ftlayer.spark.vector_tasks import Gathered, segment_bytes
 from ftlayer.spark.worker import worker_layer
 
 __all__ = ["ATTEMPTS_COL", "DEAD_COL", "ERROR_COL", "FAILED_COL", "CopySource", "PythonStep",
@@ -121,12 +121,13 @@ class PythonStep:
         got = _Attempts(self, user, ctx, ~replay, held, replay_now=False)
         if len(got.again):
             take = pa.array(got.again)
-            waiting.add(user.take(take), ctx.take(got.again), loc.take(take), pos.take(take))
+            rows = user.take(take)
+            waiting.add((rows, ctx.take(got.again), loc.take(take), pos.take(take)), rows)
         return self._answered(got, loc, pos, run)
 
     def replayed(self, waiting: _Waiting, run: RunFields | None) -> pa.RecordBatch:
         """The rows waiting in ``waiting`` replayed at once, together, and answered."""
-        user, ctx, loc, pos = waiting.take()
+        user, ctx, loc, pos = waiting.batch()
         got = _Attempts(self, user, ctx, np.full(user.num_rows, True), tries=2)
         return self._answered(got, loc, pos, run)
 
@@ -163,27 +164,14 @@ class PythonStep:
         return pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
 
 
-class _Waiting:
-    """A task's failed rows waiting to be replayed at once, together: their user columns,
-    context and identity (location, position), replayed when ``GATHERED_ROWS`` rows or
-    ``GATHERED_BYTES`` bytes wait (ftlayer.spark.vector_tasks) and at the task's end."""
+class _Waiting(Gathered[tuple[pa.RecordBatch, BatchContext, pa.Array, pa.Array]]):
+    """A task's failed rows waiting to be replayed at once, together
+    (ftlayer.spark.vector_tasks.Gathered): their user columns, context and identity
+    (location, position)."""
 
-    def __init__(self) -> None:
-        self.parts: list[tuple[pa.RecordBatch, BatchContext, pa.Array, pa.Array]] = []
-        self.rows = self.bytes = 0
-
-    def add(self, user: pa.RecordBatch, ctx: BatchContext, loc: pa.Array,
-            pos: pa.Array) -> None:  # fmt: skip
-        self.parts.append((user, ctx, loc, pos))
-        self.rows += user.num_rows
-        self.bytes += user.nbytes
-
-    def due(self) -> bool:
-        return self.rows >= GATHERED_ROWS or self.bytes >= GATHERED_BYTES
-
-    def take(self) -> tuple[pa.RecordBatch, BatchContext, pa.Array, pa.Array]:
+    def batch(self) -> tuple[pa.RecordBatch, BatchContext, pa.Array, pa.Array]:
         """All the rows waiting, as one batch (and none wait after)."""
-        parts, self.parts, self.rows, self.bytes = self.parts, [], 0, 0
+        parts = self.take()
         first = parts[0][1]
         written = [c.written_before for _, c, _, _ in parts]
         ctx = BatchContext(

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -62,14 +62,14 @@ from ftlayer.spark.vector_plan import (
 )
 from ftlayer.spark.worker import task_context, worker_layer
 
-__all__ = ["run_vector_task", "segment_bytes"]
+__all__ = ["GATHERED_BYTES", "GATHERED_ROWS", "Gathered", "run_vector_task", "segment_bytes"]
 
 log = logging.getLogger(__name__)
 
 _MARKER_HIGH = np.uint64(int(marker_id(0)) >> 40)
 GATHERED_ROWS, GATHERED_BYTES = 8192, 8 << 20
 """A task replays the failed rows it gathered when this many rows (or bytes) wait, and at
-its end (:class:`_Retries`; ftlayer.spark.frame_tasks likewise)."""
+its end (:class:`Gathered`)."""
 TASK_KEPT_BYTES = 16 << 20
 """The bytes of kept rows a task's summary carries at most, without ``max_kept_bytes``."""
 
@@ -156,8 +156,9 @@ def _run_with_replays(
         return
     rows, first = np.unique(chain.failed, return_index=True)
     task.replayed_now([chain.stages[i] for i in first.tolist()])
-    retries.add(_Pending(batch.take(pa.array(rows)), src[rows], prior[rows],
-                         None if lin is None else lin[rows]))  # fmt: skip
+    part = batch.take(pa.array(rows))
+    retries.add(_Pending(part, src[rows], prior[rows], None if lin is None else lin[rows]),
+                part)  # fmt: skip
 
 
 class _Pending(NamedTuple):
@@ -170,34 +171,50 @@ class _Pending(NamedTuple):
     lin: np.ndarray | None
 
 
-class _Retries:
+T = TypeVar("T")
+
+
+class Gathered(Generic[T]):
     """The failed rows a task replays at once, gathered across its input batches (Spark
     hands a ``mapInArrow`` task batches of about 10,000 rows): with a few percent failing,
     a replay per input batch calls each stage again on a few hundred rows, then a few,
-    then one, and the calls' fixed costs outweigh the rows'. Gathered, they are replayed
-    when :data:`GATHERED_ROWS` rows or :data:`GATHERED_BYTES` bytes wait, and at the
-    task's end (before its summary: a replay's outcome counts in the task that ran it).
-    Replayed rows come out after the batches they came in with: a retried row keeps no
-    order."""
+    then one, and the calls' fixed costs outweigh the rows'. Gathered (``parts``, one an
+    input batch), they are replayed when :data:`GATHERED_ROWS` rows or
+    :data:`GATHERED_BYTES` bytes wait, and at the task's end. Replayed rows come out after
+    the batches they came in with: a retried row keeps no order."""
 
-    def __init__(self, plan: VectorPlan, task: TaskRun, stage: int) -> None:
-        self.plan, self.task, self.stage = plan, task, stage
-        self.waiting: list[_Pending] = []
+    def __init__(self) -> None:
+        self.parts: list[T] = []
         self.rows = self.bytes = 0
 
-    def add(self, pending: _Pending) -> None:
-        self.waiting.append(pending)
-        self.rows += pending.batch.num_rows
-        self.bytes += pending.batch.nbytes
+    def add(self, part: T, batch: pa.RecordBatch) -> None:
+        """Gather ``part``, whose rows are ``batch``'s."""
+        self.parts.append(part)
+        self.rows += batch.num_rows
+        self.bytes += batch.nbytes
 
     def due(self) -> bool:
         return self.rows >= GATHERED_ROWS or self.bytes >= GATHERED_BYTES
 
+    def take(self) -> list[T]:
+        """The parts gathered (none wait after)."""
+        parts, self.parts, self.rows, self.bytes = self.parts, [], 0, 0
+        return parts
+
+
+class _Retries(Gathered[_Pending]):
+    """A segment task's :class:`Gathered` rows, replayed at the task's end before its
+    summary (a replay's outcome counts in the task that ran it)."""
+
+    def __init__(self, plan: VectorPlan, task: TaskRun, stage: int) -> None:
+        super().__init__()
+        self.plan, self.task, self.stage = plan, task, stage
+
     def replay(self) -> Iterator[pa.RecordBatch]:
         """Replay the rows waiting (all of them, as one batch)."""
-        if not self.waiting:
+        parts = self.take()
+        if not parts:
             return
-        parts, self.waiting, self.rows, self.bytes = self.waiting, [], 0, 0
         lins = [p.lin for p in parts]
         pending = _Pending(
             pa.concat_batches([p.batch for p in parts]),
