@@ -128,7 +128,7 @@ def test_dataframe_stages_under_spark_connect(
     assert out["entered"] == len(fail_once) and out["read_back"] >= len(bad), out
     # the Python stage's failures (answered as rows under Connect) were replayed at once
     # in their task, gathered: at most one replay call a task (2 micro-batches of fresh
-    # rows x 4 partitions), where one per input batch of 20 rows would make about 25
+    # rows x 4 partitions), where a replay per input batch of 20 rows made 14
     assert out["python_failed_once"] == [i for i in range(600) if i % 10 == 1], out
     assert 1 <= out["python_replay_calls"] <= 8, out
     copies, never = out["copies"], [i for i in range(300) if i % 30 == 4]
